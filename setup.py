@@ -1,0 +1,42 @@
+"""sa-conv: self-attention over images, after Cordonnier, Loukas & Jaggi (ICLR 2020)."""
+
+from setuptools import find_packages, setup
+
+TENSORFLOW_VERSION = "2.21.0"
+
+setup(
+    name="sa-conv",
+    version="0.1.0",
+    description=(
+        "Keras 3 / TensorFlow multi-head self-attention over 2-D feature maps with relative "
+        "positional encodings, reproducing 'On the Relationship between Self-Attention and "
+        "Convolutional Layers'."
+    ),
+    python_requires=">=3.10",
+    packages=find_packages(include=["sa_conv", "sa_conv.*", "trainers", "trainers.*", "export", "export.*"]),
+    install_requires=[
+        f"tensorflow-cpu=={TENSORFLOW_VERSION}",
+        "keras>=3.15,<3.16",
+        "tensorflow-datasets>=4.9,<5",
+        "importlib_resources",  # tensorflow-datasets 4.9.10 imports it on Python 3.11
+        "keras-tuner==1.4.8",
+        "tensorboard",  # keras-tuner fails every trial without it
+        "scipy",  # keras-tuner's Bayesian tuner
+        "scikit-learn",  # keras-tuner's Bayesian tuner
+        "absl-py",
+        "numpy",
+        "matplotlib",
+        "pyyaml",
+    ],
+    extras_require={
+        # On a GPU host: pip install .[gpu] (installs the CUDA build beside the CPU wheel's
+        # Python API; uninstall tensorflow-cpu first if both are present).
+        "gpu": [f"tensorflow[and-cuda]=={TENSORFLOW_VERSION}"],
+        "test": ["pytest", "pytest-xdist"],
+    },
+    entry_points={
+        "console_scripts": [
+            "sa-conv-train=trainers.train:run",
+        ],
+    },
+)
