@@ -1,0 +1,214 @@
+"""Multi-head self-attention over 2-D feature maps with relative positional encodings."""
+
+import math
+
+import keras
+from keras import ops
+
+from sa_conv import positional_encoding as pe
+
+ENCODINGS = ("quadratic", "quadratic_full", "learned", "learned_content")
+POSITION_ONLY_ENCODINGS = ("quadratic", "quadratic_full", "learned")
+
+
+@keras.saving.register_keras_serializable(package="sa_conv")
+class MultiHeadSelfAttention2D(keras.layers.Layer):
+    """Multi-head self-attention (MHSA) over a 2-D grid, the paper's Eq. (5)-(6)::
+
+        MHSA(X)_q = sum_h sum_k softmax_k(A_h[q, :]) X_k W^(h) + b
+
+    Every head attends with softmax over all ``H*W`` keys of each query pixel and averages the
+    full ``D``-dimensional input ``X`` (no per-head value projection); the heads are merged by one
+    dense map from ``heads * D`` to ``output_dim`` (the paper's ``W^(h)``, stacked), with bias.
+
+    Encodings (``encoding=``):
+
+    * ``"quadratic"``: Gaussian, isotropic (paper Eq. 9), ``A_h = -alpha_h ||delta - Delta_h||^2``.
+    * ``"quadratic_full"``: Gaussian with full covariance ``Sigma_h^-1 = A_h A_h^T``.
+    * ``"learned"``: learned row and column offset embeddings, position only.
+    * ``"learned_content"``: ``(q.k + q.r_delta) / sqrt(D)`` with per-head queries and keys of
+      size ``D`` (dense maps ``D -> heads * D``) and learned row/column offset embeddings.
+
+    The position-only encodings do not depend on the input: their probabilities
+    ``(heads, H*W, H*W)`` are computed once per call and shared by the batch. Attention dropout
+    (training only) draws an independent mask for every example.
+
+    Args:
+      num_heads: number of heads ``N_h``.
+      output_dim: output channels; defaults to the input channels ``D``.
+      encoding: one of `ENCODINGS`.
+      max_grid_size: largest grid side ``P`` for the learned encodings.
+      position_embedding_dim: embedding size ``E`` of ``"learned"``; defaults to ``D``.
+      attention_dropout: dropout rate on the attention probabilities.
+      center_init_std, spread_init_std: initialization of the quadratic encodings.
+      kernel_initializer, bias_initializer: for the dense maps.
+      initializer_range: std of the learned embeddings' normal initialization.
+
+    Call arguments:
+      inputs: ``(batch, H, W, D)`` with static ``H`` and ``W``.
+      training: whether attention dropout is active.
+      return_attention_scores: also return the attention probabilities,
+        ``(batch, heads, H*W, H*W)`` float32, indexed ``[b, h, query, key]`` with pixels
+        flattened row-major.
+
+    Returns:
+      ``(batch, H, W, output_dim)``, or ``(output, probabilities)``.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        output_dim=None,
+        encoding="quadratic",
+        max_grid_size=16,
+        position_embedding_dim=None,
+        attention_dropout=0.0,
+        center_init_std=2.0,
+        spread_init_std=0.01,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        initializer_range=0.02,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if encoding not in ENCODINGS:
+            raise ValueError(f"Unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}.")
+        if int(num_heads) < 1:
+            raise ValueError(f"num_heads must be positive, got {num_heads}.")
+        if output_dim is not None and int(output_dim) < 1:
+            raise ValueError(f"output_dim must be positive, got {output_dim}.")
+        if not 0.0 <= float(attention_dropout) < 1.0:
+            raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout}.")
+        self.num_heads = int(num_heads)
+        self.output_dim = None if output_dim is None else int(output_dim)
+        self.encoding = encoding
+        self.max_grid_size = int(max_grid_size)
+        self.position_embedding_dim = position_embedding_dim
+        self.attention_dropout = float(attention_dropout)
+        self.center_init_std = float(center_init_std)
+        self.spread_init_std = float(spread_init_std)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.initializer_range = float(initializer_range)
+        self.seed = seed
+        self.dropout = keras.layers.Dropout(self.attention_dropout, seed=seed, name="attention_dropout")
+
+    @property
+    def position_only(self):
+        return self.encoding in POSITION_ONLY_ENCODINGS
+
+    def build(self, input_shape):
+        if len(input_shape) != 4:
+            raise ValueError(
+                f"{type(self).__name__} expects inputs of shape (batch, height, width, channels), "
+                f"got rank {len(input_shape)}: {tuple(input_shape)}."
+            )
+        d = input_shape[-1]
+        if d is None:
+            raise ValueError("The channel dimension of the input must be known.")
+        self.input_dim = int(d)
+        out = self.output_dim or self.input_dim
+        heads = self.num_heads
+        dense = dict(kernel_initializer=self.kernel_initializer, bias_initializer=self.bias_initializer)
+        if self.encoding in ("quadratic", "quadratic_full"):
+            self.position_encoding = pe.QuadraticEncoding(
+                heads,
+                covariance="isotropic" if self.encoding == "quadratic" else "full",
+                center_init_std=self.center_init_std,
+                spread_init_std=self.spread_init_std,
+                seed=self.seed,
+                name="position_encoding",
+            )
+        elif self.encoding == "learned":
+            self.position_encoding = pe.LearnedRelativeEncoding(
+                heads,
+                self.max_grid_size,
+                self.position_embedding_dim or self.input_dim,
+                initializer_range=self.initializer_range,
+                seed=self.seed,
+                name="position_encoding",
+            )
+        else:
+            self.position_encoding = pe.LearnedContentEncoding(
+                self.max_grid_size, self.input_dim, initializer_range=self.initializer_range,
+                seed=self.seed, name="position_encoding",
+            )
+            self.query_dense = keras.layers.Dense(heads * self.input_dim, name="query", **dense)
+            self.key_dense = keras.layers.Dense(heads * self.input_dim, name="key", **dense)
+            self.query_dense.build(input_shape)
+            self.key_dense.build(input_shape)
+        self.position_encoding.build()
+        # The heads' W^(h) stacked: (heads * D, output_dim), rows ordered [head, channel].
+        self.value_dense = keras.layers.Dense(out, name="value", **dense)
+        self.value_dense.build(tuple(input_shape[:-1]) + (heads * self.input_dim,))
+
+    def _check_grid(self, inputs):
+        _, height, width, _ = inputs.shape
+        if height is None or width is None:
+            raise ValueError(
+                f"{type(self).__name__} needs a static grid size; got height={height}, "
+                f"width={width}. Give the model input a fixed spatial shape."
+            )
+        return height, width
+
+    def attention_logits(self, inputs):
+        """Logits ``(heads, N, N)`` (position only) or ``(batch, heads, N, N)``, float32."""
+        height, width = self._check_grid(inputs)
+        if self.position_only:
+            return self.position_encoding.logits(height, width)
+        heads, d = self.num_heads, self.input_dim
+        n = height * width
+        q = ops.reshape(self.query_dense(inputs), (-1, n, heads, d))
+        k = ops.reshape(self.key_dense(inputs), (-1, n, heads, d))
+        q = ops.transpose(q, (0, 2, 1, 3))  # (b, heads, n, d)
+        k = ops.transpose(k, (0, 2, 1, 3))
+        content = ops.cast(ops.einsum("bhqd,bhkd->bhqk", q, k), "float32")
+        relative = self.position_encoding.logits(ops.reshape(q, (-1, heads, height, width, d)))
+        return (content + relative) / math.sqrt(d)
+
+    def attention_probabilities(self, inputs):
+        """Softmax over keys of `attention_logits`, float32."""
+        return ops.softmax(self.attention_logits(inputs), axis=-1)
+
+    def call(self, inputs, training=None, return_attention_scores=False):
+        height, width = self._check_grid(inputs)
+        n = height * width
+        x = ops.reshape(inputs, (-1, n, self.input_dim))
+        probs = self.attention_probabilities(inputs)
+        if self.position_only and training and self.attention_dropout > 0:
+            batch = ops.shape(x)[0]
+            probs = ops.broadcast_to(probs[None], (batch,) + tuple(probs.shape))
+        dropped = self.dropout(probs, training=training)
+        weights = ops.cast(dropped, self.compute_dtype)
+        if len(weights.shape) == 3:  # shared by the batch
+            mixed = ops.einsum("hqk,bkd->bqhd", weights, x)
+        else:
+            mixed = ops.einsum("bhqk,bkd->bqhd", weights, x)
+        mixed = ops.reshape(mixed, (-1, height, width, self.num_heads * self.input_dim))
+        outputs = self.value_dense(mixed)
+        if not return_attention_scores:
+            return outputs
+        if len(probs.shape) == 3:
+            probs = ops.broadcast_to(probs[None], (ops.shape(x)[0],) + tuple(probs.shape))
+        return outputs, probs
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "output_dim": self.output_dim,
+            "encoding": self.encoding,
+            "max_grid_size": self.max_grid_size,
+            "position_embedding_dim": self.position_embedding_dim,
+            "attention_dropout": self.attention_dropout,
+            "center_init_std": self.center_init_std,
+            "spread_init_std": self.spread_init_std,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "initializer_range": self.initializer_range,
+            "seed": self.seed,
+        }

@@ -1,0 +1,131 @@
+"""`ModelConfig`, the one configuration type of every model, and the named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from sa_conv.attention import ENCODINGS
+
+ARCHITECTURES = ("attention", "resnet18")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Every field of a model. Attention fields are ignored by ``architecture="resnet18"``.
+
+    Attributes:
+      architecture: ``"attention"`` (the paper's fully-attentional classifier) or ``"resnet18"``.
+      encoding: relative positional encoding of the attention layers (see `ENCODINGS`).
+      num_layers: transformer blocks.
+      num_heads: heads per attention layer (K*K heads express a KxK convolution).
+      hidden_size: channels of the attention grid.
+      mlp_size: intermediate size of each block's MLP.
+      pooling_width: width of the invertible pooling at the input (1 = no pooling).
+      dropout: dropout after attention and MLP outputs.
+      attention_dropout: dropout on the attention probabilities.
+      layer_norm_epsilon: LayerNorm epsilon.
+      max_grid_size: largest grid side of the learned encodings' tables (P).
+      position_embedding_dim: embedding size of ``"learned"``; None = hidden_size.
+      initializer_range: std of the normal initialization of dense kernels and embeddings.
+      center_init_std, spread_init_std: initialization of the quadratic encodings.
+      image_size: side of the square input images.
+      num_classes: classifier outputs.
+    """
+
+    architecture: str = "attention"
+    encoding: str = "quadratic"
+    num_layers: int = 6
+    num_heads: int = 9
+    hidden_size: int = 400
+    mlp_size: int = 512
+    pooling_width: int = 2
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_epsilon: float = 1e-12
+    max_grid_size: int = 16
+    position_embedding_dim: Optional[int] = None
+    initializer_range: float = 0.02
+    center_init_std: float = 2.0
+    spread_init_std: float = 0.01
+    image_size: int = 32
+    num_classes: int = 10
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def grid_size(self) -> int:
+        """Side of the attention grid: ``image_size / pooling_width``."""
+        return self.image_size // self.pooling_width
+
+    def validate(self) -> None:
+        """Raises ValueError naming the field and the fix for an inconsistent configuration."""
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"Unknown architecture {self.architecture!r}; choose one of {ARCHITECTURES}.")
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"Unknown encoding {self.encoding!r}; choose one of {', '.join(ENCODINGS)}.")
+        for name in ("num_layers", "num_heads", "hidden_size", "mlp_size", "pooling_width",
+                     "max_grid_size", "image_size", "num_classes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+        if self.architecture != "attention":
+            return
+        if self.image_size % self.pooling_width:
+            raise ValueError(
+                f"image_size {self.image_size} is not divisible by pooling_width {self.pooling_width}."
+            )
+        if self.encoding == "learned_content" and self.hidden_size % 2:
+            raise ValueError(
+                f"learned_content splits each head's query in row and column halves: hidden_size "
+                f"must be even, got {self.hidden_size}."
+            )
+        if self.encoding.startswith("learned") and self.grid_size > self.max_grid_size:
+            raise ValueError(
+                f"The attention grid is {self.grid_size}x{self.grid_size} but max_grid_size is "
+                f"{self.max_grid_size}; set max_grid_size >= {self.grid_size}."
+            )
+
+    def replace(self, **overrides) -> "ModelConfig":
+        """A copy with ``overrides`` applied; unknown field names raise a clear error."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ValueError(f"Unknown model config field(s) {unknown}; known: {sorted(fields)}.")
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_PAPER = ModelConfig()
+# CPU-sized variants: same architecture, 3 layers, 9 heads, hidden 64, MLP 128. No attention
+# dropout, so the position-only probabilities stay shared by the batch (the fast path).
+_SMALL = dict(num_layers=3, hidden_size=64, mlp_size=128, attention_dropout=0.0)
+
+PRESETS: dict[str, ModelConfig] = {
+    "sa_quadratic": _PAPER,
+    "sa_quadratic_full": _PAPER.replace(encoding="quadratic_full"),
+    "sa_learned": _PAPER.replace(encoding="learned"),
+    "sa_learned_content": _PAPER.replace(encoding="learned_content"),
+    "resnet18": ModelConfig(architecture="resnet18"),
+    "sa_quadratic_small": _PAPER.replace(**_SMALL),
+    "sa_quadratic_full_small": _PAPER.replace(encoding="quadratic_full", **_SMALL),
+    "sa_learned_small": _PAPER.replace(encoding="learned", **_SMALL),
+    "sa_learned_content_small": _PAPER.replace(encoding="learned_content", **_SMALL),
+}
+
+
+def preset_names() -> list[str]:
+    return list(PRESETS)
+
+
+def get_config(name: str, **overrides) -> ModelConfig:
+    """The preset ``name`` with ``overrides`` applied."""
+    if name not in PRESETS:
+        raise ValueError(f"Unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
+    return PRESETS[name].replace(**overrides)

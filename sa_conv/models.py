@@ -1,0 +1,90 @@
+"""Model builders: the paper's fully-attentional classifier and `build_model` for any preset."""
+
+from __future__ import annotations
+
+import keras
+
+from sa_conv.config import ModelConfig, get_config
+from sa_conv.invertible_pooling import InvertiblePooling
+from sa_conv.preprocessing import PixelNormalization
+from sa_conv.resnet import build_resnet
+from sa_conv.transformer import TransformerBlock
+
+
+def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier") -> keras.Model:
+    """The paper's classifier as a functional `keras.Model`.
+
+    ``image`` ``(batch, 32, 32, 3)`` raw pixels -> normalize -> invertible pooling (w) ->
+    dense embedding to ``hidden_size`` -> ``num_layers`` `TransformerBlock`s on the
+    ``(32/w) x (32/w)`` grid -> mean over all positions -> dense ``logits (batch, classes)``.
+    """
+    init = keras.initializers.RandomNormal(stddev=config.initializer_range)
+    size = config.image_size
+    inputs = keras.Input((size, size, 3), name="image")
+    x = PixelNormalization(name="normalize")(inputs)
+    if config.pooling_width > 1:
+        x = InvertiblePooling(config.pooling_width, name="invertible_pooling")(x)
+    x = keras.layers.Dense(config.hidden_size, kernel_initializer=init, name="embedding")(x)
+    attention_config = dict(
+        num_heads=config.num_heads,
+        encoding=config.encoding,
+        max_grid_size=config.max_grid_size,
+        position_embedding_dim=config.position_embedding_dim,
+        attention_dropout=config.attention_dropout,
+        center_init_std=config.center_init_std,
+        spread_init_std=config.spread_init_std,
+        initializer_range=config.initializer_range,
+    )
+    for i in range(config.num_layers):
+        x = TransformerBlock(
+            config.mlp_size,
+            dropout=config.dropout,
+            layer_norm_epsilon=config.layer_norm_epsilon,
+            kernel_initializer=init,
+            attention_config=attention_config,
+            name=f"block_{i}",
+        )(x)
+    x = keras.layers.GlobalAveragePooling2D(name="mean_over_positions")(x)
+    logits = keras.layers.Dense(config.num_classes, kernel_initializer=init, name="logits", dtype="float32")(x)
+    return keras.Model(inputs, logits, name=name)
+
+
+def build_model(name_or_config: str | ModelConfig = "sa_quadratic_small", **overrides) -> keras.Model:
+    """Builds a preset by name (see `sa_conv.PRESETS`) or a `ModelConfig`.
+
+    ``overrides`` change fields of the preset, e.g. ``build_model("sa_quadratic", num_layers=2)``.
+    The model maps ``image`` ``(batch, 32, 32, 3)`` uint8 or float pixels in [0, 255] to
+    ``logits`` ``(batch, num_classes)`` float32.
+    """
+    if isinstance(name_or_config, ModelConfig):
+        config, name = name_or_config.replace(**overrides), "sa_model"
+    else:
+        config, name = get_config(name_or_config, **overrides), name_or_config
+    if config.architecture == "resnet18":
+        return build_resnet(config.image_size, config.num_classes, name=name)
+    return build_attention_classifier(config, name=name)
+
+
+def attention_blocks(model: keras.Model) -> list[TransformerBlock]:
+    """The model's transformer blocks, in order."""
+    return [layer for layer in model.layers if isinstance(layer, TransformerBlock)]
+
+
+def attention_probabilities(model: keras.Model, images) -> list:
+    """Attention probabilities of every block for ``images``: a list (one per layer) of
+    ``(batch, heads, N, N)`` float32, N = grid pixels, row-major. Inference mode."""
+    blocks = attention_blocks(model)
+    if not blocks:
+        raise ValueError(f"Model {model.name!r} has no attention blocks.")
+    x = images
+    probs = []
+    for layer in model.layers[1:]:
+        if isinstance(layer, TransformerBlock):
+            x, p = layer(x, training=False, return_attention_scores=True)
+            probs.append(p)
+            if len(probs) == len(blocks):
+                break
+        else:
+            x = layer(x)
+    return probs
+

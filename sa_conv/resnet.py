@@ -1,0 +1,43 @@
+"""ResNet18 for CIFAR (He et al., 2016), the baseline of the paper's Table 1.
+
+3x3 stride-1 stem without max-pool, BasicBlocks [2, 2, 2, 2] at 64/128/256/512 channels with
+1x1 projection shortcuts where the shape changes, global average pooling, dense classifier.
+"""
+
+import keras
+
+from sa_conv.preprocessing import PixelNormalization
+
+# PyTorch's BatchNorm defaults, as in the reference implementation.
+_BN = dict(momentum=0.9, epsilon=1e-5)
+
+
+def _conv_bn(x, filters, kernel, stride, name, relu=True):
+    x = keras.layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False,
+                            kernel_initializer="he_normal", name=f"{name}_conv")(x)
+    x = keras.layers.BatchNormalization(name=f"{name}_bn", **_BN)(x)
+    return keras.layers.ReLU(name=f"{name}_relu")(x) if relu else x
+
+
+def _basic_block(x, filters, stride, name):
+    shortcut = x
+    y = _conv_bn(x, filters, 3, stride, f"{name}_1")
+    y = _conv_bn(y, filters, 3, 1, f"{name}_2", relu=False)
+    if stride != 1 or x.shape[-1] != filters:
+        shortcut = _conv_bn(x, filters, 1, stride, f"{name}_shortcut", relu=False)
+    return keras.layers.ReLU(name=f"{name}_out")(keras.layers.Add(name=f"{name}_add")([y, shortcut]))
+
+
+def build_resnet(image_size=32, num_classes=10, blocks=(2, 2, 2, 2), widths=(64, 128, 256, 512), name="resnet18"):
+    """A CIFAR ResNet as a functional `keras.Model`: ``image`` ``(batch, 32, 32, 3)`` raw pixels
+    (uint8 or float in [0, 255]) -> ``logits`` ``(batch, num_classes)``."""
+    inputs = keras.Input((image_size, image_size, 3), name="image")
+    x = PixelNormalization(name="normalize")(inputs)
+    x = _conv_bn(x, widths[0], 3, 1, "stem")
+    for stage, (count, filters) in enumerate(zip(blocks, widths)):
+        for block in range(count):
+            stride = 2 if stage > 0 and block == 0 else 1
+            x = _basic_block(x, filters, stride, f"stage{stage + 1}_block{block + 1}")
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    logits = keras.layers.Dense(num_classes, name="logits", dtype="float32")(x)
+    return keras.Model(inputs, logits, name=name)

@@ -1,0 +1,79 @@
+"""The post-LayerNorm transformer block of the paper's classifier (BERT's layer on a 2-D grid)."""
+
+import keras
+
+from sa_conv.attention import MultiHeadSelfAttention2D
+
+
+@keras.saving.register_keras_serializable(package="sa_conv")
+class TransformerBlock(keras.layers.Layer):
+    """Attention, dropout, residual, LayerNorm; GELU MLP, dropout, residual, LayerNorm.
+
+    ``y = LN(x + Dropout(Dense(MHSA(x))))``, ``z = LN(y + Dropout(Dense(GELU(Dense(y)))))``.
+
+    Input and output shape: ``(batch, H, W, hidden)``. Keyword arguments not listed are passed
+    to `MultiHeadSelfAttention2D` through ``attention_config``.
+    """
+
+    def __init__(
+        self,
+        mlp_size,
+        dropout=0.1,
+        layer_norm_epsilon=1e-12,
+        kernel_initializer="glorot_uniform",
+        attention_config=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.mlp_size = int(mlp_size)
+        self.dropout_rate = float(dropout)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.attention_config = dict(attention_config or {})
+        self.attention = MultiHeadSelfAttention2D(
+            kernel_initializer=self.kernel_initializer, name="attention", **self.attention_config
+        )
+
+    def build(self, input_shape):
+        hidden = input_shape[-1]
+        init = dict(kernel_initializer=self.kernel_initializer)
+        self.attention.build(input_shape)
+        self.attention_output = keras.layers.Dense(hidden, name="attention_output", **init)
+        self.attention_dropout = keras.layers.Dropout(self.dropout_rate)
+        self.attention_norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="attention_norm")
+        self.intermediate = keras.layers.Dense(
+            self.mlp_size, activation="gelu", name="intermediate", **init  # exact (erf) GELU
+        )
+        self.output_dense = keras.layers.Dense(hidden, name="output", **init)
+        self.output_dropout = keras.layers.Dropout(self.dropout_rate)
+        self.output_norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="output_norm")
+        mlp_shape = tuple(input_shape[:-1]) + (self.mlp_size,)
+        for layer, shape in (
+            (self.attention_output, input_shape), (self.attention_norm, input_shape),
+            (self.intermediate, input_shape), (self.output_dense, mlp_shape),
+            (self.output_norm, input_shape),
+        ):
+            layer.build(shape)
+
+    def call(self, inputs, training=None, return_attention_scores=False):
+        attended = self.attention(inputs, training=training, return_attention_scores=return_attention_scores)
+        if return_attention_scores:
+            attended, probs = attended
+        x = self.attention_dropout(self.attention_output(attended), training=training)
+        x = self.attention_norm(inputs + x)
+        y = self.output_dropout(self.output_dense(self.intermediate(x)), training=training)
+        y = self.output_norm(x + y)
+        return (y, probs) if return_attention_scores else y
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "mlp_size": self.mlp_size,
+            "dropout": self.dropout_rate,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "attention_config": self.attention_config,
+        }
