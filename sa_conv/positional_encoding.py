@@ -9,8 +9,8 @@ of shape ``(heads, H*W, H*W)`` that do not depend on the input. `LearnedContentE
 the ``q . r_delta`` term of content-based attention, of shape ``(batch, heads, H*W, H*W)``.
 
 These layers are built by `sa_conv.attention.MultiHeadSelfAttention2D`, which owns them. They
-compute in float32 (their ``dtype`` policy is pinned) so that logits and softmax stay in float32
-under mixed precision.
+compute in float32 (their ``dtype`` policy is pinned and their weights are never autocast) so
+that logits and softmax stay in float32 under mixed precision.
 """
 
 import keras
@@ -99,6 +99,7 @@ class QuadraticEncoding(_Encoding):
             name="centers",
             shape=(h, 2),
             initializer=keras.initializers.RandomNormal(0.0, self.center_init_std, seed=self.seed),
+            autocast=False,
         )
         noise = keras.initializers.RandomNormal(0.0, self.spread_init_std, seed=self.seed)
         if self.covariance == "isotropic":
@@ -107,7 +108,7 @@ class QuadraticEncoding(_Encoding):
         else:
             init = lambda shape, dtype=None: ops.eye(2, dtype=dtype) + noise(shape, dtype)  # noqa: E731
             shape = (h, 2, 2)
-        self.spreads = self.add_weight(name="spreads", shape=shape, initializer=init)
+        self.spreads = self.add_weight(name="spreads", shape=shape, initializer=init, autocast=False)
 
     def inverse_covariance(self):
         """``Sigma_h^-1`` as its entries ``(a, b, c)`` of ``[[a, b], [b, c]]``, each ``(heads,)``."""
@@ -163,10 +164,10 @@ class LearnedRelativeEncoding(_Encoding):
     def build(self, input_shape=None):
         n, e = 2 * self.max_grid_size - 1, self.embedding_dim
         init = keras.initializers.RandomNormal(0.0, self.initializer_range, seed=self.seed)
-        self.row_embeddings = self.add_weight(name="row_embeddings", shape=(n, e), initializer=init)
-        self.col_embeddings = self.add_weight(name="col_embeddings", shape=(n, e), initializer=init)
-        self.row_head_keys = self.add_weight(name="row_head_keys", shape=(e, self.num_heads), initializer=init)
-        self.col_head_keys = self.add_weight(name="col_head_keys", shape=(e, self.num_heads), initializer=init)
+        self.row_embeddings = self.add_weight(name="row_embeddings", shape=(n, e), initializer=init, autocast=False)
+        self.col_embeddings = self.add_weight(name="col_embeddings", shape=(n, e), initializer=init, autocast=False)
+        self.row_head_keys = self.add_weight(name="row_head_keys", shape=(e, self.num_heads), initializer=init, autocast=False)
+        self.col_head_keys = self.add_weight(name="col_head_keys", shape=(e, self.num_heads), initializer=init, autocast=False)
 
     def logits(self, height, width):
         """Attention logits ``(heads, H*W, H*W)`` for an ``H x W`` grid."""
@@ -218,8 +219,8 @@ class LearnedContentEncoding(_Encoding):
     def build(self, input_shape=None):
         n, e = 2 * self.max_grid_size - 1, self.query_dim // 2
         init = keras.initializers.RandomNormal(0.0, self.initializer_range, seed=self.seed)
-        self.row_embeddings = self.add_weight(name="row_embeddings", shape=(n, e), initializer=init)
-        self.col_embeddings = self.add_weight(name="col_embeddings", shape=(n, e), initializer=init)
+        self.row_embeddings = self.add_weight(name="row_embeddings", shape=(n, e), initializer=init, autocast=False)
+        self.col_embeddings = self.add_weight(name="col_embeddings", shape=(n, e), initializer=init, autocast=False)
 
     def logits(self, queries):
         """``q . r_delta`` of shape ``(batch, heads, H*W, H*W)`` for queries

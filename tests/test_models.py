@@ -1,0 +1,152 @@
+"""Models and presets: parameter counts, forward and training steps, serialization, errors."""
+
+import keras
+import numpy as np
+import pytest
+
+import sa_conv
+from sa_conv.config import ModelConfig
+
+# The paper's Table 1 recomputed from its code; these must match exactly.
+PAPER_PARAMETERS = {
+    "sa_quadratic": 12_086_844,
+    "sa_quadratic_full": 12_087_006,
+    "sa_learned": 12_278_682,
+    "sa_learned_content": 29_484_282,
+    "resnet18": 11_173_962,
+}
+SMALL = [name for name in sa_conv.PRESETS if name.endswith("_small")]
+
+
+def _trainable(model):
+    return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+
+
+def _images(n=2, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
+
+
+def test_preset_list():
+    assert set(PAPER_PARAMETERS) <= set(sa_conv.preset_names())
+    assert len(SMALL) == 4
+
+
+@pytest.mark.parametrize("name", list(PAPER_PARAMETERS))
+def test_paper_parameter_counts(name):
+    assert _trainable(sa_conv.build_model(name)) == PAPER_PARAMETERS[name]
+
+
+def _train_step(model, images, labels, steps=2, optimizer=None):
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    before = [w.copy() for w in model.get_weights()]
+    losses = [float(model.train_on_batch(images, labels)) for _ in range(steps)]
+    changed = sum(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    return losses, changed
+
+
+@pytest.mark.parametrize("name", list(PAPER_PARAMETERS))
+def test_paper_presets_run_a_forward_and_training_step(name):
+    model = sa_conv.build_model(name)
+    images, labels = _images(2), np.array([3, 7])
+    logits = model(images, training=False)
+    assert logits.shape == (2, 10) and np.isfinite(logits).all()
+    losses, changed = _train_step(model, images, labels, steps=1)
+    assert np.isfinite(losses).all() and changed > 0.9 * len(model.trainable_weights)
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_small_presets_fit_a_batch(name):
+    """A training step really trains: the loss on one fixed batch falls."""
+    keras.utils.set_random_seed(0)
+    model = sa_conv.build_model(name, dropout=0.0)
+    images, labels = _images(16, seed=1), np.arange(16) % 10
+    losses, changed = _train_step(model, images, labels, steps=15, optimizer=keras.optimizers.Adam(3e-3))
+    assert changed == len(model.trainable_weights)
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+@pytest.mark.parametrize("name", list(PAPER_PARAMETERS) + SMALL)
+def test_keras_file_round_trip(name, tmp_path):
+    model = sa_conv.build_model(name)
+    images = _images(3)
+    path = tmp_path / "m.keras"
+    model.save(path)
+    restored = keras.models.load_model(path)
+    assert restored.name == name
+    np.testing.assert_array_equal(model.predict(images, verbose=0), restored.predict(images, verbose=0))
+
+
+def test_uint8_and_float_inputs_agree():
+    model = sa_conv.build_model("sa_quadratic_small")
+    images = _images(2)
+    np.testing.assert_allclose(model(images), model(images.astype(np.float32)), atol=1e-6)
+
+
+def test_normalization_constants_are_applied():
+    layer = sa_conv.PixelNormalization()
+    pixel = np.full((1, 1, 1, 3), 255 * 0.4914, np.float32)
+    out = keras.ops.convert_to_numpy(layer(pixel))[0, 0, 0]
+    assert abs(out[0]) < 1e-5
+    np.testing.assert_allclose(out[1:], (0.4914 - np.array([0.4822, 0.4465])) / np.array([0.1994, 0.2010]), rtol=1e-5)
+
+
+def test_overrides_and_config():
+    model = sa_conv.build_model("sa_quadratic", num_layers=2, hidden_size=32, mlp_size=16)
+    assert len(sa_conv.attention_blocks(model)) == 2
+    config = sa_conv.get_config("sa_learned_small")
+    assert config.encoding == "learned" and config.num_layers == 3 and config.hidden_size == 64
+    model = sa_conv.build_model(ModelConfig(num_layers=1, hidden_size=16, mlp_size=8, num_heads=4))
+    assert model.output_shape == (None, 10)
+
+
+def test_attention_probabilities_of_a_model():
+    model = sa_conv.build_model("sa_learned_content_small")
+    probs = sa_conv.attention_probabilities(model, _images(2))
+    assert len(probs) == 3
+    for p in probs:
+        p = keras.ops.convert_to_numpy(p)
+        assert p.shape == (2, 9, 256, 256)
+        np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(encoding="gauss"), "Unknown encoding 'gauss'"),
+        (dict(num_heads=0), "num_heads must be a positive integer"),
+        (dict(hidden_size=-4), "hidden_size must be a positive integer"),
+        (dict(encoding="learned_content", hidden_size=63), "hidden_size must be even, got 63"),
+        (dict(encoding="learned", max_grid_size=8), "grid is 16x16 but max_grid_size is 8"),
+        (dict(pooling_width=3), "not divisible by pooling_width 3"),
+        (dict(dropout=1.5), "dropout must be in"),
+        (dict(num_layer=3), "Unknown model config field"),
+    ],
+)
+def test_config_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        sa_conv.build_model("sa_quadratic_small", **overrides)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="Unknown preset 'vit'.*sa_quadratic"):
+        sa_conv.build_model("vit")
+
+
+def test_wrong_input_rank_is_rejected():
+    model = sa_conv.build_model("sa_quadratic_small")
+    with pytest.raises(ValueError):
+        model(np.zeros((2, 32, 32), np.uint8))
+
+
+def test_model_under_mixed_bfloat16():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = sa_conv.build_model("sa_quadratic_small")
+        logits = model(_images(2))
+        assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+        assert np.isfinite(keras.ops.convert_to_numpy(logits)).all()
+        _, changed = _train_step(model, _images(4), np.arange(4), steps=1)
+        assert changed > 0
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
