@@ -1,0 +1,159 @@
+"""`TrainConfig`: every setting of a training run, the single source of the trainer's flags.
+
+`trainers.flags` defines one absl flag per field (same name, default and help), a
+``--config_file`` (JSON or YAML) may set any of them, and flags given on the command line win.
+The resolved configuration is written to ``model_dir/config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Optional
+
+from sa_conv.config import PRESETS
+from trainers.data import DATASETS
+from trainers.schedule import SCHEDULES
+
+STRATEGIES = ("auto", "mirrored", "multi_worker", "one_device", "tpu")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+# Fields of sa_conv.ModelConfig that the trainer exposes as flags (None = the preset's value).
+MODEL_OVERRIDES = (
+    "encoding", "num_layers", "num_heads", "hidden_size", "mlp_size", "dropout", "attention_dropout",
+)
+
+
+class ConfigError(ValueError):
+    """An invalid training setting: the message names the setting and the fix."""
+
+
+def _field(default, help, choices=None):
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    model: str = _field("sa_quadratic_small", "Model preset.", tuple(PRESETS))
+    encoding: Optional[str] = _field(None, "Override the preset's positional encoding.")
+    num_layers: Optional[int] = _field(None, "Override the preset's number of transformer blocks.")
+    num_heads: Optional[int] = _field(None, "Override the preset's attention heads.")
+    hidden_size: Optional[int] = _field(None, "Override the preset's hidden size.")
+    mlp_size: Optional[int] = _field(None, "Override the preset's MLP size.")
+    dropout: Optional[float] = _field(None, "Override the preset's dropout.")
+    attention_dropout: Optional[float] = _field(None, "Override the preset's attention dropout.")
+    dataset: str = _field("cifar10", "Data source: tfds, official python-format files, or generated.", DATASETS)
+    data_dir: Optional[str] = _field(
+        None, "tfds data_dir for cifar10; the cifar-10-batches-py/ directory or .tar.gz for cifar10_files."
+    )
+    validation_size: Optional[int] = _field(
+        None, "Training images held out for validation (default 10%: 5,000 of CIFAR-10)."
+    )
+    epochs: int = _field(300, "Training epochs.")
+    global_batch_size: int = _field(100, "Global batch size, split across replicas.")
+    eval_batch_size: int = _field(500, "Global batch size for validation and test.")
+    learning_rate: float = _field(0.1, "Peak learning rate (SGD).")
+    momentum: float = _field(0.9, "SGD momentum.")
+    weight_decay: float = _field(
+        1e-4,
+        "L2 weight decay (added to the gradient, as PyTorch's SGD) on dense and conv kernels and "
+        "learned position embeddings; not on attention centers and spreads, LayerNorm and "
+        "BatchNorm scales and offsets, or biases.",
+    )
+    warmup_ratio: float = _field(0.05, "Fraction of all steps with linear learning-rate warm-up.")
+    lr_schedule: str = _field("cosine", "Per-step schedule after warm-up.", SCHEDULES)
+    lr_milestones: str = _field("80,150,250", "Epochs at which the step schedule divides the lr.")
+    lr_decay_factor: float = _field(10.0, "Divisor of the lr at each milestone (step schedule).")
+    label_smoothing: float = _field(0.0, "Label smoothing of the cross-entropy.")
+    seed: int = _field(0, "Seed of initialization, data split, shuffling and augmentation.")
+    mixed_precision: str = _field("float32", "Keras dtype policy.", PRECISIONS)
+    jit_compile: bool = _field(True, "Compile the training step with XLA.")
+    steps_per_execution: int = _field(1, "Training steps run per tf.function call.")
+    strategy: str = _field("auto", "tf.distribute strategy.", STRATEGIES)
+    cpu_devices: int = _field(
+        1, "Split the CPU into this many logical devices (replicas of a CPU MirroredStrategy)."
+    )
+    model_dir: str = _field("runs/default", "Output directory; a rerun with the same one resumes.")
+    max_steps: Optional[int] = _field(None, "Stop after this many optimizer steps (smoke runs).")
+    keep_checkpoints: int = _field(2, "Epoch checkpoints kept for resuming.")
+
+    def model_overrides(self) -> dict:
+        return {name: getattr(self, name) for name in MODEL_OVERRIDES if getattr(self, name) is not None}
+
+    def milestone_epochs(self) -> tuple[int, ...]:
+        try:
+            return tuple(int(m) for m in self.lr_milestones.split(",") if m.strip())
+        except ValueError:
+            raise ConfigError(
+                f"--lr_milestones must be comma-separated epochs, got {self.lr_milestones!r}."
+            ) from None
+
+    def validate(self) -> None:
+        """Raises ConfigError for values no run can use (model fields are checked by
+        `sa_conv.get_config`, data paths when loading)."""
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value is not None and value not in choices:
+                raise ConfigError(f"--{f.name}={value!r} is not one of: {', '.join(choices)}.")
+        for name in ("epochs", "global_batch_size", "eval_batch_size", "steps_per_execution",
+                     "cpu_devices", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} must be a positive integer, got {getattr(self, name)}.")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"--max_steps must be positive, got {self.max_steps}.")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"--learning_rate must be positive, got {self.learning_rate}.")
+        for name, low, high in (("momentum", 0, 1), ("warmup_ratio", 0, 1), ("label_smoothing", 0, 1)):
+            if not low <= getattr(self, name) < high:
+                raise ConfigError(f"--{name} must be in [{low}, {high}), got {getattr(self, name)}.")
+        if self.weight_decay < 0:
+            raise ConfigError(f"--weight_decay must be >= 0, got {self.weight_decay}.")
+        if self.validation_size is not None and self.validation_size < 1:
+            raise ConfigError(
+                f"--validation_size must be positive, got {self.validation_size}: model selection "
+                "needs a validation split (the test split is only for the final evaluation)."
+            )
+        self.milestone_epochs()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(TrainConfig)]
+
+
+def read_config_file(path: str) -> dict:
+    """Reads a JSON or YAML file of `TrainConfig` keys."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config_file {path!r} does not exist.")
+    with open(path) as f:
+        text = f.read()
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            values = yaml.safe_load(text) or {}
+        else:
+            values = json.loads(text)
+    except Exception as exc:
+        raise ConfigError(f"--config_file {path!r} is not valid JSON/YAML: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config_file {path!r} must hold a mapping of setting names to values.")
+    unknown = sorted(set(values) - set(field_names()))
+    if unknown:
+        raise ConfigError(f"--config_file {path!r} has unknown keys {unknown}; known: {field_names()}.")
+    return values
+
+
+def make_config(file_values: dict | None = None, overrides: dict | None = None) -> TrainConfig:
+    """Defaults, then the config file's values, then ``overrides`` (e.g. flags set on the command
+    line); validated."""
+    values = {**(file_values or {}), **(overrides or {})}
+    unknown = sorted(set(values) - set(field_names()))
+    if unknown:
+        raise ConfigError(f"Unknown training setting(s) {unknown}.")
+    config = TrainConfig(**values)
+    config.validate()
+    return config

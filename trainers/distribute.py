@@ -1,0 +1,88 @@
+"""`tf.distribute` strategy creation (once per process) and logical CPU devices."""
+
+import json
+import os
+
+import tensorflow as tf
+
+from trainers.config import ConfigError
+
+
+def configure_cpu_devices(count: int) -> None:
+    """Splits the first CPU into ``count`` logical devices, so that a MirroredStrategy has
+    ``count`` replicas on a CPU-only host. Must run before TensorFlow initializes its devices."""
+    if count <= 1:
+        return
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+        )
+    except RuntimeError:
+        existing = len(tf.config.list_logical_devices("CPU"))
+        if existing != count:
+            raise ConfigError(
+                f"--cpu_devices={count} must be set before TensorFlow initializes (it already has "
+                f"{existing} CPU device(s)); start a new process."
+            ) from None
+
+
+def _tf_config_workers() -> int:
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"TF_CONFIG is not valid JSON: {exc}") from None
+    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
+def create_strategy(name: str) -> tf.distribute.Strategy:
+    """The strategy ``name``:
+
+    * ``auto``: MultiWorkerMirroredStrategy when TF_CONFIG names several workers, else
+      MirroredStrategy over all GPUs (or all logical CPU devices when there is no GPU).
+    * ``mirrored``: MirroredStrategy over all GPUs, or all logical CPU devices.
+    * ``multi_worker``: MultiWorkerMirroredStrategy from TF_CONFIG.
+    * ``one_device``: the first GPU, else the CPU.
+    * ``tpu``: TPUStrategy on the TPU found by TPUClusterResolver.
+    """
+    # Multi-worker first: listing devices would initialize TensorFlow's context, after which
+    # collective ops can no longer be configured.
+    if name == "auto":
+        name = "multi_worker" if _tf_config_workers() > 1 else "mirrored"
+    if name == "mirrored":
+        gpus = tf.config.list_logical_devices("GPU")
+        devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
+        return tf.distribute.MirroredStrategy(devices)
+    if name == "multi_worker":
+        if _tf_config_workers() < 1:
+            raise ConfigError(
+                "--strategy=multi_worker needs TF_CONFIG with a 'cluster' of workers and this "
+                "process's 'task' (see tf.distribute.MultiWorkerMirroredStrategy)."
+            )
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    gpus = tf.config.list_logical_devices("GPU")
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+    if name == "tpu":
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+        except (ValueError, RuntimeError, tf.errors.OpError) as exc:
+            raise ConfigError(f"--strategy=tpu: no TPU found ({exc}).") from None
+        return tf.distribute.TPUStrategy(resolver)
+    raise ConfigError(f"Unknown strategy {name!r}.")
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the worker that writes the run's artefacts (always true on one host)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return True
+    task_type, task_id = resolver.task_type, resolver.task_id
+    return task_type == "chief" or (task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().as_dict())
+
+
+def worker_id(strategy: tf.distribute.Strategy) -> int:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return int(resolver.task_id) if resolver is not None and resolver.task_id is not None else 0

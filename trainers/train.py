@@ -1,0 +1,434 @@
+"""Distributed CIFAR-10 training of any sa_conv preset (``python -m trainers.train``,
+``sa-conv-train``).
+
+One training path for every strategy: a custom loop with ``strategy.run`` (Keras 3.15's
+``model.fit`` fails under MultiWorkerMirroredStrategy, keras-team/keras#20585). The loop:
+
+* splits each global batch across replicas and averages the loss over the global batch
+  (``tf.nn.compute_average_loss``); metrics are summed across replicas;
+* steps the learning rate per optimizer step (`trainers.schedule`);
+* validates on the held-out split after every epoch (never on the test split);
+* writes TensorBoard scalars (loss, accuracy, learning rate) to ``model_dir/logs``;
+* checkpoints model, optimizer and progress after every epoch: the same command, rerun after a
+  kill at any moment, resumes from the last finished epoch;
+* keeps the best model by validation accuracy (``best_model.keras``);
+* stops with a clear error when the loss becomes NaN or infinite;
+* evaluates the test split once at the end, writes ``results.json`` and ``model.keras``.
+
+Model directory layout: ``config.json``, ``history.json`` (one record per epoch),
+``checkpoints/``, ``logs/{train,validation}``, ``best_model.keras``, ``model.keras``,
+``results.json``. Workers other than the chief write to ``workers/worker_<id>/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from typing import Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import sa_conv
+from trainers import data as data_lib
+from trainers import distribute
+from trainers.config import ConfigError, TrainConfig
+from trainers.schedule import make_schedule
+
+# Variables (by their short name) that get no weight decay: attention centers and spreads,
+# LayerNorm/BatchNorm scales (gamma) and offsets (beta), and biases.
+NO_WEIGHT_DECAY = ("centers", "spreads", "gamma", "beta", "bias")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. the loss diverged); the message says what to change."""
+
+
+def decays(variable) -> bool:
+    """Whether weight decay applies to ``variable`` (see `NO_WEIGHT_DECAY`)."""
+    return variable.name.split("/")[-1].split(":")[0] not in NO_WEIGHT_DECAY
+
+
+def weights_checksum(model: keras.Model) -> str:
+    """SHA-256 of all weights' bytes: equal on two workers iff their weights are identical."""
+    digest = hashlib.sha256()
+    for w in model.get_weights():
+        digest.update(np.ascontiguousarray(w).tobytes())
+    return digest.hexdigest()
+
+
+def _write_json(path: str, value) -> None:
+    """Atomic: a crash never leaves a half-written file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _save_keras_atomically(model: keras.Model, path: str) -> None:
+    tmp = f"{path}.tmp.keras"
+    model.save(tmp)
+    os.replace(tmp, path)
+
+
+class Trainer:
+    """Trains ``config`` under ``strategy`` (created once by the caller, or here)."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        strategy: tf.distribute.Strategy | None = None,
+        log: Callable[[str], None] = print,
+        interactive: bool | None = None,
+    ):
+        config.validate()
+        self.config = config
+        self.log = log
+        self.interactive = sys.stdout.isatty() if interactive is None else interactive
+        # The strategy first: MultiWorkerMirroredStrategy must configure collective ops before
+        # anything else initializes TensorFlow's context.
+        self.strategy = strategy or distribute.create_strategy(config.strategy)
+        keras.mixed_precision.set_global_policy(config.mixed_precision)
+        keras.utils.set_random_seed(config.seed)
+        self.replicas = self.strategy.num_replicas_in_sync
+        if config.global_batch_size % self.replicas:
+            raise ConfigError(
+                f"--global_batch_size={config.global_batch_size} is not divisible by the "
+                f"{self.replicas} replicas; use a multiple of {self.replicas}."
+            )
+        if config.eval_batch_size % self.replicas:
+            raise ConfigError(
+                f"--eval_batch_size={config.eval_batch_size} is not divisible by the "
+                f"{self.replicas} replicas; use a multiple of {self.replicas}."
+            )
+        try:
+            self.model_config = sa_conv.get_config(config.model, **config.model_overrides())
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.chief = distribute.is_chief(self.strategy)
+        self.output_dir = (
+            config.model_dir if self.chief
+            else os.path.join(config.model_dir, "workers", f"worker_{distribute.worker_id(self.strategy)}")
+        )
+        os.makedirs(self.output_dir, exist_ok=True)
+
+    # ----------------------------------------------------------------------------- set-up
+
+    def _load_data(self):
+        c = self.config
+        dataset = data_lib.load_dataset(c.dataset, c.data_dir, seed=c.seed)
+        self.label_names = dataset.label_names
+        self.train_split, self.val_split = data_lib.split_train_validation(
+            dataset.train, c.validation_size, seed=c.seed
+        )
+        self.test_split = dataset.test
+        self.steps_per_epoch = len(self.train_split) // c.global_batch_size
+        if self.steps_per_epoch < 1:
+            raise ConfigError(
+                f"{len(self.train_split)} training images make no full batch of "
+                f"--global_batch_size={c.global_batch_size}; lower the batch size."
+            )
+        total = c.epochs * self.steps_per_epoch
+        self.total_steps = min(total, c.max_steps) if c.max_steps else total
+        self.total_epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+
+    def _build(self):
+        c = self.config
+        with self.strategy.scope():
+            self.model = sa_conv.build_model(c.model, **c.model_overrides())
+            self.schedule = make_schedule(
+                c.lr_schedule,
+                c.learning_rate,
+                self.total_steps,
+                c.warmup_ratio,
+                [e * self.steps_per_epoch for e in c.milestone_epochs()],
+                c.lr_decay_factor,
+            )
+            optimizer = keras.optimizers.SGD(self.schedule, momentum=c.momentum)
+            if c.mixed_precision == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            self.optimizer = optimizer
+            self.optimizer.build(self.model.trainable_variables)
+            self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+            self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch=self.epoch)
+        self.decayed = [v for v in self.model.trainable_variables if decays(v)]
+        self.loss_fn = keras.losses.CategoricalCrossentropy(
+            from_logits=True, label_smoothing=c.label_smoothing, reduction=None
+        )
+        ckpt_dir = os.path.join(self.output_dir, "checkpoints")
+        self.manager = tf.train.CheckpointManager(self.checkpoint, ckpt_dir, max_to_keep=c.keep_checkpoints)
+
+    def _per_example_loss(self, labels, logits):
+        one_hot = tf.one_hot(labels, self.model_config.num_classes)
+        return self.loss_fn(one_hot, tf.cast(logits, tf.float32))
+
+    def _replica_gradients(self, images, labels):
+        c = self.config
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            per_example = self._per_example_loss(labels, logits)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=c.global_batch_size)
+            if c.weight_decay and self.decayed:
+                # Coupled L2, as PyTorch's SGD(weight_decay=): adds weight_decay * w to the gradient.
+                l2 = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in self.decayed])
+                loss += tf.nn.scale_regularization_loss(0.5 * c.weight_decay * l2)
+            scaled = self.optimizer.scale_loss(loss) if hasattr(self.optimizer, "scale_loss") else loss
+        grads = tape.gradient(scaled, self.model.trainable_variables)
+        return grads, self._sums(per_example, labels, logits)
+
+    def _replica_eval_step(self, images, labels):
+        logits = self.model(images, training=False)
+        return self._sums(self._per_example_loss(labels, logits), labels, logits)
+
+    @staticmethod
+    def _sums(per_example, labels, logits):
+        correct = tf.cast(tf.equal(tf.argmax(logits, -1), tf.cast(labels, tf.int64)), tf.float32)
+        count = tf.cast(tf.shape(labels)[0], tf.float32)
+        return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct), count])
+
+    def _use_xla(self) -> bool:
+        if not self.config.jit_compile:
+            return False
+        if self.strategy.extended.worker_devices and self.replicas > len(
+            {d.split("/device:")[0] for d in self.strategy.extended.worker_devices}
+        ) and not tf.config.list_logical_devices("GPU"):
+            # Logical CPU devices share one XLA CPU device; XLA cannot address their variables.
+            self.log("Note: XLA is off with several logical CPU replicas (--jit_compile ignored).")
+            return False
+        return True
+
+    def _compile_functions(self):
+        strategy = self.strategy
+        # XLA compiles the forward and backward pass; the optimizer update (which aggregates
+        # gradients across replicas) runs outside it.
+        gradients = tf.function(self._replica_gradients, jit_compile=self._use_xla())
+
+        def replica_step(images, labels):
+            grads, sums = gradients(images, labels)
+            self.optimizer.apply(grads, self.model.trainable_variables)
+            return sums
+
+        @tf.function
+        def train_steps(iterator, steps):
+            totals = tf.zeros([3])
+            for _ in tf.range(steps):
+                images, labels = next(iterator)
+                sums = strategy.run(replica_step, args=(images, labels))
+                totals += strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None)
+            return totals
+
+        @tf.function
+        def eval_step(batch):
+            sums = strategy.run(self._replica_eval_step, args=batch)
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None)
+
+        self.train_steps, self.eval_step = train_steps, eval_step
+
+    # ----------------------------------------------------------------------------- loops
+
+    def _train_dataset(self, epoch: int):
+        # One deterministic order per epoch, so a resumed epoch sees the data the lost one did.
+        seed = self.config.seed * 100_003 + epoch
+        ds = data_lib.make_dataset(self.train_split, self.config.global_batch_size, training=True, seed=seed)
+        return self.strategy.experimental_distribute_dataset(ds)
+
+    def evaluate(self, split: data_lib.Split) -> dict:
+        """Loss and accuracy of the current model on ``split``."""
+        ds = data_lib.make_dataset(split, self.config.eval_batch_size, training=False, seed=None)
+        totals = np.zeros(3)
+        for batch in self.strategy.experimental_distribute_dataset(ds):
+            totals += self.eval_step(batch).numpy()
+        return {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
+
+    def _run_epoch(self, epoch: int, step: int) -> tuple[dict, int, float]:
+        c = self.config
+        steps = min(self.steps_per_epoch, self.total_steps - step)
+        iterator = iter(self._train_dataset(epoch))
+        bar = keras.utils.Progbar(steps, stateful_metrics=["loss", "accuracy", "lr"]) if self.interactive else None
+        totals, done, start = np.zeros(3), 0, time.perf_counter()
+        while done < steps:
+            chunk = min(c.steps_per_execution, steps - done)
+            totals += self.train_steps(iterator, tf.constant(chunk)).numpy()
+            done += chunk
+            if not np.isfinite(totals[0]):
+                raise TrainingError(
+                    f"The training loss became {totals[0]} at step {step + done} (epoch {epoch + 1}). "
+                    "Lower --learning_rate, raise --warmup_ratio, or train in --mixed_precision=float32."
+                )
+            if bar is not None:
+                lr = float(self.schedule(step + done - 1))
+                bar.update(done, [("loss", totals[0] / totals[2]), ("accuracy", totals[1] / totals[2]), ("lr", lr)])
+        seconds = time.perf_counter() - start
+        metrics = {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
+        return metrics, step + done, seconds
+
+    def _restore(self) -> tuple[int, list]:
+        history_path = os.path.join(self.output_dir, "history.json")
+        latest = self.manager.latest_checkpoint
+        if latest is None:
+            return 0, []
+        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        epoch = int(self.epoch.numpy())
+        history = []
+        if os.path.isfile(history_path):
+            with open(history_path) as f:
+                history = [h for h in json.load(f) if h["epoch"] <= epoch]
+        self.log(f"Resuming from {latest}: {epoch} epoch(s), step {int(self.optimizer.iterations.numpy())} done.")
+        return epoch, history
+
+    def _write_config(self):
+        resolved = {**self.config.to_dict(), "resolved_model": self.model_config.to_dict(),
+                    "replicas": self.replicas, "steps_per_epoch": self.steps_per_epoch,
+                    "total_steps": self.total_steps}
+        _write_json(os.path.join(self.output_dir, "config.json"), resolved)
+
+    def run(self) -> dict:
+        """Trains (or resumes) to the end, evaluates the test split once, writes the artefacts.
+
+        Returns the results written to ``results.json``.
+        """
+        wall_start = time.perf_counter()
+        self._load_data()
+        self._build()
+        self._compile_functions()
+        self._write_config()
+        start_epoch, history = self._restore()
+        resumed_from = start_epoch if start_epoch else None
+        params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
+        self.log(
+            f"Training {self.config.model} ({params:,} parameters) on {len(self.train_split)} images "
+            f"({len(self.val_split)} held out for validation), {self.replicas} replica(s), "
+            f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all."
+        )
+        writers = self._summary_writers()
+        step = int(self.optimizer.iterations.numpy())
+        train_seconds = sum(h.get("train_seconds", 0.0) for h in history)
+        for epoch in range(start_epoch, self.total_epochs):
+            if step >= self.total_steps:
+                break
+            train_metrics, step, seconds = self._run_epoch(epoch, step)
+            train_seconds += seconds
+            val_metrics = self.evaluate(self.val_split)
+            lr = float(self.schedule(step - 1))
+            record = {
+                "epoch": epoch + 1, "step": step, "learning_rate": lr, "train_seconds": seconds,
+                "train_loss": train_metrics["loss"], "train_accuracy": train_metrics["accuracy"],
+                "val_loss": val_metrics["loss"], "val_accuracy": val_metrics["accuracy"],
+            }
+            best = max((h["val_accuracy"] for h in history), default=-1.0)
+            history.append(record)
+            self._log_epoch(record, seconds)
+            self._write_summaries(writers, record)
+            if self.chief and record["val_accuracy"] > best:
+                _save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
+            _write_json(os.path.join(self.output_dir, "history.json"), history)
+            self.epoch.assign(epoch + 1)
+            self.manager.save(checkpoint_number=epoch + 1)
+        return self._finish(history, params, resumed_from, train_seconds, wall_start)
+
+    def _finish(self, history, params, resumed_from, train_seconds, wall_start) -> dict:
+        test = self.evaluate(self.test_split)
+        last = history[-1] if history else {}
+        best = max(history, key=lambda h: h["val_accuracy"]) if history else {}
+        images = sum(h["step"] - (history[i - 1]["step"] if i else 0) for i, h in enumerate(history))
+        results = {
+            "preset": self.config.model,
+            "model_config": self.model_config.to_dict(),
+            "parameters": params,
+            "epochs": len(history),
+            "steps": int(self.optimizer.iterations.numpy()),
+            "replicas": self.replicas,
+            "global_batch_size": self.config.global_batch_size,
+            "train_loss": last.get("train_loss"),
+            "train_accuracy": last.get("train_accuracy"),
+            "val_loss": last.get("val_loss"),
+            "val_accuracy": last.get("val_accuracy"),
+            "best_val_accuracy": best.get("val_accuracy"),
+            "best_epoch": best.get("epoch"),
+            "test_loss": test["loss"],
+            "test_accuracy": test["accuracy"],
+            "images_per_second": images * self.config.global_batch_size / train_seconds if train_seconds else None,
+            "wall_time_seconds": time.perf_counter() - wall_start,
+            "resumed_from_epoch": resumed_from,
+            "label_names": list(self.label_names),
+            "weights_sha256": weights_checksum(self.model),
+        }
+        _write_json(os.path.join(self.output_dir, "results.json"), results)
+        if self.chief:
+            _save_keras_atomically(self.model, os.path.join(self.output_dir, "model.keras"))
+        self.log(
+            f"Test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) after {results['steps']} "
+            f"steps; results in {os.path.join(self.output_dir, 'results.json')}."
+        )
+        return results
+
+    # ----------------------------------------------------------------------------- logging
+
+    def _log_epoch(self, r, seconds):
+        self.log(
+            f"epoch {r['epoch']}/{self.total_epochs} step {r['step']}/{self.total_steps} "
+            f"loss {r['train_loss']:.4f} acc {r['train_accuracy']:.4f} "
+            f"val_loss {r['val_loss']:.4f} val_acc {r['val_accuracy']:.4f} lr {r['learning_rate']:.5f} "
+            f"({seconds:.1f}s, {(r['step'] - (r['epoch'] - 1) * self.steps_per_epoch) * self.config.global_batch_size / max(seconds, 1e-9):.1f} img/s)"
+        )
+
+    def _summary_writers(self):
+        if not self.chief:
+            return None
+        logs = os.path.join(self.output_dir, "logs")
+        return {name: tf.summary.create_file_writer(os.path.join(logs, name)) for name in ("train", "validation")}
+
+    def _write_summaries(self, writers, r):
+        if writers is None:
+            return
+        with writers["train"].as_default(step=r["epoch"]):
+            tf.summary.scalar("epoch_loss", r["train_loss"])
+            tf.summary.scalar("epoch_accuracy", r["train_accuracy"])
+            tf.summary.scalar("learning_rate", r["learning_rate"])
+        with writers["validation"].as_default(step=r["epoch"]):
+            tf.summary.scalar("epoch_loss", r["val_loss"])
+            tf.summary.scalar("epoch_accuracy", r["val_accuracy"])
+        for w in writers.values():
+            w.flush()
+
+
+def train(config: TrainConfig, strategy=None, log=print) -> dict:
+    """Flag-free entry point: trains ``config`` and returns its results."""
+    return Trainer(config, strategy=strategy, log=log).run()
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+def main(argv):
+    from trainers.flags import config_from_flags
+
+    if len(argv) > 1:
+        raise SystemExit(f"sa-conv-train: error: unexpected arguments {argv[1:]}; settings are --flags.")
+    try:
+        config = config_from_flags()
+        distribute.configure_cpu_devices(config.cpu_devices)
+        train(config)
+    except (ConfigError, data_lib.DatasetError, TrainingError) as exc:
+        print(f"sa-conv-train: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run():
+    """Console script ``sa-conv-train``."""
+    from absl import app
+
+    from trainers.flags import define_flags
+
+    define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
+
