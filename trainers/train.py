@@ -421,11 +421,12 @@ def main(argv):
 
 def run():
     """Console script ``sa-conv-train``."""
-    from absl import app
+    from absl import app, flags
 
-    from trainers.flags import define_flags
+    from trainers import flags as trainer_flags
 
-    define_flags()
+    trainer_flags.define_flags()
+    flags.adopt_module_key_flags(trainer_flags)  # --helpshort lists them
     app.run(main)
 
 
