@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+import numpy as np
 from absl import app, flags
 
 from trainers import data as data_lib
@@ -35,8 +36,23 @@ def demo(output_dir, dataset, data_dir, model, epochs, max_steps) -> dict:
     summary = {k: results[k] for k in ("preset", "parameters", "steps", "val_accuracy", "test_accuracy",
                                        "images_per_second", "wall_time_seconds")}
     print(json.dumps(summary, indent=2))
-    print(f"Demo done: test accuracy {results['test_accuracy']:.3f} (chance 0.100). "
+    print(f"Test accuracy {results['test_accuracy']:.3f} (chance 0.100). "
           f"Model: {os.path.join(model_dir, 'model.keras')}")
+
+    import tensorflow as tf
+
+    from export.export import export
+
+    version_dir = export(model_dir=model_dir, export_dir=os.path.join(output_dir, "exported"))
+    served = tf.saved_model.load(version_dir).signatures["serving_default"]
+    test = data_lib.load_dataset(dataset, data_dir).test
+    prediction = served(images=tf.constant(test.images[:1]))
+    name = prediction["class_names"].numpy()[0].decode()
+    confidence = float(np.max(prediction["probabilities"].numpy()[0]))
+    print(f"SavedModel: {version_dir}")
+    print(f"Reloaded SavedModel predicts test image 0 as {name!r} (p = {confidence:.2f}); "
+          f"its label is {test.label_names[int(test.labels[0])]!r}.")
+    results["export_dir"] = version_dir
     return results
 
 

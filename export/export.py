@@ -1,0 +1,322 @@
+"""Export trained models as SavedModels for TensorFlow Serving (``python -m export.export``,
+``sa-conv-export``).
+
+Layout (TensorFlow Serving's): ``export_dir/<model_name>/<version>/saved_model.pb`` and
+``variables/``, with ``assets.extra/metadata.json`` (class names, preset, parameter count, the
+training results) and, when asked, ``assets.extra/model.tflite``.
+
+Signatures:
+
+* ``serving_default``: ``images`` uint8 ``(None, 32, 32, 3)`` -> ``probabilities`` float32
+  ``(None, 10)``, ``classes`` int64 ``(None,)``, ``class_names`` string ``(None,)``. The
+  normalization is inside the graph: clients send raw pixels.
+* ``predict_encoded``: ``image_bytes`` string ``(None,)`` of PNG or JPEG files of any size ->
+  the same outputs (decoded and resized to 32x32 in the graph).
+* ``attention_maps`` (attention models): ``images`` as above and ``query_pixel`` int32 ``(2,)``
+  (row, col on the attention grid) -> ``attention`` float32 ``(None, layers, heads, H, W)``, the
+  probabilities of every layer and head for that query.
+
+The write is atomic: the SavedModel is written to a temporary directory beside the target and
+renamed into place, so a crash never leaves a partial version that a server would load. An
+existing version is replaced only with ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import uuid
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import sa_conv
+from trainers import data as data_lib
+
+FORMATS = ("saved_model", "tflite", "onnx")
+METADATA = os.path.join("assets.extra", "metadata.json")
+_PNG = b"\x89PNG"
+_JPEG = b"\xff\xd8\xff"
+
+
+class ExportError(ValueError):
+    """The export cannot be done as asked; the message names the problem and the fix."""
+
+
+# ------------------------------------------------------------------------------ inputs
+
+
+def resolve_model(model_dir: str | None, model_path: str | None) -> tuple[str, dict]:
+    """The ``.keras`` file to export and what is known of its training (may be empty)."""
+    if bool(model_dir) == bool(model_path):
+        raise ExportError("Give exactly one of --model_dir (a trainer output) or --model_path (a .keras file).")
+    results = {}
+    if model_dir:
+        path = os.path.join(model_dir, "model.keras")
+        if not os.path.isfile(path):
+            raise ExportError(
+                f"{model_dir!r} has no model.keras: is it a finished sa-conv-train --model_dir?"
+            )
+        results_path = os.path.join(model_dir, "results.json")
+        if os.path.isfile(results_path):
+            with open(results_path) as f:
+                results = json.load(f)
+        config_path = os.path.join(model_dir, "config.json")
+        if os.path.isfile(config_path):
+            with open(config_path) as f:
+                results["train_config"] = json.load(f)
+        return path, results
+    if not os.path.isfile(model_path):
+        raise ExportError(f"--model_path {model_path!r} does not exist.")
+    if not model_path.endswith(".keras"):
+        raise ExportError(f"--model_path {model_path!r} is not a .keras file.")
+    return model_path, results
+
+
+def load_keras_model(path: str) -> keras.Model:
+    try:
+        return keras.models.load_model(path)
+    except Exception as exc:  # corrupt zip, unknown layer, ...
+        raise ExportError(f"Cannot load {path!r} as a Keras model ({type(exc).__name__}: {exc}).") from None
+
+
+def next_version(model_root: str) -> int:
+    """One more than the largest integer version directory, or 1."""
+    versions = [int(d) for d in os.listdir(model_root) if d.isdigit()] if os.path.isdir(model_root) else []
+    return max(versions, default=0) + 1
+
+
+# ------------------------------------------------------------------------------ signatures
+
+
+def _grid(model: keras.Model) -> tuple[int, int] | None:
+    """The attention grid (rows, cols) of an attention model, None for other models."""
+    if not sa_conv.attention_blocks(model):
+        return None
+    inputs = model.inputs[0].shape
+    width = next((l.width for l in model.layers if isinstance(l, sa_conv.InvertiblePooling)), 1)
+    return inputs[1] // width, inputs[2] // width
+
+
+def build_archive(model: keras.Model, class_names) -> keras.export.ExportArchive:
+    """An ExportArchive with the signatures described in the module docstring."""
+    height, width, channels = model.inputs[0].shape[1:]
+    names = tf.constant([str(n) for n in class_names])
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+
+    def outputs(images):
+        tf.debugging.assert_positive(tf.shape(images)[0], message="empty batch: send at least one image")
+        logits = tf.cast(model(images, training=False), tf.float32)
+        probabilities = tf.nn.softmax(logits, axis=-1)
+        classes = tf.argmax(probabilities, axis=-1, output_type=tf.int64)
+        return {"probabilities": probabilities, "classes": classes, "class_names": tf.gather(names, classes)}
+
+    def decode(blob):
+        head = tf.strings.substr(blob, 0, 4)
+        known = tf.logical_or(tf.equal(head, _PNG), tf.equal(tf.strings.substr(blob, 0, 3), _JPEG))
+        tf.debugging.Assert(known, ["image_bytes holds an element that is not a PNG or JPEG file"])
+        image = tf.io.decode_image(blob, channels=3, expand_animations=False)
+        image = tf.image.resize(image, (height, width), antialias=True)
+        return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+
+    image_spec = tf.TensorSpec((None, height, width, channels), tf.uint8, name="images")
+    archive.add_endpoint("serving_default", lambda images: outputs(images), input_signature=[image_spec])
+
+    def predict_encoded(image_bytes):
+        tf.debugging.assert_positive(tf.size(image_bytes), message="empty batch: send at least one image")
+        images = tf.map_fn(decode, image_bytes, fn_output_signature=tf.TensorSpec((height, width, channels), tf.uint8))
+        return outputs(images)
+
+    archive.add_endpoint(
+        "predict_encoded", predict_encoded, input_signature=[tf.TensorSpec((None,), tf.string, name="image_bytes")]
+    )
+    grid = _grid(model)
+    if grid is not None:
+        gh, gw = grid
+
+        def attention_maps(images, query_pixel):
+            tf.debugging.assert_positive(tf.shape(images)[0], message="empty batch: send at least one image")
+            tf.debugging.assert_less(query_pixel, tf.constant([gh, gw], tf.int32),
+                                     message=f"query_pixel must be (row, col) inside the {gh}x{gw} attention grid")
+            tf.debugging.assert_non_negative(query_pixel, message="query_pixel must be non-negative")
+            query = query_pixel[0] * gw + query_pixel[1]
+            per_layer = sa_conv.attention_probabilities(model, images)
+            maps = tf.stack([tf.gather(p, query, axis=2) for p in per_layer], axis=1)  # (b, L, heads, N)
+            return {"attention": tf.reshape(maps, (-1, len(per_layer), maps.shape[2], gh, gw))}
+
+        archive.add_endpoint(
+            "attention_maps", attention_maps,
+            input_signature=[image_spec, tf.TensorSpec((2,), tf.int32, name="query_pixel")],
+        )
+    return archive
+
+
+# ------------------------------------------------------------------------------ verification
+
+
+def verification_images(results: dict, count: int = 16) -> tuple[np.ndarray, str]:
+    """Real images from the dataset the model was trained on when it can be read here, else
+    generated ones; and a word saying which."""
+    config = results.get("train_config", {})
+    if config.get("dataset") == "cifar10_files" and config.get("data_dir"):
+        try:
+            return data_lib.load_cifar10_files(config["data_dir"]).test.images[:count], "test images"
+        except data_lib.DatasetError:
+            pass
+    return data_lib.make_synthetic(num_train=1, num_test=count, seed=0).test.images, "generated images"
+
+
+def _verify(name, expected, actual, atol):
+    error = float(np.abs(np.asarray(expected) - np.asarray(actual)).max())
+    if not error <= atol:
+        raise ExportError(f"{name} disagrees with the Keras model: max |difference| {error:.3g} > {atol}.")
+    return error
+
+
+def export_tflite(saved_model_dir: str, target: str, images: np.ndarray, expected: np.ndarray) -> float:
+    converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=["serving_default"])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
+    blob = converter.convert()
+    with open(target, "wb") as f:
+        f.write(blob)
+    interpreter = tf.lite.Interpreter(model_content=blob)
+    runner = interpreter.get_signature_runner("serving_default")
+    got = np.concatenate([runner(images=images[i: i + 1])["probabilities"] for i in range(len(images))])
+    return _verify("The TFLite model", expected, got, 1e-4)
+
+
+def export_onnx(model: keras.Model, target: str, images: np.ndarray, expected: np.ndarray) -> float:
+    try:
+        import onnxruntime
+        import tf2onnx
+    except ImportError:
+        raise ExportError("--formats=onnx needs tf2onnx and onnxruntime: .venv/bin/pip install tf2onnx onnxruntime") from None
+    spec = (tf.TensorSpec((None, *images.shape[1:]), tf.uint8, name="images"),)
+    tf2onnx.convert.from_keras(model, input_signature=spec, output_path=target)
+    session = onnxruntime.InferenceSession(target)
+    logits = session.run(None, {session.get_inputs()[0].name: images})[0]
+    return _verify("The ONNX model", expected, tf.nn.softmax(logits).numpy(), 1e-4)
+
+
+# ------------------------------------------------------------------------------ export
+
+
+def export(
+    model_dir: str | None = None,
+    model_path: str | None = None,
+    export_dir: str = "exported",
+    model_name: str | None = None,
+    version: int | None = None,
+    overwrite: bool = False,
+    formats=("saved_model",),
+    log=print,
+    _fail_before_rename: bool = False,
+) -> str:
+    """Exports a trained model; returns the version directory. Flag-free, see the module doc."""
+    formats = tuple(formats)
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or "saved_model" not in formats:
+        raise ExportError(f"--formats must include saved_model and be among {FORMATS}, got {list(formats)}.")
+    path, results = resolve_model(model_dir, model_path)
+    model = load_keras_model(path)
+    model_name = model_name or results.get("preset") or model.name
+    if not model_name or "/" in model_name or model_name.startswith("."):
+        raise ExportError(f"--model_name {model_name!r} is not a valid directory name.")
+    model_root = os.path.join(export_dir, model_name)
+    version = next_version(model_root) if version is None else int(version)
+    if version < 1:
+        raise ExportError(f"--version must be a positive integer, got {version}.")
+    target = os.path.join(model_root, str(version))
+    if os.path.exists(target) and not overwrite:
+        raise ExportError(f"{target} exists: choose another --version or pass --overwrite.")
+    os.makedirs(model_root, exist_ok=True)
+    class_names = results.get("label_names") or list(data_lib.CIFAR10_LABEL_NAMES)
+    tmp = os.path.join(model_root, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
+    try:
+        archive = build_archive(model, class_names)
+        archive.write_out(tmp, verbose=False)
+        images, source = verification_images(results)
+        expected = tf.nn.softmax(model.predict(images, verbose=0)).numpy()
+        loaded = tf.saved_model.load(tmp)
+        checks = {"saved_model": _verify(
+            "The SavedModel", expected, loaded.signatures["serving_default"](images=tf.constant(images))["probabilities"], 1e-5
+        )}
+        extra = os.path.join(tmp, "assets.extra")
+        os.makedirs(extra, exist_ok=True)
+        if "tflite" in formats:
+            checks["tflite"] = export_tflite(tmp, os.path.join(extra, "model.tflite"), images, expected)
+        if "onnx" in formats:
+            checks["onnx"] = export_onnx(model, os.path.join(extra, "model.onnx"), images, expected)
+        metadata = {
+            "model_name": model_name,
+            "version": version,
+            "preset": results.get("preset", model.name),
+            "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
+            "class_names": list(class_names),
+            "signatures": sorted(loaded.signatures.keys()),
+            "source": os.path.abspath(path),
+            "training_results": {k: v for k, v in results.items() if k != "train_config"},
+            "verification": {"images": f"{len(images)} {source}", "max_abs_error": checks},
+        }
+        with open(os.path.join(tmp, METADATA), "w") as f:
+            json.dump(metadata, f, indent=2, sort_keys=True)
+        if _fail_before_rename:
+            raise RuntimeError("simulated failure before the rename")
+        if os.path.exists(target):  # --overwrite: move the old version aside, then swap
+            trash = f"{tmp}-old"
+            os.rename(target, trash)
+            os.rename(tmp, target)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"Exported {model_name} version {version} to {target} "
+        f"(signatures: {', '.join(metadata['signatures'])}; checked on {len(images)} {source}: "
+        + ", ".join(f"{k} max error {v:.2g}" for k, v in checks.items()) + ")")
+    return target
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def main(argv):
+    from absl import flags
+
+    FLAGS = flags.FLAGS
+    if len(argv) > 1:
+        raise SystemExit(f"sa-conv-export: error: unexpected arguments {argv[1:]}.")
+    try:
+        export(FLAGS.model_dir, FLAGS.model_path, FLAGS.export_dir, FLAGS.model_name, FLAGS.version,
+               FLAGS.overwrite, FLAGS.formats)
+    except ExportError as exc:
+        print(f"sa-conv-export: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def define_flags():
+    from absl import flags
+
+    flags.DEFINE_string("model_dir", None, "A trainer output directory (uses its model.keras and results.json).")
+    flags.DEFINE_string("model_path", None, "A .keras file (instead of --model_dir).")
+    flags.DEFINE_string("export_dir", "exported", "Root of the TensorFlow Serving model directories.")
+    flags.DEFINE_string("model_name", None, "Model name (directory); default: the preset.")
+    flags.DEFINE_integer("version", None, "Version number; default: the next free integer.")
+    flags.DEFINE_bool("overwrite", False, "Replace an existing version.")
+    flags.DEFINE_list("formats", ["saved_model"], f"Comma-separated formats among {', '.join(FORMATS)}.")
+
+
+def run():
+    """Console script ``sa-conv-export``."""
+    from absl import app
+
+    define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
