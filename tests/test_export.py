@@ -1,0 +1,224 @@
+"""Serving export: SavedModel layout, signatures, reloading, bad input, atomicity."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sa_conv
+from export import export as export_lib
+from tests.conftest import PROJECT_ROOT
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT)}
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def _trained(name, images, path, **overrides):
+    """A model of preset ``name`` after a few training steps on ``images``, saved as .keras."""
+    keras.utils.set_random_seed(0)
+    model = sa_conv.build_model(name, **overrides)
+    model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    for _ in range(2):
+        model.train_on_batch(images, np.arange(len(images)) % 10)
+    model.save(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def attention_export(real_images, tmp_path_factory):
+    root = tmp_path_factory.mktemp("export_sa")
+    model = _trained("sa_learned_content_small", real_images, root / "sa.keras", num_layers=2)
+    version = export_lib.export(model_path=str(root / "sa.keras"), export_dir=str(root / "out"), log=lambda s: None)
+    return model, version
+
+
+def _run_in_fresh_process(code):
+    proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("family", ["attention", "resnet"])
+def test_reload_in_a_fresh_process_matches_keras(family, attention_export, real_images, tmp_path):
+    if family == "attention":
+        model, version = attention_export
+    else:
+        model = _trained("resnet18", real_images, tmp_path / "r.keras")
+        version = export_lib.export(model_path=str(tmp_path / "r.keras"), export_dir=str(tmp_path / "out"),
+                                    log=lambda s: None)
+    np.save(tmp_path / "images.npy", real_images)
+    out = _run_in_fresh_process(
+        "import numpy as np, tensorflow as tf, json\n"
+        f"m = tf.saved_model.load({version!r})\n"
+        f"x = np.load({str(tmp_path / 'images.npy')!r})\n"
+        "r = m.signatures['serving_default'](images=tf.constant(x))\n"
+        "print(json.dumps(r['probabilities'].numpy().tolist()))\n"
+    )
+    served = np.array(json.loads(out.strip().splitlines()[-1]))
+    expected = tf.nn.softmax(model.predict(real_images, verbose=0)).numpy()
+    np.testing.assert_allclose(served, expected, atol=1e-5)
+    assert os.path.isfile(os.path.join(version, "saved_model.pb"))
+    assert os.path.isdir(os.path.join(version, "variables"))
+    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    assert meta["parameters"] == int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    assert meta["class_names"][0] == "airplane" and len(meta["class_names"]) == 10
+    expected_signatures = {"serving_default", "predict_encoded"} | ({"attention_maps"} if family == "attention" else set())
+    assert set(meta["signatures"]) == expected_signatures
+
+
+def test_saved_model_cli_show_and_run(attention_export, real_images, tmp_path):
+    model, version = attention_export
+    cli = os.path.join(VENV_BIN, "saved_model_cli")
+    shown = subprocess.run([cli, "show", "--all", "--dir", version], capture_output=True, text=True, env=ENV, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    text = shown.stdout
+    serving = text[text.index("signature_def['serving_default']"):]
+    assert "inputs['images']" in serving and "DT_UINT8" in serving and "(-1, 32, 32, 3)" in serving
+    assert "outputs['probabilities']" in serving and "(-1, 10)" in serving
+    assert "outputs['classes']" in serving and "DT_INT64" in serving
+    assert "outputs['class_names']" in serving and "DT_STRING" in serving
+    encoded = text[text.index("signature_def['predict_encoded']"):]
+    assert "inputs['image_bytes']" in encoded.split("signature_def")[1]
+    attention = text[text.index("signature_def['attention_maps']"):].split("Method name")[0]
+    assert "inputs['query_pixel']" in attention and "(-1, 2, 9, 16, 16)" in attention
+
+    np.save(tmp_path / "x.npy", real_images)
+    ran = subprocess.run(
+        [cli, "run", "--dir", version, "--tag_set", "serve", "--signature_def", "serving_default",
+         "--inputs", f"images={tmp_path / 'x.npy'}", "--outdir", str(tmp_path / "o")],
+        capture_output=True, text=True, env=ENV, timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    classes = np.load(tmp_path / "o" / "classes.npy")
+    np.testing.assert_array_equal(classes, model.predict(real_images, verbose=0).argmax(-1))
+
+
+def test_predict_encoded_png_matches_serving_default(attention_export, real_images):
+    _, version = attention_export
+    loaded = tf.saved_model.load(version)
+    pngs = tf.constant([tf.io.encode_png(image).numpy() for image in real_images])
+    encoded = loaded.signatures["predict_encoded"](image_bytes=pngs)
+    direct = loaded.signatures["serving_default"](images=tf.constant(real_images))
+    np.testing.assert_array_equal(encoded["classes"].numpy(), direct["classes"].numpy())
+    np.testing.assert_allclose(encoded["probabilities"].numpy(), direct["probabilities"].numpy(), atol=1e-6)
+    # Any size: a 64x64 upscaled JPEG is decoded and resized in the graph.
+    big = tf.image.resize(real_images[:2], (64, 64), method="nearest")
+    jpegs = tf.constant([tf.io.encode_jpeg(tf.cast(b, tf.uint8), quality=100).numpy() for b in big])
+    out = loaded.signatures["predict_encoded"](image_bytes=jpegs)
+    assert out["probabilities"].shape == (2, 10)
+    np.testing.assert_allclose(out["probabilities"].numpy().sum(-1), 1.0, atol=1e-5)
+
+
+def test_attention_maps_signature(attention_export, real_images):
+    model, version = attention_export
+    loaded = tf.saved_model.load(version)
+    maps = loaded.signatures["attention_maps"](images=tf.constant(real_images[:3]), query_pixel=tf.constant([2, 5]))
+    maps = maps["attention"].numpy()
+    assert maps.shape == (3, 2, 9, 16, 16)
+    np.testing.assert_allclose(maps.sum(axis=(-1, -2)), 1.0, atol=1e-5)
+    expected = [p.numpy()[:, :, 2 * 16 + 5].reshape(3, 9, 16, 16) for p in sa_conv.attention_probabilities(model, real_images[:3])]
+    np.testing.assert_allclose(maps, np.stack(expected, axis=1), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "signature,inputs,message",
+    [
+        ("serving_default", dict(images=np.zeros((2, 16, 16, 3), np.uint8)), "shape|Shapes|compatible"),
+        ("serving_default", dict(images=np.zeros((2, 32, 32, 3), np.float32)), "dtype|uint8|float"),
+        ("serving_default", dict(images=np.zeros((0, 32, 32, 3), np.uint8)), "empty batch"),
+        ("predict_encoded", dict(image_bytes=np.array([b"not an image"])), "not a PNG or JPEG"),
+        ("predict_encoded", dict(image_bytes=np.array([b"\x89PNG\r\n\x1a\ncorrupt"])), "PNG|png|decode|Invalid"),
+        ("attention_maps", dict(images=np.zeros((1, 32, 32, 3), np.uint8), query_pixel=np.array([16, 0], np.int32)), "inside the 16x16"),
+    ],
+)
+def test_bad_input_gives_a_clear_error(attention_export, signature, inputs, message):
+    _, version = attention_export
+    fn = tf.saved_model.load(version).signatures[signature]
+    with pytest.raises((tf.errors.InvalidArgumentError, TypeError, ValueError), match=message):
+        fn(**{k: tf.constant(v) for k, v in inputs.items()})
+    # The loaded model keeps serving after a bad request.
+    if signature == "serving_default":
+        assert fn(images=tf.zeros((1, 32, 32, 3), tf.uint8))["probabilities"].shape == (1, 10)
+
+
+def test_atomic_write_and_no_silent_overwrite(real_images, tmp_path):
+    _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), version=1,
+                          _fail_before_rename=True, log=lambda s: None)
+    assert os.listdir(out / "sa_quadratic_small") == []  # no version, no temporary left behind
+    first = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), log=lambda s: None)
+    assert first.endswith(os.path.join("sa_quadratic_small", "1"))
+    stamp = os.path.getmtime(os.path.join(first, "saved_model.pb"))
+    with pytest.raises(export_lib.ExportError, match="exists.*--overwrite"):
+        export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), version=1, log=lambda s: None)
+    assert os.path.getmtime(os.path.join(first, "saved_model.pb")) == stamp
+    assert tf.saved_model.load(first).signatures["serving_default"] is not None
+    second = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), log=lambda s: None)
+    assert second.endswith("2")
+    again = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), version=1,
+                              overwrite=True, log=lambda s: None)
+    assert again == first and sorted(os.listdir(out / "sa_quadratic_small")) == ["1", "2"]
+
+
+def test_tflite_format_is_verified(real_images, tmp_path):
+    _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
+    version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
+                                formats=["saved_model", "tflite"], log=lambda s: None)
+    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    assert meta["verification"]["max_abs_error"]["tflite"] < 1e-4
+    interpreter = tf.lite.Interpreter(model_path=os.path.join(version, "assets.extra", "model.tflite"))
+    runner = interpreter.get_signature_runner("serving_default")
+    probabilities = runner(images=real_images[:1])["probabilities"]
+    assert probabilities.shape == (1, 10)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(), "exactly one of --model_dir"),
+        (dict(model_path="/nonexistent.keras"), "does not exist"),
+        (dict(model_dir="/tmp"), "no model.keras"),
+        (dict(model_path="x.keras", formats=["pb"]), "--formats"),
+    ],
+)
+def test_export_errors(kwargs, message):
+    with pytest.raises(export_lib.ExportError, match=message):
+        export_lib.export(log=lambda s: None, **kwargs)
+
+
+def test_corrupt_keras_file(tmp_path):
+    bad = tmp_path / "bad.keras"
+    bad.write_bytes(b"PK\x03\x04 broken zip")
+    with pytest.raises(export_lib.ExportError, match="Cannot load"):
+        export_lib.export(model_path=str(bad), export_dir=str(tmp_path), log=lambda s: None)
+
+
+def test_cli_from_a_trainer_model_dir(tmp_path):
+    from trainers.config import make_config
+    from trainers.train import train
+
+    run_dir = tmp_path / "run"
+    train(make_config(overrides=dict(model="sa_learned_small", num_layers=1, dataset="synthetic", epochs=1,
+                                     max_steps=3, global_batch_size=32, model_dir=str(run_dir),
+                                     strategy="one_device")), log=lambda s: None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "export.export", f"--model_dir={run_dir}", f"--export_dir={tmp_path / 'out'}"],
+        cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    version = tmp_path / "out" / "sa_learned_small" / "1"
+    meta = json.load(open(version / "assets.extra" / "metadata.json"))
+    assert meta["training_results"]["steps"] == 3 and meta["preset"] == "sa_learned_small"
+    again = subprocess.run(
+        [sys.executable, "-m", "export.export", f"--model_dir={run_dir}", f"--export_dir={tmp_path / 'out'}",
+         "--version=1"],
+        cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=300,
+    )
+    assert again.returncode == 2 and "--overwrite" in again.stderr and "Traceback" not in again.stderr
