@@ -38,6 +38,7 @@ setup(
         "console_scripts": [
             "sa-conv-train=trainers.train:run",
             "sa-conv-export=export.export:run",
+            "sa-conv-visualize=sa_conv.visualize:run",
         ],
     },
 )

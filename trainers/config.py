@@ -76,6 +76,9 @@ class TrainConfig:
     model_dir: str = _field("runs/default", "Output directory; a rerun with the same one resumes.")
     max_steps: Optional[int] = _field(None, "Stop after this many optimizer steps (smoke runs).")
     keep_checkpoints: int = _field(2, "Epoch checkpoints kept for resuming.")
+    attention_summaries_every: int = _field(
+        0, "Write attention maps and centers to TensorBoard (logs/attention) every N epochs; 0: off."
+    )
 
     def model_overrides(self) -> dict:
         return {name: getattr(self, name) for name in MODEL_OVERRIDES if getattr(self, name) is not None}
@@ -100,6 +103,8 @@ class TrainConfig:
                      "cpu_devices", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be a positive integer, got {getattr(self, name)}.")
+        if self.attention_summaries_every < 0:
+            raise ConfigError(f"--attention_summaries_every must be >= 0, got {self.attention_summaries_every}.")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"--max_steps must be positive, got {self.max_steps}.")
         if self.learning_rate <= 0:

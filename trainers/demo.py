@@ -45,13 +45,14 @@ def demo(output_dir, dataset, data_dir, model, epochs, max_steps) -> dict:
 
     version_dir = export(model_dir=model_dir, export_dir=os.path.join(output_dir, "exported"))
     served = tf.saved_model.load(version_dir).signatures["serving_default"]
-    test = data_lib.load_dataset(dataset, data_dir).test
+    loaded = data_lib.load_dataset(dataset, data_dir)
+    test = loaded.test
     prediction = served(images=tf.constant(test.images[:1]))
     name = prediction["class_names"].numpy()[0].decode()
     confidence = float(np.max(prediction["probabilities"].numpy()[0]))
     print(f"SavedModel: {version_dir}")
     print(f"Reloaded SavedModel predicts test image 0 as {name!r} (p = {confidence:.2f}); "
-          f"its label is {test.label_names[int(test.labels[0])]!r}.")
+          f"its label is {loaded.label_names[int(test.labels[0])]!r}.")
     results["export_dir"] = version_dir
     return results
 

@@ -306,6 +306,7 @@ class Trainer:
             f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all."
         )
         writers = self._summary_writers()
+        callbacks = self._callbacks()
         step = int(self.optimizer.iterations.numpy())
         train_seconds = sum(h.get("train_seconds", 0.0) for h in history)
         for epoch in range(start_epoch, self.total_epochs):
@@ -324,6 +325,8 @@ class Trainer:
             history.append(record)
             self._log_epoch(record, seconds)
             self._write_summaries(writers, record)
+            for callback in callbacks:
+                callback.on_epoch_end(epoch, record)
             if self.chief and record["val_accuracy"] > best:
                 _save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
             _write_json(os.path.join(self.output_dir, "history.json"), history)
@@ -376,6 +379,18 @@ class Trainer:
             f"val_loss {r['val_loss']:.4f} val_acc {r['val_accuracy']:.4f} lr {r['learning_rate']:.5f} "
             f"({seconds:.1f}s, {(r['step'] - (r['epoch'] - 1) * self.steps_per_epoch) * self.config.global_batch_size / max(seconds, 1e-9):.1f} img/s)"
         )
+
+    def _callbacks(self):
+        every = self.config.attention_summaries_every
+        if not every or not self.chief:
+            return []
+        if not sa_conv.attention_blocks(self.model):
+            raise ConfigError(f"--attention_summaries_every needs an attention model, not {self.config.model}.")
+        from trainers.attention_summaries import AttentionSummaries
+
+        callback = AttentionSummaries(self.val_split.images[:4], os.path.join(self.output_dir, "logs", "attention"), every)
+        callback.set_model(self.model)
+        return [callback]
 
     def _summary_writers(self):
         if not self.chief:

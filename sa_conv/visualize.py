@@ -1,0 +1,263 @@
+"""Figures of attention: maps per layer and head, centers of attention, locality metrics
+(``python -m sa_conv.visualize``, ``sa-conv-visualize``).
+
+Writes to ``--output_dir``:
+
+* ``attention_image<i>.png``: one row per layer, one column per head, each cell the attention
+  probabilities of the query pixel over the key grid (query marked), with the input image and
+  the query's pixels marked beside them; ``attention_mean.png``: the same averaged over images
+  (for position-only encodings every image gives the same maps).
+* ``centers.png`` (quadratic encodings): per layer, each head's center ``Delta_h`` around the
+  query pixel and its 50% and 90% probability-mass contours (the paper's Figure 3).
+* ``locality.json`` and a printed table: per layer and head, the mean attention distance, the
+  mass in the 3x3 neighbourhood of the most attended pixel, and the entropy.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.patches as mpatches  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from keras import ops  # noqa: E402
+
+from sa_conv import inspection  # noqa: E402
+from sa_conv.invertible_pooling import InvertiblePooling  # noqa: E402
+from sa_conv.models import attention_blocks, attention_probabilities  # noqa: E402
+
+CELL_INCHES = 1.6
+DPI = 80
+
+
+def attention_grid(model):
+    """``(H, W)`` of the model's attention grid and the pooling width before it."""
+    if not attention_blocks(model):
+        raise ValueError(f"Model {model.name!r} has no attention layers to show.")
+    width = next((layer.width for layer in model.layers if isinstance(layer, InvertiblePooling)), 1)
+    _, height, image_width, _ = model.inputs[0].shape
+    return (height // width, image_width // width), width
+
+
+def model_attention(model, images):
+    """Per layer ``(batch, heads, N, N)`` numpy probabilities."""
+    return [np.asarray(ops.convert_to_numpy(p)) for p in attention_probabilities(model, images)]
+
+
+def attention_grid_figure(maps, query, image=None, pooling=1, title=""):
+    """Rows = layers, columns = heads (+ a first column with the input image).
+
+    Args:
+      maps: ``(layers, heads, H, W)`` probabilities of the query pixel.
+      query: ``(row, col)`` on the attention grid.
+      image: optional uint8 ``(H * pooling, W * pooling, 3)``.
+    """
+    maps = np.asarray(maps)
+    layers, heads, height, width = maps.shape
+    cols = heads + 1
+    fig, axes = plt.subplots(layers, cols, figsize=(CELL_INCHES * cols, CELL_INCHES * layers + 0.6),
+                             squeeze=False, dpi=DPI)
+    for layer in range(layers):
+        ax = axes[layer, 0]
+        ax.axis("off")
+        if image is not None and layer == 0:
+            ax.imshow(image)
+            r, c = query
+            ax.add_patch(mpatches.Rectangle((c * pooling - 0.5, r * pooling - 0.5), pooling, pooling,
+                                            fill=False, edgecolor="red", linewidth=1.5))
+            ax.set_title("input, query", fontsize=8)
+        for head in range(heads):
+            ax = axes[layer, head + 1]
+            ax.imshow(maps[layer, head], cmap="Blues", vmin=0, vmax=max(maps[layer, head].max(), 1e-9))
+            ax.scatter([query[1]], [query[0]], marker="s", s=18, facecolors="none", edgecolors="red", linewidths=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if layer == 0:
+                ax.set_title(f"head {head}", fontsize=8)
+            if head == 0:
+                ax.set_ylabel(f"layer {layer}", fontsize=8)
+    fig.suptitle(title or f"attention of query pixel {tuple(query)} (red square) over keys", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _contour(center, inverse_covariance, mass):
+    """Ellipse (as a patch) holding ``mass`` of a 2-D Gaussian with precision matrix
+    ``inverse_covariance`` (rows, cols): ``(d - c)^T S^-1 (d - c) = -2 ln(1 - mass)``."""
+    radius2 = -2.0 * np.log(1.0 - mass)
+    covariance = np.linalg.pinv(inverse_covariance + 1e-9 * np.eye(2))
+    values, vectors = np.linalg.eigh(covariance)
+    values = np.clip(values, 1e-12, None)
+    # Plot coordinates are (x = col, y = row).
+    angle = np.degrees(np.arctan2(vectors[0, 1], vectors[1, 1]))
+    return mpatches.Ellipse((center[1], center[0]), 2 * np.sqrt(radius2 * values[1]), 2 * np.sqrt(radius2 * values[0]),
+                            angle=angle, fill=False)
+
+
+def centers_figure(model, query):
+    """Per layer: every head's center of attention around ``query`` with its 50% and 90%
+    probability-mass contours (the continuous Gaussian's), for quadratic encodings."""
+    blocks = attention_blocks(model)
+    encodings = [b.attention.position_encoding for b in blocks]
+    if not all(b.attention.encoding in ("quadratic", "quadratic_full") for b in blocks):
+        raise ValueError("centers_figure needs a model with quadratic encodings.")
+    (height, width), _ = attention_grid(model)
+    fig, axes = plt.subplots(1, len(blocks), figsize=(3.0 * len(blocks), 3.4), squeeze=False, dpi=DPI)
+    colors = plt.get_cmap("tab10")
+    for layer, (ax, enc) in enumerate(zip(axes[0], encodings)):
+        centers = np.asarray(ops.convert_to_numpy(enc.centers))
+        a, b, c = (np.asarray(ops.convert_to_numpy(t)) for t in enc.inverse_covariance())
+        ax.add_patch(mpatches.Rectangle((-0.5, -0.5), width, height, fill=False, edgecolor="0.7"))
+        for h, center in enumerate(centers):
+            target = np.array(query, float) + center
+            color = colors(h % 10)
+            precision = np.array([[a[h], b[h]], [b[h], c[h]]])
+            for mass, style in ((0.5, "-"), (0.9, ":")):
+                patch = _contour(target, precision, mass)
+                patch.set_edgecolor(color)
+                patch.set_linestyle(style)
+                ax.add_patch(patch)
+            ax.plot(target[1], target[0], "o", color=color, markersize=4, label=f"head {h}")
+        ax.plot(query[1], query[0], "kx", markersize=8)
+        ax.set_xlim(-1.5, width + 0.5)
+        ax.set_ylim(height + 0.5, -1.5)  # rows grow downwards, as in images
+        ax.set_aspect("equal")
+        ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_xlabel("column", fontsize=8)
+        ax.set_ylabel("row", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"centers of attention around query {tuple(query)} (x); contours: 50% (solid), 90% (dotted) mass",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def figure_png(fig) -> bytes:
+    """The figure as PNG bytes (and closes it)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _save(fig, path):
+    with open(path, "wb") as f:
+        f.write(figure_png(fig))
+    return path
+
+
+def visualize(model, images, output_dir, query=None, image_names=None, log=print) -> dict:
+    """Writes the figures and metrics for ``images`` (uint8 ``(n, 32, 32, 3)``); returns the
+    written paths and the metrics."""
+    os.makedirs(output_dir, exist_ok=True)
+    grid, pooling = attention_grid(model)
+    query = tuple(query) if query is not None else (grid[0] // 2, grid[1] // 2)
+    inspection.query_index(query, grid)  # validates
+    probabilities = model_attention(model, images)
+    maps = np.stack([inspection.query_maps(p, grid, query) for p in probabilities], axis=1)  # (n, L, heads, H, W)
+    written = []
+    for i, image in enumerate(images):
+        name = (image_names or [f"image {i}"] * len(images))[i]
+        written.append(_save(attention_grid_figure(maps[i], query, image, pooling, title=f"{name}: attention of query {query}"),
+                             os.path.join(output_dir, f"attention_image{i}.png")))
+    written.append(_save(attention_grid_figure(maps.mean(0), query, None, pooling,
+                                               title=f"attention of query {query}, mean over {len(images)} image(s)"),
+                         os.path.join(output_dir, "attention_mean.png")))
+    if all(b.attention.encoding in ("quadratic", "quadratic_full") for b in attention_blocks(model)):
+        written.append(_save(centers_figure(model, query), os.path.join(output_dir, "centers.png")))
+    metrics = [inspection.locality_metrics(p, grid) for p in probabilities]
+    with open(os.path.join(output_dir, "locality.json"), "w") as f:
+        json.dump({"query_pixel": list(query), "grid": list(grid), "images": len(images), "layers": metrics}, f, indent=2)
+    written.append(os.path.join(output_dir, "locality.json"))
+    log(inspection.format_metrics(metrics))
+    log("Wrote " + ", ".join(written))
+    return {"paths": written, "metrics": metrics, "query": query}
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def _load_images(spec, dataset, data_dir, model_dir):
+    """``spec``: comma-separated test-split indices or image file paths."""
+    from trainers import data as data_lib
+
+    items = [s for s in (spec or "0").split(",") if s.strip()]
+    if all(s.strip().isdigit() for s in items):
+        if dataset is None and model_dir and os.path.isfile(os.path.join(model_dir, "config.json")):
+            with open(os.path.join(model_dir, "config.json")) as f:
+                config = json.load(f)
+            dataset, data_dir = config.get("dataset"), data_dir or config.get("data_dir")
+        loaded = data_lib.load_dataset(dataset or "cifar10", data_dir)
+        test = loaded.test
+        indices = [int(s) for s in items]
+        bad = [i for i in indices if i >= len(test)]
+        if bad:
+            raise ValueError(f"--images indices {bad} are outside the test split of {len(test)} images.")
+        return test.images[indices], [f"test image {i} ({loaded.label_names[int(test.labels[i])]})" for i in indices]
+    import tensorflow as tf
+
+    images = []
+    for path in items:
+        if not os.path.isfile(path):
+            raise ValueError(f"--images: {path!r} is neither a test index nor an image file.")
+        try:
+            image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        except tf.errors.InvalidArgumentError:
+            raise ValueError(f"--images: {path!r} is not a PNG, JPEG, GIF or BMP image.") from None
+        images.append(tf.cast(tf.round(tf.image.resize(image, (32, 32), antialias=True)), tf.uint8).numpy())
+    return np.stack(images), items
+
+
+def main(argv):
+    import keras
+    from absl import flags
+
+    from trainers.data import DatasetError
+
+    FLAGS = flags.FLAGS
+    if len(argv) > 1:
+        raise SystemExit(f"sa-conv-visualize: error: unexpected arguments {argv[1:]}.")
+    try:
+        if bool(FLAGS.model_dir) == bool(FLAGS.model_path):
+            raise ValueError("Give exactly one of --model_dir or --model_path.")
+        path = FLAGS.model_path or os.path.join(FLAGS.model_dir, "model.keras")
+        if not os.path.isfile(path):
+            raise ValueError(f"{path!r} does not exist.")
+        model = keras.models.load_model(path)
+        query = None
+        if FLAGS.query_pixel:
+            try:
+                query = tuple(int(v) for v in FLAGS.query_pixel.split(","))
+                assert len(query) == 2
+            except (ValueError, AssertionError):
+                raise ValueError(f"--query_pixel must be 'row,col', got {FLAGS.query_pixel!r}.") from None
+        images, names = _load_images(FLAGS.images, FLAGS.dataset, FLAGS.data_dir, FLAGS.model_dir)
+        visualize(model, images, FLAGS.output_dir, query, names)
+    except (ValueError, DatasetError) as exc:
+        print(f"sa-conv-visualize: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run():
+    """Console script ``sa-conv-visualize``."""
+    from absl import app, flags
+
+    flags.DEFINE_string("model_dir", None, "A trainer output directory (its model.keras).")
+    flags.DEFINE_string("model_path", None, "A .keras file.")
+    flags.DEFINE_string("output_dir", "attention_figures", "Where the figures and locality.json go.")
+    flags.DEFINE_string("images", "0", "Comma-separated test-split indices or image files.")
+    flags.DEFINE_string("query_pixel", None, "row,col on the attention grid (default: the center).")
+    flags.DEFINE_string("dataset", None, "Dataset of the test indices (default: the run's, else cifar10).")
+    flags.DEFINE_string("data_dir", None, "Its data_dir (default: the run's).")
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
