@@ -37,6 +37,7 @@ setup(
     entry_points={
         "console_scripts": [
             "sa-conv-train=trainers.train:run",
+            "sa-conv-tune=trainers.tune:run",
             "sa-conv-export=export.export:run",
             "sa-conv-visualize=sa_conv.visualize:run",
         ],

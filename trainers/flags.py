@@ -17,12 +17,14 @@ def _kind(field):
 
 
 def define_flags(config_cls=TrainConfig) -> None:
-    """Defines one flag per field (same name, default and help) plus ``--config_file``."""
-    if "config_file" in FLAGS:
-        return
-    flags.DEFINE_string("config_file", None, "JSON or YAML file of these settings; flags given on "
-                        "the command line override it.")
+    """Defines one flag per field of ``config_cls`` (same name, default and help) plus
+    ``--config_file``; fields already defined (by another config class) are skipped."""
+    if "config_file" not in FLAGS:
+        flags.DEFINE_string("config_file", None, "JSON or YAML file of these settings; flags given "
+                            "on the command line override it.")
     for field in dataclasses.fields(config_cls):
+        if field.name in FLAGS:
+            continue
         help_text = field.metadata.get("help", field.name)
         choices = field.metadata.get("choices")
         kind = _kind(field)
@@ -38,12 +40,12 @@ def define_flags(config_cls=TrainConfig) -> None:
             flags.DEFINE_string(field.name, field.default, help_text)
 
 
-def config_from_flags(config_cls=TrainConfig) -> TrainConfig:
+def config_from_flags() -> TrainConfig:
     """Defaults < ``--config_file`` < flags present on the command line."""
     file_values = read_config_file(FLAGS.config_file) if FLAGS.config_file else {}
-    given = {f.name: FLAGS[f.name].value for f in dataclasses.fields(config_cls) if FLAGS[f.name].present}
-    if config_cls is TrainConfig:
-        return make_config(file_values, given)
-    config = config_cls(**{**file_values, **given})
-    config.validate()
-    return config
+    return make_config(file_values, present_flags(TrainConfig))
+
+
+def present_flags(config_cls) -> dict:
+    """The fields of ``config_cls`` given on the command line."""
+    return {f.name: FLAGS[f.name].value for f in dataclasses.fields(config_cls) if FLAGS[f.name].present}

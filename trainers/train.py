@@ -85,8 +85,10 @@ class Trainer:
         strategy: tf.distribute.Strategy | None = None,
         log: Callable[[str], None] = print,
         interactive: bool | None = None,
+        dataset: data_lib.CifarData | None = None,
     ):
         config.validate()
+        self.dataset = dataset
         self.config = config
         self.log = log
         self.interactive = sys.stdout.isatty() if interactive is None else interactive
@@ -121,7 +123,7 @@ class Trainer:
 
     def _load_data(self):
         c = self.config
-        dataset = data_lib.load_dataset(c.dataset, c.data_dir, seed=c.seed)
+        dataset = self.dataset or data_lib.load_dataset(c.dataset, c.data_dir, seed=c.seed)
         self.label_names = dataset.label_names
         self.train_split, self.val_split = data_lib.split_train_validation(
             dataset.train, c.validation_size, seed=c.seed
@@ -137,10 +139,10 @@ class Trainer:
         self.total_steps = min(total, c.max_steps) if c.max_steps else total
         self.total_epochs = math.ceil(self.total_steps / self.steps_per_epoch)
 
-    def _build(self):
+    def _build(self, model: keras.Model | None = None):
         c = self.config
         with self.strategy.scope():
-            self.model = sa_conv.build_model(c.model, **c.model_overrides())
+            self.model = model or sa_conv.build_model(c.model, **c.model_overrides())
             self.schedule = make_schedule(
                 c.lr_schedule,
                 c.learning_rate,
@@ -287,15 +289,66 @@ class Trainer:
                     "total_steps": self.total_steps}
         _write_json(os.path.join(self.output_dir, "config.json"), resolved)
 
+    def prepare(self, model: keras.Model | None = None) -> None:
+        """Loads the data, builds the model (or takes ``model``, built under this strategy),
+        the optimizer with its schedule, and the step functions."""
+        self._load_data()
+        self._build(model)
+        self._compile_functions()
+
+    def train_epochs(self, start_epoch: int, history: list, callbacks=(), save=True) -> tuple[list, float]:
+        """Trains epochs ``start_epoch .. total_epochs``, validating after each; calls the Keras
+        ``callbacks``' epoch hooks with the epoch's metrics (``loss``, ``accuracy``,
+        ``val_loss``, ``val_accuracy``). With ``save``, writes the per-epoch artefacts
+        (TensorBoard, best model, history, checkpoint). Returns the history and training seconds."""
+        writers = self._summary_writers() if save else None
+        callbacks = list(callbacks) + (self._callbacks() if save else [])
+        for callback in callbacks:
+            callback.set_model(self.model)
+            callback.on_train_begin()
+        step = max(int(self.optimizer.iterations.numpy()), start_epoch * self.steps_per_epoch)
+        self.optimizer.iterations.assign(step)
+        train_seconds = 0.0
+        for epoch in range(start_epoch, self.total_epochs):
+            if step >= self.total_steps:
+                break
+            for callback in callbacks:
+                callback.on_epoch_begin(epoch)
+            train_metrics, step, seconds = self._run_epoch(epoch, step)
+            train_seconds += seconds
+            val_metrics = self.evaluate(self.val_split)
+            record = {
+                "epoch": epoch + 1, "step": step, "learning_rate": float(self.schedule(step - 1)),
+                "train_seconds": seconds,
+                "train_loss": train_metrics["loss"], "train_accuracy": train_metrics["accuracy"],
+                "val_loss": val_metrics["loss"], "val_accuracy": val_metrics["accuracy"],
+            }
+            best = max((h["val_accuracy"] for h in history), default=-1.0)
+            history.append(record)
+            self._log_epoch(record, seconds)
+            logs = {"loss": record["train_loss"], "accuracy": record["train_accuracy"],
+                    "val_loss": record["val_loss"], "val_accuracy": record["val_accuracy"]}
+            for callback in callbacks:
+                callback.on_epoch_end(epoch, logs)
+            if not save:
+                continue
+            self._write_summaries(writers, record)
+            if self.chief and record["val_accuracy"] > best:
+                _save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
+            _write_json(os.path.join(self.output_dir, "history.json"), history)
+            self.epoch.assign(epoch + 1)
+            self.manager.save(checkpoint_number=epoch + 1)
+        for callback in callbacks:
+            callback.on_train_end()
+        return history, train_seconds
+
     def run(self) -> dict:
         """Trains (or resumes) to the end, evaluates the test split once, writes the artefacts.
 
         Returns the results written to ``results.json``.
         """
         wall_start = time.perf_counter()
-        self._load_data()
-        self._build()
-        self._compile_functions()
+        self.prepare()
         self._write_config()
         start_epoch, history = self._restore()
         resumed_from = start_epoch if start_epoch else None
@@ -305,34 +358,9 @@ class Trainer:
             f"({len(self.val_split)} held out for validation), {self.replicas} replica(s), "
             f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all."
         )
-        writers = self._summary_writers()
-        callbacks = self._callbacks()
-        step = int(self.optimizer.iterations.numpy())
-        train_seconds = sum(h.get("train_seconds", 0.0) for h in history)
-        for epoch in range(start_epoch, self.total_epochs):
-            if step >= self.total_steps:
-                break
-            train_metrics, step, seconds = self._run_epoch(epoch, step)
-            train_seconds += seconds
-            val_metrics = self.evaluate(self.val_split)
-            lr = float(self.schedule(step - 1))
-            record = {
-                "epoch": epoch + 1, "step": step, "learning_rate": lr, "train_seconds": seconds,
-                "train_loss": train_metrics["loss"], "train_accuracy": train_metrics["accuracy"],
-                "val_loss": val_metrics["loss"], "val_accuracy": val_metrics["accuracy"],
-            }
-            best = max((h["val_accuracy"] for h in history), default=-1.0)
-            history.append(record)
-            self._log_epoch(record, seconds)
-            self._write_summaries(writers, record)
-            for callback in callbacks:
-                callback.on_epoch_end(epoch, record)
-            if self.chief and record["val_accuracy"] > best:
-                _save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
-            _write_json(os.path.join(self.output_dir, "history.json"), history)
-            self.epoch.assign(epoch + 1)
-            self.manager.save(checkpoint_number=epoch + 1)
-        return self._finish(history, params, resumed_from, train_seconds, wall_start)
+        earlier_seconds = sum(h.get("train_seconds", 0.0) for h in history)
+        history, seconds = self.train_epochs(start_epoch, history)
+        return self._finish(history, params, resumed_from, earlier_seconds + seconds, wall_start)
 
     def _finish(self, history, params, resumed_from, train_seconds, wall_start) -> dict:
         test = self.evaluate(self.test_split)

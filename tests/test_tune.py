@@ -1,0 +1,128 @@
+"""Hyperparameter search: tiny searches, reports, resume after SIGKILL, search-space errors."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+from trainers import tune as tune_lib
+from trainers.config import ConfigError, make_config
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT)}
+
+
+def _rows(project):
+    with open(project / "trials.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("tuner", ["random", "bayesian", "hyperband"])
+def test_tiny_search_writes_reports(tuner, tiny_cifar, tmp_path):
+    base = make_config(overrides=dict(dataset="cifar10_files", data_dir=tiny_cifar[0], global_batch_size=25,
+                                      validation_size=50, strategy="one_device", epochs=1))
+    config = tune_lib.TuneConfig(tuner=tuner, max_trials=2, max_epochs=2, search_space="tiny",
+                                 directory=str(tmp_path), project_name="p")
+    summary = tune_lib.tune(config, base, log=lambda s: None)
+    project = tmp_path / "p"
+    rows = _rows(project)
+    assert len(rows) >= 2
+    assert set(rows[0]) == {"trial_id", "encoding", "num_layers", "hidden_size", "learning_rate", "objective",
+                            "epochs", "wall_time_seconds"}
+    for row in rows:
+        assert row["encoding"] in ("quadratic", "learned") and row["num_layers"] == "1"
+        assert 0.02 <= float(row["learning_rate"]) <= 0.2 and float(row["wall_time_seconds"]) > 0
+    best = json.load(open(project / "best_hyperparameters.json"))
+    assert best["score"] == max(float(r["objective"]) for r in rows)
+    assert best["hyperparameters"] == {k: v for k, v in best["hyperparameters"].items()}
+    winner = next(r for r in rows if r["trial_id"] == best["trial_id"])
+    assert winner["encoding"] == best["hyperparameters"]["encoding"]
+    assert summary["best"]["trial_id"] == best["trial_id"]
+
+
+def test_retrain_best_leaves_an_exportable_model_dir(tiny_cifar, tmp_path):
+    base = make_config(overrides=dict(dataset="cifar10_files", data_dir=tiny_cifar[0], global_batch_size=25,
+                                      validation_size=50, strategy="one_device", epochs=2))
+    config = tune_lib.TuneConfig(tuner="random", max_trials=1, max_epochs=1, search_space="tiny",
+                                 directory=str(tmp_path), project_name="p", retrain_best=True)
+    summary = tune_lib.tune(config, base, log=lambda s: None)
+    run_dir = tmp_path / "p" / "best_run"
+    results = json.load(open(run_dir / "results.json"))
+    assert results["epochs"] == 2 and results["steps"] == 2 * (200 // 25)
+    resolved = json.load(open(run_dir / "config.json"))
+    for name, value in summary["best"]["hyperparameters"].items():
+        assert resolved[name] == value, name
+    from export.export import export
+
+    version = export(model_dir=str(run_dir), export_dir=str(tmp_path / "exported"), log=lambda s: None)
+    assert os.path.isfile(os.path.join(version, "saved_model.pb"))
+
+
+def test_sigkill_then_rerun_reuses_finished_trials(tmp_path):
+    args = [sys.executable, "-m", "trainers.tune", "--search_space=tiny", "--tuner=random", "--max_trials=2",
+            "--max_epochs=2", f"--directory={tmp_path}", "--project_name=p", "--dataset=synthetic",
+            "--global_batch_size=50", "--strategy=one_device"]
+    proc = subprocess.Popen(args, cwd=PROJECT_ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = tmp_path / "p" / "trial_0"
+    deadline = time.time() + 240
+    def first_done():
+        path = first / "trial.json"
+        return path.exists() and json.load(open(path)).get("status") == "COMPLETED"
+    while time.time() < deadline and proc.poll() is None and not first_done():
+        time.sleep(0.2)
+    assert first_done(), "the first trial did not finish"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    record = first / "sa_conv_trial.json"
+    stamp = os.path.getmtime(record)
+    score = json.load(open(first / "trial.json"))["score"]
+
+    rerun = subprocess.run(args, cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert os.path.getmtime(record) == stamp  # trial 0 was not run again
+    rows = _rows(tmp_path / "p")
+    assert [r["trial_id"] for r in rows] == ["0", "1"]
+    assert float(rows[0]["objective"]) == score
+
+
+@pytest.mark.parametrize(
+    "space,message",
+    [
+        ({"hyperparameters": [{"name": "lr", "type": "float", "min": 0.1, "max": 1}]}, "unknown hyperparameter"),
+        ({"hyperparameters": [{"name": "encoding", "type": "choice", "values": ["gauss"]}]}, "value 'gauss' is invalid"),
+        ({"hyperparameters": [{"name": "learning_rate", "type": "float", "min": 0.3, "max": 0.1}]}, "min 0.3 must be below"),
+        ({"hyperparameters": [{"name": "learning_rate", "type": "float", "min": 0, "max": 0.1, "sampling": "log"}]}, "log sampling"),
+        ({"hyperparameters": [{"name": "num_heads", "type": "int", "min": 0, "max": 4}]}, "value 0 is invalid"),
+        ({"hyperparameters": [{"name": "dropout", "type": "uniform"}]}, "type 'uniform'"),
+        ({"hyperparameters": [{"name": "num_layers", "type": "choice"}]}, "needs \\['values'\\]"),
+        ({"base_model": "vit", "hyperparameters": []}, "base_model 'vit'"),
+        ({"base_model": "sa_learned_content_small",
+          "hyperparameters": [{"name": "hidden_size", "type": "choice", "values": [64, 63]}]}, "value 63 is invalid"),
+    ],
+)
+def test_invalid_search_space(space, message):
+    with pytest.raises(ConfigError, match=message):
+        tune_lib.validate_search_space(space)
+
+
+def test_invalid_search_space_file_fails_before_any_trial(tmp_path):
+    bad = tmp_path / "space.json"
+    bad.write_text(json.dumps({"hyperparameters": [{"name": "encoding", "type": "choice", "values": ["conv"]}]}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainers.tune", f"--search_space={bad}", f"--directory={tmp_path / 'd'}",
+         "--dataset=synthetic"], cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "value 'conv' is invalid" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_named_spaces_are_valid():
+    for name in tune_lib.SEARCH_SPACES:
+        space = tune_lib.load_search_space(name)
+        assert space["base_model"]

@@ -1,0 +1,387 @@
+"""Hyperparameter search with keras-tuner (``python -m trainers.tune``, ``sa-conv-tune``).
+
+Trials train with the trainer's own loop (`trainers.train.Trainer`): the same data and
+validation split (never the test split), per-step schedule, weight decay and ``tf.distribute``
+strategy (created once and handed to the tuner as ``distribution_strategy``). Each trial's
+``HyperModel.fit`` drives the keras-tuner callbacks (best-epoch checkpoint, Hyperband's epoch
+reporting) from that loop.
+
+Search spaces are lists of hyperparameters in one JSON form (``--search_space`` is a name from
+`SEARCH_SPACES` or a JSON file)::
+
+    {"base_model": "sa_quadratic_small",
+     "hyperparameters": [
+        {"name": "encoding", "type": "choice", "values": ["quadratic", "learned"]},
+        {"name": "num_layers", "type": "int", "min": 1, "max": 3},
+        {"name": "learning_rate", "type": "float", "min": 0.01, "max": 0.3, "sampling": "log"},
+        {"name": "dropout", "type": "fixed", "value": 0.0}]}
+
+Names are model fields (`MODEL_HYPERPARAMETERS`) or optimizer settings
+(`OPTIMIZER_HYPERPARAMETERS`). The space is checked before any trial starts.
+
+Outputs in ``directory/project_name``: keras-tuner's state (a rerun of the same command resumes
+the search; finished trials are not run again), ``trials.csv`` (one row per trial:
+hyperparameters, objective, epochs, wall time), ``best_hyperparameters.json`` and, with
+``--retrain_best``, ``best_run/``: a normal trainer ``model_dir`` that ``sa-conv-export`` accepts.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import keras_tuner as kt
+
+import sa_conv
+from trainers import data as data_lib
+from trainers import distribute
+from trainers.config import ConfigError, TrainConfig, make_config
+from trainers.train import TrainingError, Trainer, train
+
+MODEL_HYPERPARAMETERS = ("encoding", "num_heads", "num_layers", "hidden_size", "mlp_size", "dropout",
+                         "attention_dropout")
+OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "weight_decay", "warmup_ratio", "momentum", "label_smoothing")
+TUNERS = ("hyperband", "bayesian", "random")
+TYPES = ("choice", "int", "float", "fixed")
+
+_OPTIMIZER = [
+    {"name": "learning_rate", "type": "float", "min": 0.01, "max": 0.3, "sampling": "log"},
+    {"name": "weight_decay", "type": "float", "min": 1e-5, "max": 1e-3, "sampling": "log"},
+    {"name": "warmup_ratio", "type": "float", "min": 0.0, "max": 0.1},
+]
+SEARCH_SPACES = {
+    # The paper's model family at CPU size: encodings, K*K heads, width, depth, regularization.
+    "attention_small": {"base_model": "sa_quadratic_small", "hyperparameters": [
+        {"name": "encoding", "type": "choice", "values": list(sa_conv.ENCODINGS)},
+        {"name": "num_heads", "type": "choice", "values": [4, 9, 16]},
+        {"name": "hidden_size", "type": "choice", "values": [32, 64, 128]},
+        {"name": "num_layers", "type": "int", "min": 1, "max": 4},
+        {"name": "mlp_size", "type": "choice", "values": [64, 128, 256]},
+        {"name": "dropout", "type": "float", "min": 0.0, "max": 0.3, "step": 0.1},
+        *_OPTIMIZER,
+    ]},
+    # Around the paper's configuration, for a GPU host.
+    "attention": {"base_model": "sa_quadratic", "hyperparameters": [
+        {"name": "encoding", "type": "choice", "values": list(sa_conv.ENCODINGS)},
+        {"name": "num_heads", "type": "choice", "values": [4, 9, 16]},
+        {"name": "hidden_size", "type": "choice", "values": [256, 400, 512]},
+        {"name": "num_layers", "type": "int", "min": 4, "max": 8},
+        {"name": "mlp_size", "type": "choice", "values": [512, 1024]},
+        {"name": "dropout", "type": "float", "min": 0.0, "max": 0.3, "step": 0.1},
+        *_OPTIMIZER,
+    ]},
+    "resnet": {"base_model": "resnet18", "hyperparameters": list(_OPTIMIZER)},
+    # A few-second space for smoke tests.
+    "tiny": {"base_model": "sa_quadratic_small", "hyperparameters": [
+        {"name": "encoding", "type": "choice", "values": ["quadratic", "learned"]},
+        {"name": "num_layers", "type": "fixed", "value": 1},
+        {"name": "hidden_size", "type": "choice", "values": [16, 32]},
+        {"name": "learning_rate", "type": "float", "min": 0.02, "max": 0.2, "sampling": "log"},
+    ]},
+}
+
+
+@dataclasses.dataclass
+class TuneConfig:
+    tuner: str = dataclasses.field(default="hyperband", metadata={"help": "Search algorithm.", "choices": TUNERS})
+    max_trials: int = dataclasses.field(default=20, metadata={"help": "Trials (bayesian, random)."})
+    max_epochs: int = dataclasses.field(default=10, metadata={"help": "Epochs per trial (Hyperband: the most)."})
+    executions_per_trial: int = dataclasses.field(default=1, metadata={"help": "Trainings per trial, averaged."})
+    objective: str = dataclasses.field(default="val_accuracy", metadata={
+        "help": "Validation metric to optimize.", "choices": ("val_accuracy", "val_loss")})
+    search_space: str = dataclasses.field(default="attention_small", metadata={
+        "help": f"A named space ({', '.join(SEARCH_SPACES)}) or a JSON file."})
+    directory: str = dataclasses.field(default="tuning", metadata={"help": "Root of the tuner's projects."})
+    project_name: str = dataclasses.field(default="sa_conv", metadata={"help": "Project (subdirectory)."})
+    overwrite: bool = dataclasses.field(default=False, metadata={
+        "help": "Start the search over; off: an interrupted search resumes."})
+    retrain_best: bool = dataclasses.field(default=False, metadata={
+        "help": "Train the best configuration with the full trainer (--epochs) into project/best_run."})
+
+    def validate(self):
+        if self.tuner not in TUNERS:
+            raise ConfigError(f"--tuner={self.tuner!r} is not one of {TUNERS}.")
+        for name in ("max_trials", "max_epochs", "executions_per_trial"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} must be a positive integer, got {getattr(self, name)}.")
+        if self.tuner == "hyperband" and self.max_epochs < 2:
+            raise ConfigError("--tuner=hyperband needs --max_epochs >= 2.")
+
+
+# ------------------------------------------------------------------------------ search spaces
+
+
+def load_search_space(spec: str | dict) -> dict:
+    """A named space, a JSON file path or a dict; validated (see `validate_search_space`)."""
+    if isinstance(spec, dict):
+        space = spec
+    elif spec in SEARCH_SPACES:
+        space = copy.deepcopy(SEARCH_SPACES[spec])
+    elif os.path.isfile(spec):
+        try:
+            with open(spec) as f:
+                space = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--search_space file {spec!r} is not valid JSON: {exc}") from None
+    else:
+        raise ConfigError(f"--search_space {spec!r} is neither a named space ({', '.join(SEARCH_SPACES)}) nor a file.")
+    validate_search_space(space)
+    return space
+
+
+def _values(entry):
+    kind = entry["type"]
+    if kind == "choice":
+        return list(entry["values"])
+    if kind == "fixed":
+        return [entry["value"]]
+    return [entry["min"], entry["max"]]
+
+
+def validate_search_space(space: dict) -> None:
+    """Raises ConfigError naming the entry, before any trial: unknown names or types, bad
+    ranges, and values that no model of the base preset accepts (each tried on its own)."""
+    if not isinstance(space, dict) or "hyperparameters" not in space:
+        raise ConfigError("A search space is a JSON object with 'base_model' and 'hyperparameters'.")
+    base = space.get("base_model", "sa_quadratic_small")
+    if base not in sa_conv.PRESETS:
+        raise ConfigError(f"search space base_model {base!r} is not a preset ({', '.join(sa_conv.PRESETS)}).")
+    seen = set()
+    for i, entry in enumerate(space["hyperparameters"]):
+        where = f"search space entry {i} ({entry.get('name', '?') if isinstance(entry, dict) else entry!r})"
+        if not isinstance(entry, dict) or "name" not in entry or "type" not in entry:
+            raise ConfigError(f"{where}: each entry needs 'name' and 'type'.")
+        name, kind = entry["name"], entry["type"]
+        if name not in MODEL_HYPERPARAMETERS + OPTIMIZER_HYPERPARAMETERS:
+            raise ConfigError(f"{where}: unknown hyperparameter; known: "
+                              f"{', '.join(MODEL_HYPERPARAMETERS + OPTIMIZER_HYPERPARAMETERS)}.")
+        if name in seen:
+            raise ConfigError(f"{where}: {name!r} appears twice.")
+        seen.add(name)
+        if kind not in TYPES:
+            raise ConfigError(f"{where}: type {kind!r} is not one of {TYPES}.")
+        required = {"choice": ("values",), "fixed": ("value",), "int": ("min", "max"), "float": ("min", "max")}[kind]
+        missing = [key for key in required if key not in entry]
+        if missing:
+            raise ConfigError(f"{where}: a {kind} needs {missing}.")
+        if kind == "choice" and not entry["values"]:
+            raise ConfigError(f"{where}: 'values' is empty.")
+        if kind in ("int", "float"):
+            if not entry["min"] < entry["max"]:
+                raise ConfigError(f"{where}: min {entry['min']} must be below max {entry['max']}.")
+            if entry.get("sampling", "linear") not in ("linear", "log", "reverse_log"):
+                raise ConfigError(f"{where}: sampling must be linear, log or reverse_log.")
+            if entry.get("sampling") == "log" and entry["min"] <= 0:
+                raise ConfigError(f"{where}: log sampling needs min > 0.")
+        for value in _values(entry):
+            try:
+                if name in MODEL_HYPERPARAMETERS:
+                    sa_conv.get_config(base, **{name: value})
+                else:
+                    make_config(overrides={name: value})
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"{where}: value {value!r} is invalid: {exc}") from None
+
+
+def define_hyperparameters(hp: kt.HyperParameters, space: dict) -> dict:
+    """Registers the space's hyperparameters on ``hp``; returns their current values."""
+    values = {}
+    for entry in space["hyperparameters"]:
+        name, kind = entry["name"], entry["type"]
+        if kind == "choice":
+            values[name] = hp.Choice(name, entry["values"])
+        elif kind == "fixed":
+            values[name] = hp.Fixed(name, entry["value"])
+        elif kind == "int":
+            values[name] = hp.Int(name, entry["min"], entry["max"], step=entry.get("step", 1),
+                                  sampling=entry.get("sampling", "linear"))
+        else:
+            values[name] = hp.Float(name, entry["min"], entry["max"], step=entry.get("step"),
+                                    sampling=entry.get("sampling", "linear"))
+    return values
+
+
+def trial_config(base: TrainConfig, space: dict, values: dict, epochs: int, model_dir: str) -> TrainConfig:
+    """The trainer's configuration for one set of hyperparameter values."""
+    overrides = {**dataclasses.asdict(base), "model": space.get("base_model", base.model), "epochs": epochs,
+                 "model_dir": model_dir, "max_steps": None}
+    overrides.update({k: v for k, v in values.items()})
+    return make_config(overrides=overrides)
+
+
+# ------------------------------------------------------------------------------ hypermodel
+
+
+class SaConvHyperModel(kt.HyperModel):
+    """Builds sa_conv models from a search space; ``fit`` trains with the trainer's loop."""
+
+    def __init__(self, space: dict, base: TrainConfig, strategy, dataset: data_lib.CifarData, log=print):
+        super().__init__(name="sa_conv")
+        self.space, self.base, self.strategy, self.dataset, self.log = space, base, strategy, dataset, log
+
+    def build(self, hp):
+        values = define_hyperparameters(hp, self.space)
+        model_values = {k: v for k, v in values.items() if k in MODEL_HYPERPARAMETERS}
+        return sa_conv.build_model(self.space.get("base_model", self.base.model), **model_values)
+
+    def fit(self, hp, model, *args, epochs=1, initial_epoch=0, callbacks=(), trial_dir=None, **kwargs):
+        values = {entry["name"]: hp.get(entry["name"]) for entry in self.space["hyperparameters"]}
+        config = trial_config(self.base, self.space, values, epochs, trial_dir or self.base.model_dir)
+        trainer = Trainer(config, strategy=self.strategy, log=self.log, dataset=self.dataset)
+        trainer.prepare(model)
+        start = time.perf_counter()
+        history, _ = trainer.train_epochs(initial_epoch, [], callbacks=callbacks, save=False)
+        if trial_dir:
+            with open(os.path.join(trial_dir, "sa_conv_trial.json"), "w") as f:
+                json.dump({"epochs": epochs, "initial_epoch": initial_epoch, "history": history,
+                           "wall_time_seconds": time.perf_counter() - start}, f, indent=2)
+        best = max(history, key=lambda h: h["val_accuracy"])
+        return {"val_accuracy": best["val_accuracy"], "val_loss": best["val_loss"]}
+
+
+class _Tuner:
+    """Adds the trial directory to ``fit``'s arguments, for per-trial records."""
+
+    def run_trial(self, trial, *args, **kwargs):
+        trial_dir = self.get_trial_dir(trial.trial_id)
+        os.makedirs(trial_dir, exist_ok=True)
+        return super().run_trial(trial, *args, trial_dir=trial_dir, **kwargs)
+
+
+class HyperbandTuner(_Tuner, kt.Hyperband):
+    pass
+
+
+class BayesianTuner(_Tuner, kt.BayesianOptimization):
+    pass
+
+
+class RandomTuner(_Tuner, kt.RandomSearch):
+    pass
+
+
+def make_tuner(config: TuneConfig, hypermodel, strategy):
+    direction = "max" if config.objective == "val_accuracy" else "min"
+    common = dict(
+        objective=kt.Objective(config.objective, direction), executions_per_trial=config.executions_per_trial,
+        directory=config.directory, project_name=config.project_name, overwrite=config.overwrite,
+        distribution_strategy=strategy,
+    )
+    if config.tuner == "hyperband":
+        return HyperbandTuner(hypermodel, max_epochs=config.max_epochs, factor=3, **common)
+    cls = BayesianTuner if config.tuner == "bayesian" else RandomTuner
+    return cls(hypermodel, max_trials=config.max_trials, **common)
+
+
+# ------------------------------------------------------------------------------ reports
+
+
+def write_reports(tuner, space: dict, project_dir: str) -> list[dict]:
+    """``trials.csv`` (one row per finished trial) and ``best_hyperparameters.json``."""
+    names = [entry["name"] for entry in space["hyperparameters"]]
+    rows = []
+    for trial in sorted(tuner.oracle.trials.values(), key=lambda t: (len(t.trial_id), t.trial_id)):
+        if trial.status != "COMPLETED" or trial.score is None:
+            continue
+        record_path = os.path.join(tuner.get_trial_dir(trial.trial_id), "sa_conv_trial.json")
+        record = json.load(open(record_path)) if os.path.isfile(record_path) else {}
+        rows.append({
+            "trial_id": trial.trial_id,
+            **{name: trial.hyperparameters.values.get(name) for name in names},
+            "objective": trial.score,
+            "epochs": record.get("epochs"),
+            "wall_time_seconds": round(record.get("wall_time_seconds", float("nan")), 2),
+        })
+    with open(os.path.join(project_dir, "trials.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["trial_id", *names, "objective", "epochs", "wall_time_seconds"])
+        writer.writeheader()
+        writer.writerows(rows)
+    best = tuner.oracle.get_best_trials(1)
+    if best:
+        summary = {
+            "trial_id": best[0].trial_id, "objective": tuner.oracle.objective.name, "score": best[0].score,
+            "base_model": space.get("base_model"),
+            "hyperparameters": {k: v for k, v in best[0].hyperparameters.values.items() if k in names},
+        }
+        with open(os.path.join(project_dir, "best_hyperparameters.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no finished trials)"
+    keys = list(rows[0])
+    cells = [[str(round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(cell, widths)) for cell in cells]
+    return "\n".join(lines)
+
+
+def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dict:
+    """Flag-free entry point: runs (or resumes) the search, writes the reports, optionally
+    retrains the best configuration. Returns a summary."""
+    config.validate()
+    space = load_search_space(config.search_space)  # before any trial
+    strategy = strategy or distribute.create_strategy(base.strategy)
+    dataset = data_lib.load_dataset(base.dataset, base.data_dir, seed=base.seed)
+    hypermodel = SaConvHyperModel(space, base, strategy, dataset, log=log)
+    tuner = make_tuner(config, hypermodel, strategy)
+    project_dir = os.path.join(config.directory, config.project_name)
+    kwargs = {} if config.tuner == "hyperband" else {"epochs": config.max_epochs}
+    tuner.search(**kwargs)
+    rows = write_reports(tuner, space, project_dir)
+    log(format_table(rows))
+    summary = {"project_dir": project_dir, "trials": rows}
+    best_path = os.path.join(project_dir, "best_hyperparameters.json")
+    if os.path.isfile(best_path):
+        summary["best"] = json.load(open(best_path))
+        log(f"Best trial {summary['best']['trial_id']}: {config.objective} = {summary['best']['score']:.4f} "
+            f"with {summary['best']['hyperparameters']}")
+    if config.retrain_best:
+        if "best" not in summary:
+            raise TrainingError("No finished trial to retrain.")
+        run_dir = os.path.join(project_dir, "best_run")
+        retrain = trial_config(base, space, summary["best"]["hyperparameters"], base.epochs, run_dir)
+        summary["best_run"] = train(retrain, strategy=strategy, log=log)
+        summary["best_run_dir"] = run_dir
+    return summary
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def main(argv):
+    from trainers.flags import FLAGS, present_flags
+
+    if len(argv) > 1:
+        raise SystemExit(f"sa-conv-tune: error: unexpected arguments {argv[1:]}.")
+    try:
+        base = make_config(overrides={k: v for k, v in present_flags(TrainConfig).items()})
+        distribute.configure_cpu_devices(base.cpu_devices)
+        config = TuneConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(TuneConfig)})
+        tune(config, base)
+    except (ConfigError, data_lib.DatasetError, TrainingError) as exc:
+        print(f"sa-conv-tune: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run():
+    """Console script ``sa-conv-tune``."""
+    from absl import app
+
+    from trainers import flags as trainer_flags
+
+    trainer_flags.define_flags(TrainConfig)
+    trainer_flags.define_flags(TuneConfig)
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
