@@ -33,6 +33,16 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     ``(heads, H*W, H*W)`` are computed once per call and shared by the batch. Attention dropout
     (training only) draws an independent mask for every example.
 
+    **Fast exact path** (``fast_position_attention=True``, the default). For ``"quadratic"``
+    and ``"learned"`` the logit is a row term plus a column term, ``s(q, k) = r(qi, ki) +
+    c(qj, kj)``, so the softmax over all keys factorizes exactly:
+    ``P(q, k) = softmax_ki(r(qi, .))[ki] * softmax_kj(c(qj, .))[kj]`` (each 1-D softmax subtracts
+    its own maximum, so large spreads do not underflow). The aggregation is then two 1-D passes,
+    over key rows and then key columns, ``O(N (H + W) D)`` per head instead of ``O(N^2 D)``,
+    with no truncation. It runs when the encoding separates and no attention dropout is active;
+    otherwise (``"quadratic_full"``, ``"learned_content"``, or attention dropout in training)
+    the dense ``(heads, N, N)`` path runs. Both give the same output to float32 rounding.
+
     Args:
       num_heads: number of heads ``N_h``.
       output_dim: output channels; defaults to the input channels ``D``.
@@ -69,6 +79,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         bias_initializer="zeros",
         initializer_range=0.02,
         seed=None,
+        fast_position_attention=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -92,6 +103,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.initializer_range = float(initializer_range)
         self.seed = seed
+        self.fast_position_attention = bool(fast_position_attention)
         self.dropout = keras.layers.Dropout(self.attention_dropout, seed=seed, name="attention_dropout")
 
     @property
@@ -171,9 +183,34 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         """Softmax over keys of `attention_logits`, float32."""
         return ops.softmax(self.attention_logits(inputs), axis=-1)
 
+    def uses_fast_path(self, training=False):
+        """Whether a call with this ``training`` flag runs the separable path."""
+        return (
+            self.fast_position_attention
+            and self.position_only
+            and getattr(self.position_encoding, "separable", False)
+            and not (training and self.attention_dropout > 0)
+        )
+
+    def _separable_mix(self, inputs):
+        """Sum_k P(q, k) x_k for every head by two 1-D passes: ``(batch, H, W, heads, D)``."""
+        height, width = self._check_grid(inputs)
+        row, col = self.position_encoding.factor_logits(height, width)
+        p_row = ops.cast(ops.softmax(row, axis=-1), self.compute_dtype)  # (heads, Hq, Hk)
+        p_col = ops.cast(ops.softmax(col, axis=-1), self.compute_dtype)  # (heads, Wq, Wk)
+        over_rows = ops.einsum("hik,bkjd->bhijd", p_row, inputs)
+        return ops.einsum("hjl,bhild->bijhd", p_col, over_rows)
+
     def call(self, inputs, training=None, return_attention_scores=False):
         height, width = self._check_grid(inputs)
         n = height * width
+        if self.uses_fast_path(training):
+            mixed = ops.reshape(self._separable_mix(inputs), (-1, height, width, self.num_heads * self.input_dim))
+            outputs = self.value_dense(mixed)
+            if not return_attention_scores:
+                return outputs
+            probs = self.attention_probabilities(inputs)
+            return outputs, ops.broadcast_to(probs[None], (ops.shape(inputs)[0],) + tuple(probs.shape))
         x = ops.reshape(inputs, (-1, n, self.input_dim))
         probs = self.attention_probabilities(inputs)
         if self.position_only and training and self.attention_dropout > 0:
@@ -211,4 +248,5 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "initializer_range": self.initializer_range,
             "seed": self.seed,
+            "fast_position_attention": self.fast_position_attention,
         }

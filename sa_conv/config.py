@@ -29,6 +29,8 @@ class ModelConfig:
       position_embedding_dim: embedding size of ``"learned"``; None = hidden_size.
       initializer_range: std of the normal initialization of dense kernels and embeddings.
       center_init_std, spread_init_std: initialization of the quadratic encodings.
+      fast_position_attention: the exact separable attention path for quadratic (isotropic) and
+        learned encodings (see `MultiHeadSelfAttention2D`); False forces the dense path.
       image_size: side of the square input images.
       num_classes: classifier outputs.
     """
@@ -48,6 +50,7 @@ class ModelConfig:
     initializer_range: float = 0.02
     center_init_std: float = 2.0
     spread_init_std: float = 0.01
+    fast_position_attention: bool = True
     image_size: int = 32
     num_classes: int = 10
 

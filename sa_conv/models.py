@@ -34,6 +34,7 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier")
         center_init_std=config.center_init_std,
         spread_init_std=config.spread_init_std,
         initializer_range=config.initializer_range,
+        fast_position_attention=config.fast_position_attention,
     )
     for i in range(config.num_layers):
         x = TransformerBlock(

@@ -126,6 +126,26 @@ class QuadraticEncoding(_Encoding):
         ex = dx[None] - ops.reshape(self.centers[:, 1], (-1, 1, 1))
         return -0.5 * (a * ey * ey + 2.0 * b * ey * ex + c * ex * ex)
 
+    @property
+    def separable(self):
+        """Isotropic logits split into a row term plus a column term (no cross term)."""
+        return self.covariance == "isotropic"
+
+    def factor_logits(self, height, width):
+        """The isotropic logits as ``row (heads, H, H)`` + ``col (heads, W, W)``, indexed
+        ``[head, query row, key row]`` and ``[head, query col, key col]``:
+        ``logit(q, k) = row[qi, ki] + col[qj, kj]``."""
+        if not self.separable:
+            raise ValueError("Full-covariance logits have a cross term and do not separate.")
+        half_s2 = 0.5 * ops.reshape(ops.square(self.spreads), (-1, 1, 1))
+        rows = np.arange(height, dtype=np.float32)
+        cols = np.arange(width, dtype=np.float32)
+        dy = rows[None, :] - rows[:, None]  # [query, key]
+        dx = cols[None, :] - cols[:, None]
+        ey = dy[None] - ops.reshape(self.centers[:, 0], (-1, 1, 1))
+        ex = dx[None] - ops.reshape(self.centers[:, 1], (-1, 1, 1))
+        return -half_s2 * ey * ey, -half_s2 * ex * ex
+
     def get_config(self):
         return {
             **super().get_config(),
@@ -169,17 +189,23 @@ class LearnedRelativeEncoding(_Encoding):
         self.row_head_keys = self.add_weight(name="row_head_keys", shape=(e, self.num_heads), initializer=init, autocast=False)
         self.col_head_keys = self.add_weight(name="col_head_keys", shape=(e, self.num_heads), initializer=init, autocast=False)
 
-    def logits(self, height, width):
-        """Attention logits ``(heads, H*W, H*W)`` for an ``H x W`` grid."""
+    separable = True
+
+    def factor_logits(self, height, width):
+        """``row (heads, H, H)`` and ``col (heads, W, W)`` with ``logit(q, k) = row[qi, ki] +
+        col[qj, kj]``, indexed ``[head, query, key]``."""
         _check_grid(height, width, self.max_grid_size, type(self).__name__)
         p = self.max_grid_size
         # (2P-1, heads) per-offset scores, then gathered to [query row, key row, head].
         row = ops.take(ops.matmul(self.row_embeddings, self.row_head_keys), relative_indices(height, p), axis=0)
         col = ops.take(ops.matmul(self.col_embeddings, self.col_head_keys), relative_indices(width, p), axis=0)
-        row = ops.transpose(row, (2, 0, 1))[:, :, None, :, None]  # (heads, Hq, 1, Hk, 1)
-        col = ops.transpose(col, (2, 0, 1))[:, None, :, None, :]  # (heads, 1, Wq, 1, Wk)
+        return ops.transpose(row, (2, 0, 1)), ops.transpose(col, (2, 0, 1))
+
+    def logits(self, height, width):
+        """Attention logits ``(heads, H*W, H*W)`` for an ``H x W`` grid."""
+        row, col = self.factor_logits(height, width)
         n = height * width
-        return ops.reshape(row + col, (self.num_heads, n, n))
+        return ops.reshape(row[:, :, None, :, None] + col[:, None, :, None, :], (self.num_heads, n, n))
 
     def get_config(self):
         return {
