@@ -1,0 +1,62 @@
+"""Analytic FLOPs per image of sa_conv models.
+
+Convention: a multiply-add counts as 2 FLOPs; attention aggregation (probabilities times values)
+and the attention logits are included; softmax, normalization, activations and the optimizer
+update are not. Training = 3 x forward (backward ~ 2 x forward).
+"""
+
+from __future__ import annotations
+
+from sa_conv.config import ModelConfig
+
+
+def attention_layer_flops(config: ModelConfig, fast: bool) -> dict:
+    """Forward FLOPs of one transformer block on the attention grid, by part."""
+    g = config.grid_size
+    n, h, d, m = g * g, config.num_heads, config.hidden_size, config.mlp_size
+    parts = {}
+    if config.encoding == "learned_content":
+        parts["query_key"] = 2 * (2 * n * d * h * d)
+        parts["logits"] = 2 * h * n * n * d + 2 * h * n * (g + g) * (d // 2)
+    if fast and config.fast_position_attention and config.encoding in ("quadratic", "learned"):
+        parts["aggregation"] = 2 * h * n * (g + g) * d  # two 1-D passes
+    else:
+        parts["aggregation"] = 2 * h * n * n * d
+    parts["value_merge"] = 2 * n * (h * d) * d
+    parts["attention_output"] = 2 * n * d * d
+    parts["mlp"] = 2 * 2 * n * d * m
+    return parts
+
+
+def resnet18_flops(image_size: int = 32, num_classes: int = 10) -> int:
+    """Forward FLOPs of the CIFAR ResNet18 (convolutions and the classifier)."""
+    total, size, channels = 0, image_size, 3
+    total += 2 * size * size * 9 * channels * 64
+    channels = 64
+    for stage, width in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            stride = 2 if stage > 0 and block == 0 else 1
+            out = size // stride
+            total += 2 * out * out * 9 * channels * width  # first 3x3
+            total += 2 * out * out * 9 * width * width  # second 3x3
+            if stride != 1 or channels != width:
+                total += 2 * out * out * channels * width  # 1x1 projection
+            size, channels = out, width
+    return total + 2 * channels * num_classes
+
+
+def forward_flops(config: ModelConfig, fast: bool = True) -> int:
+    """Forward FLOPs per image. ``fast``: the separable path where it applies (inference, or
+    training without attention dropout)."""
+    if config.architecture == "resnet18":
+        return resnet18_flops(config.image_size, config.num_classes)
+    g = config.grid_size
+    embedding = 2 * g * g * (3 * config.pooling_width**2) * config.hidden_size
+    block = sum(attention_layer_flops(config, fast).values())
+    return embedding + config.num_layers * block + 2 * config.hidden_size * config.num_classes
+
+
+def training_flops(config: ModelConfig) -> int:
+    """Training FLOPs per image (3 x forward), with the path training takes: the separable one
+    only when there is no attention dropout."""
+    return 3 * forward_flops(config, fast=config.attention_dropout == 0)

@@ -1,0 +1,246 @@
+"""Training and inference throughput of the presets, as ratios to this machine's limits.
+
+    .venv/bin/python benchmarks/throughput.py --output=benchmarks/results/throughput.json
+    .venv/bin/python benchmarks/throughput.py --cases=sa_quadratic_small,fast_vs_dense_16 --train_steps=3
+
+Every case runs in its own process (so peak resident memory is its own) and reports: training
+images/s (forward + backward + SGD update, XLA, batch 100 unless stated), inference images/s at
+batch 1 and 100, peak RSS, parameters, analytic FLOPs per image (`benchmarks.flops`: a
+multiply-add is 2 FLOPs, attention aggregation included, training = 3 x forward), achieved
+GFLOP/s and its fraction of the fp32 matmul GFLOP/s measured in the same run. Ratios: the exact
+separable path against the dense path at 16x16 and 32x32 grids, Keras's MultiHeadAttention in
+the same architecture, and the exported SavedModel against the in-process Keras model.
+Results go to a JSON file; nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_learned_content", "resnet18"]
+SMALL = ["sa_quadratic_small", "sa_quadratic_full_small", "sa_learned_small", "sa_learned_content_small"]
+# name -> (preset, overrides, batch)
+CASES = {name: (name, {}, 100) for name in PAPER + SMALL}
+CASES.update({
+    # The paper's model without attention dropout: the separable path also runs in training.
+    "sa_quadratic_noattndrop_fast": ("sa_quadratic", {"attention_dropout": 0.0}, 100),
+    "sa_quadratic_noattndrop_dense": ("sa_quadratic", {"attention_dropout": 0.0, "fast_position_attention": False}, 100),
+    # 32x32 grid, no pooling (N = 1024): the N^2 term dominates. Small batch: slow on 2 cores.
+    "sa_quadratic_32x32_fast": ("sa_quadratic", {"attention_dropout": 0.0, "pooling_width": 1, "max_grid_size": 32}, 4),
+    "sa_quadratic_32x32_dense": ("sa_quadratic", {"attention_dropout": 0.0, "pooling_width": 1, "max_grid_size": 32,
+                                                  "fast_position_attention": False}, 4),
+    "keras_mha_paper": ("keras_mha", {}, 100),
+})
+GROUPS = {
+    "paper": PAPER,
+    "small": SMALL,
+    "fast_vs_dense_16": ["sa_quadratic_noattndrop_fast", "sa_quadratic_noattndrop_dense"],
+    "fast_vs_dense_32": ["sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense"],
+    "baseline": ["keras_mha_paper", "sa_quadratic"],
+}
+
+
+def matmul_gflops(size=2048, repeats=10):
+    """fp32 matmul GFLOP/s of this machine (best of ``repeats``)."""
+    import tensorflow as tf
+
+    a = tf.random.normal((size, size))
+    b = tf.random.normal((size, size))
+    matmul = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
+    matmul().numpy()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul().numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def build_keras_mha_classifier(config):
+    """The paper's classifier with keras.layers.MultiHeadAttention (content only, key_dim =
+    hidden / heads) in place of the 2-D attention: Keras's own layer as a baseline."""
+    import keras
+
+    from sa_conv import InvertiblePooling, PixelNormalization
+
+    g, d = config.grid_size, config.hidden_size
+    inputs = keras.Input((32, 32, 3), name="image")
+    x = InvertiblePooling(config.pooling_width)(PixelNormalization()(inputs))
+    x = keras.layers.Reshape((g * g, -1))(keras.layers.Dense(d)(x))
+    for _ in range(config.num_layers):
+        a = keras.layers.MultiHeadAttention(config.num_heads, key_dim=d // config.num_heads,
+                                            dropout=config.attention_dropout)(x, x)
+        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon)(x + keras.layers.Dropout(config.dropout)(a))
+        y = keras.layers.Dense(d)(keras.layers.Dense(config.mlp_size, activation="gelu")(x))
+        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon)(x + keras.layers.Dropout(config.dropout)(y))
+    logits = keras.layers.Dense(config.num_classes)(keras.layers.GlobalAveragePooling1D()(x))
+    return keras.Model(inputs, logits, name="keras_mha")
+
+
+def keras_mha_flops(config):
+    g = config.grid_size
+    n, h, d, m = g * g, config.num_heads, config.hidden_size, config.mlp_size
+    kd = d // h
+    per_layer = 2 * n * d * (3 * h * kd) + 2 * 2 * h * n * n * kd + 2 * n * h * kd * d + 2 * 2 * n * d * m
+    return 2 * n * 12 * d + config.num_layers * per_layer + 2 * d * config.num_classes
+
+
+def _time(fn, steps):
+    fn()  # compile / warm up
+    start = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return (time.perf_counter() - start) / steps
+
+
+def measure(case: str, train_steps: int, infer_steps: int) -> dict:
+    """Runs one case in this process."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import sa_conv
+    from benchmarks import flops
+
+    preset, overrides, batch = CASES[case]
+    if preset == "keras_mha":
+        config = sa_conv.get_config("sa_quadratic")
+        model = build_keras_mha_classifier(config)
+        fwd = keras_mha_flops(config)
+        train_fwd = fwd
+    else:
+        config = sa_conv.get_config(preset, **overrides)
+        model = sa_conv.build_model(config)
+        fwd = flops.forward_flops(config, fast=True)
+        train_fwd = flops.training_flops(config) // 3
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(batch, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=batch)
+    train_seconds = _time(lambda: model.train_on_batch(images, labels), train_steps)
+    infer = tf.function(lambda x: model(x, training=False), jit_compile=True)
+    infer_results = {}
+    for b in (1, 100):
+        x = tf.constant(rng.integers(0, 256, size=(b, 32, 32, 3), dtype=np.uint8))
+        seconds = _time(lambda: infer(x).numpy(), infer_steps)
+        infer_results[f"inference_images_per_second_batch{b}"] = b / seconds
+    train_ips = batch / train_seconds
+    return {
+        "case": case, "preset": preset, "overrides": overrides, "train_batch": batch,
+        "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
+        "train_images_per_second": train_ips,
+        **infer_results,
+        "forward_gflops_per_image": fwd / 1e9,
+        "train_gflops_per_image": 3 * train_fwd / 1e9,
+        "train_achieved_gflops_per_second": 3 * train_fwd * train_ips / 1e9,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def measure_export(steps: int) -> dict:
+    """Inference of the exported SavedModel vs the in-process Keras model (same graph, no XLA)."""
+    import numpy as np
+    import tensorflow as tf
+
+    import sa_conv
+    from export.export import export
+
+    model = sa_conv.build_model("sa_quadratic_small")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.keras")
+        model.save(path)
+        version = export(model_path=path, export_dir=tmp, log=lambda s: None)
+        served = tf.saved_model.load(version).signatures["serving_default"]
+        x = tf.constant(np.random.default_rng(0).integers(0, 256, size=(100, 32, 32, 3), dtype=np.uint8))
+        keras_fn = tf.function(lambda images: tf.nn.softmax(model(images, training=False)))
+        keras_seconds = _time(lambda: keras_fn(x).numpy(), steps)
+        served_seconds = _time(lambda: served(images=x)["probabilities"].numpy(), steps)
+    return {"case": "export_vs_keras", "batch": 100, "keras_images_per_second": 100 / keras_seconds,
+            "saved_model_images_per_second": 100 / served_seconds,
+            "saved_model_over_keras": keras_seconds / served_seconds}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="small,paper,fast_vs_dense_16,fast_vs_dense_32,baseline,export",
+                        help=f"Comma-separated cases or groups: {', '.join(list(GROUPS) + ['export'] + list(CASES))}.")
+    parser.add_argument("--train_steps", type=int, default=2)
+    parser.add_argument("--infer_steps", type=int, default=5)
+    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "throughput.json"))
+    parser.add_argument("--_single", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._single:
+        result = measure_export(args.infer_steps) if args._single == "export" else measure(
+            args._single, args.train_steps, args.infer_steps)
+        print("RESULT " + json.dumps(result))
+        return
+    names = []
+    for item in args.cases.split(","):
+        for name in GROUPS.get(item, [item]):
+            if name not in CASES and name != "export":
+                parser.error(f"unknown case {name!r}")
+            if name not in names:
+                names.append(name)
+    peak = matmul_gflops()
+    print(f"fp32 matmul: {peak:.1f} GFLOP/s", flush=True)
+    results = []
+    for name in names:
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, __file__, f"--_single={name}", f"--train_steps={args.train_steps}",
+                               f"--infer_steps={args.infer_steps}"], capture_output=True, text=True,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if line is None:
+            print(f"{name}: failed\n{proc.stderr[-2000:]}", flush=True)
+            results.append({"case": name, "error": proc.stderr[-2000:]})
+            continue
+        result = json.loads(line[len("RESULT "):])
+        if "train_achieved_gflops_per_second" in result:
+            result["train_fraction_of_matmul_peak"] = result["train_achieved_gflops_per_second"] / peak
+        result["wall_seconds"] = time.perf_counter() - start
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    by_case = {r["case"]: r for r in results if "error" not in r}
+    ratios = {}
+    for label, fast, dense in (("fast_over_dense_train_16x16", "sa_quadratic_noattndrop_fast", "sa_quadratic_noattndrop_dense"),
+                               ("fast_over_dense_train_32x32", "sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense")):
+        if fast in by_case and dense in by_case:
+            ratios[label] = by_case[fast]["train_images_per_second"] / by_case[dense]["train_images_per_second"]
+    if "keras_mha_paper" in by_case and "sa_quadratic" in by_case:
+        ratios["sa_quadratic_over_keras_mha_train"] = (
+            by_case["sa_quadratic"]["train_images_per_second"] / by_case["keras_mha_paper"]["train_images_per_second"])
+    if "export_vs_keras" in by_case:
+        ratios["saved_model_over_keras_inference"] = by_case["export_vs_keras"]["saved_model_over_keras"]
+    report = {
+        "date": datetime.date.today().isoformat(),
+        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "fp32_matmul_gflops_per_second": peak},
+        "flops_convention": "multiply-add = 2 FLOPs; attention logits and aggregation included; training = 3 x forward",
+        "results": results,
+        "ratios": ratios,
+    }
+    import tensorflow as tf
+
+    report["machine"]["tensorflow"] = tf.__version__
+    os.makedirs(os.path.dirname(args.output), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump(report, f, indent=2)
+    print(json.dumps(ratios, indent=2))
+    print(f"Wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
