@@ -1,0 +1,32 @@
+"""Analytic FLOP counts used by the benchmarks."""
+
+import pytest
+
+import sa_conv
+from benchmarks import flops
+
+
+def test_resnet18_matches_the_known_count():
+    # CIFAR ResNet18: 0.556 G multiply-adds per 32x32 image (the usual figure), 2 FLOPs each.
+    assert flops.forward_flops(sa_conv.get_config("resnet18")) == pytest.approx(2 * 0.5565e9, rel=0.005)
+
+
+def test_attention_parts_by_hand():
+    config = sa_conv.get_config("sa_quadratic")  # 16x16 grid, 9 heads, D = 400, MLP 512
+    n, h, d = 256, 9, 400
+    dense = flops.attention_layer_flops(config, fast=False)
+    fast = flops.attention_layer_flops(config, fast=True)
+    assert dense["aggregation"] == 2 * h * n * n * d
+    assert fast["aggregation"] == 2 * h * n * 32 * d  # N (H + W) D per head: 8x fewer at 16x16
+    assert dense["value_merge"] == 2 * n * h * d * d
+    assert dense["mlp"] == 2 * 2 * n * d * 512
+    full = sa_conv.get_config("sa_quadratic_full")
+    assert flops.attention_layer_flops(full, fast=True)["aggregation"] == dense["aggregation"]  # no fast path
+
+
+def test_training_path_follows_attention_dropout():
+    paper = sa_conv.get_config("sa_quadratic")  # attention dropout 0.1: dense path in training
+    assert flops.training_flops(paper) == 3 * flops.forward_flops(paper, fast=False)
+    no_drop = paper.replace(attention_dropout=0.0)
+    assert flops.training_flops(no_drop) == 3 * flops.forward_flops(no_drop, fast=True)
+    assert flops.training_flops(no_drop) < flops.training_flops(paper)
