@@ -18,7 +18,9 @@ def attention_layer_flops(config: ModelConfig, fast: bool) -> dict:
     if config.encoding == "learned_content":
         parts["query_key"] = 2 * (2 * n * d * h * d)
         parts["logits"] = 2 * h * n * n * d + 2 * h * n * (g + g) * (d // 2)
-    if fast and config.fast_position_attention and config.encoding in ("quadratic", "learned"):
+    pays = config.fast_position_attention is True or (
+        config.fast_position_attention == "auto" and n >= 16 * (g + g))
+    if fast and pays and config.encoding in ("quadratic", "learned"):
         parts["aggregation"] = 2 * h * n * (g + g) * d  # two 1-D passes
     else:
         parts["aggregation"] = 2 * h * n * n * d

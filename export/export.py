@@ -189,19 +189,6 @@ def export_tflite(saved_model_dir: str, target: str, images: np.ndarray, expecte
     return _verify("The TFLite model", expected, got, 1e-4)
 
 
-def export_onnx(model: keras.Model, target: str, images: np.ndarray, expected: np.ndarray) -> float:
-    try:
-        import onnxruntime
-        import tf2onnx
-    except ImportError:
-        raise ExportError("--formats=onnx needs tf2onnx and onnxruntime: .venv/bin/pip install tf2onnx onnxruntime") from None
-    spec = (tf.TensorSpec((None, *images.shape[1:]), tf.uint8, name="images"),)
-    tf2onnx.convert.from_keras(model, input_signature=spec, output_path=target)
-    session = onnxruntime.InferenceSession(target)
-    logits = session.run(None, {session.get_inputs()[0].name: images})[0]
-    return _verify("The ONNX model", expected, tf.nn.softmax(logits).numpy(), 1e-4)
-
-
 # ------------------------------------------------------------------------------ export
 
 
@@ -218,6 +205,12 @@ def export(
 ) -> str:
     """Exports a trained model; returns the version directory. Flag-free, see the module doc."""
     formats = tuple(formats)
+    if "onnx" in formats:
+        raise ExportError(
+            "--formats=onnx is not supported: tf2onnx 1.17 turns the exact GELU of the attention "
+            "models into an ONNX 'Erfc' node that ONNX Runtime 1.32 rejects (measured with TF 2.21). "
+            "Use --formats=saved_model,tflite."
+        )
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or "saved_model" not in formats:
         raise ExportError(f"--formats must include saved_model and be among {FORMATS}, got {list(formats)}.")
@@ -249,8 +242,6 @@ def export(
         os.makedirs(extra, exist_ok=True)
         if "tflite" in formats:
             checks["tflite"] = export_tflite(tmp, os.path.join(extra, "model.tflite"), images, expected)
-        if "onnx" in formats:
-            checks["onnx"] = export_onnx(model, os.path.join(extra, "model.onnx"), images, expected)
         metadata = {
             "model_name": model_name,
             "version": version,

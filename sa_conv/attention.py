@@ -33,14 +33,16 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     ``(heads, H*W, H*W)`` are computed once per call and shared by the batch. Attention dropout
     (training only) draws an independent mask for every example.
 
-    **Fast exact path** (``fast_position_attention=True``, the default). For ``"quadratic"``
+    **Fast exact path** (``fast_position_attention``: ``"auto"``, the default, True or False). For ``"quadratic"``
     and ``"learned"`` the logit is a row term plus a column term, ``s(q, k) = r(qi, ki) +
     c(qj, kj)``, so the softmax over all keys factorizes exactly:
     ``P(q, k) = softmax_ki(r(qi, .))[ki] * softmax_kj(c(qj, .))[kj]`` (each 1-D softmax subtracts
     its own maximum, so large spreads do not underflow). The aggregation is then two 1-D passes,
     over key rows and then key columns, ``O(N (H + W) D)`` per head instead of ``O(N^2 D)``,
-    with no truncation. It runs when the encoding separates and no attention dropout is active;
-    otherwise (``"quadratic_full"``, ``"learned_content"``, or attention dropout in training)
+    with no truncation. It runs when the encoding separates, no attention dropout is active and
+    (for ``"auto"``) the grid is large enough to pay: ``H * W >= 16 * (H + W)`` (32x32 and up).
+    Measured here (2-core CPU, XLA, paper sizes): 1.6x faster training at 32x32, but no faster at
+    16x16, where the heads' ``(batch, N, heads, D)`` tensors and the value map dominate. Otherwise (``"quadratic_full"``, ``"learned_content"``, or attention dropout in training)
     the dense ``(heads, N, N)`` path runs. Both give the same output to float32 rounding.
 
     Args:
@@ -79,7 +81,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         bias_initializer="zeros",
         initializer_range=0.02,
         seed=None,
-        fast_position_attention=True,
+        fast_position_attention="auto",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -103,7 +105,9 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.initializer_range = float(initializer_range)
         self.seed = seed
-        self.fast_position_attention = bool(fast_position_attention)
+        if fast_position_attention not in ("auto", True, False):
+            raise ValueError(f"fast_position_attention must be 'auto', True or False, got {fast_position_attention!r}.")
+        self.fast_position_attention = fast_position_attention
         self.dropout = keras.layers.Dropout(self.attention_dropout, seed=seed, name="attention_dropout")
 
     @property
@@ -183,10 +187,15 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         """Softmax over keys of `attention_logits`, float32."""
         return ops.softmax(self.attention_logits(inputs), axis=-1)
 
-    def uses_fast_path(self, training=False):
-        """Whether a call with this ``training`` flag runs the separable path."""
+    def uses_fast_path(self, training=False, grid=None):
+        """Whether a call with this ``training`` flag on a ``grid`` ``(H, W)`` runs the separable
+        path (``grid`` matters only for ``"auto"``; None: assume it pays)."""
+        if self.fast_position_attention == "auto" and grid is not None:
+            height, width = grid
+            if height * width < 16 * (height + width):
+                return False
         return (
-            self.fast_position_attention
+            bool(self.fast_position_attention)
             and self.position_only
             and getattr(self.position_encoding, "separable", False)
             and not (training and self.attention_dropout > 0)
@@ -204,7 +213,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     def call(self, inputs, training=None, return_attention_scores=False):
         height, width = self._check_grid(inputs)
         n = height * width
-        if self.uses_fast_path(training):
+        if self.uses_fast_path(training, (height, width)):
             mixed = ops.reshape(self._separable_mix(inputs), (-1, height, width, self.num_heads * self.input_dim))
             outputs = self.value_dense(mixed)
             if not return_attention_scores:

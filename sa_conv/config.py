@@ -29,8 +29,9 @@ class ModelConfig:
       position_embedding_dim: embedding size of ``"learned"``; None = hidden_size.
       initializer_range: std of the normal initialization of dense kernels and embeddings.
       center_init_std, spread_init_std: initialization of the quadratic encodings.
-      fast_position_attention: the exact separable attention path for quadratic (isotropic) and
-        learned encodings (see `MultiHeadSelfAttention2D`); False forces the dense path.
+      fast_position_attention: when to use the exact separable attention path of quadratic
+        (isotropic) and learned encodings: "auto" (grids of 32x32 and up, where it pays), True
+        or False (see `MultiHeadSelfAttention2D`).
       image_size: side of the square input images.
       num_classes: classifier outputs.
     """
@@ -50,7 +51,7 @@ class ModelConfig:
     initializer_range: float = 0.02
     center_init_std: float = 2.0
     spread_init_std: float = 0.01
-    fast_position_attention: bool = True
+    fast_position_attention: object = "auto"
     image_size: int = 32
     num_classes: int = 10
 
@@ -76,6 +77,10 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+        if self.fast_position_attention not in ("auto", True, False):
+            raise ValueError(
+                f"fast_position_attention must be 'auto', True or False, got {self.fast_position_attention!r}."
+            )
         if self.architecture != "attention":
             return
         if self.image_size % self.pooling_width:

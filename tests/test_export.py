@@ -186,6 +186,7 @@ def test_tflite_format_is_verified(real_images, tmp_path):
         (dict(model_path="/nonexistent.keras"), "does not exist"),
         (dict(model_dir="/tmp"), "no model.keras"),
         (dict(model_path="x.keras", formats=["pb"]), "--formats"),
+        (dict(model_path="x.keras", formats=["saved_model", "onnx"]), "Erfc"),
     ],
 )
 def test_export_errors(kwargs, message):

@@ -13,7 +13,8 @@ RNG = np.random.default_rng(0)
 
 
 def _pair(encoding, heads, grid, d=5, out=6, **kwargs):
-    fast = MultiHeadSelfAttention2D(heads, output_dim=out, encoding=encoding, max_grid_size=max(grid), seed=3, **kwargs)
+    fast = MultiHeadSelfAttention2D(heads, output_dim=out, encoding=encoding, max_grid_size=max(grid), seed=3,
+                                    fast_position_attention=True, **kwargs)
     dense = MultiHeadSelfAttention2D.from_config({**fast.get_config(), "fast_position_attention": False})
     shape = (None, *grid, d)
     fast.build(shape)
@@ -26,7 +27,7 @@ def _pair(encoding, heads, grid, d=5, out=6, **kwargs):
 @pytest.mark.parametrize("encoding", ["quadratic", "learned"])
 def test_fast_equals_dense(encoding, grid):
     fast, dense = _pair(encoding, 9, grid)
-    assert fast.uses_fast_path() and not dense.uses_fast_path()
+    assert fast.uses_fast_path(grid=grid) and not dense.uses_fast_path(grid=grid)
     if encoding == "learned":  # larger embeddings than the default init, for varied attention
         for w in fast.position_encoding.weights:
             w.assign(RNG.normal(size=w.shape).astype(np.float32))
@@ -62,7 +63,12 @@ def test_gradients_agree():
 
 
 def test_path_selection():
-    layer = MultiHeadSelfAttention2D(4, encoding="quadratic", attention_dropout=0.1)
+    auto = MultiHeadSelfAttention2D(4, encoding="quadratic")
+    auto.build((None, 4, 4, 3))
+    assert not auto.uses_fast_path(grid=(16, 16)) and auto.uses_fast_path(grid=(32, 32))
+    with pytest.raises(ValueError, match="'auto', True or False"):
+        MultiHeadSelfAttention2D(4, fast_position_attention="yes")
+    layer = MultiHeadSelfAttention2D(4, encoding="quadratic", attention_dropout=0.1, fast_position_attention=True)
     layer.build((None, 4, 4, 3))
     assert layer.uses_fast_path(training=False) and not layer.uses_fast_path(training=True)
     for encoding in ("quadratic_full", "learned_content"):
@@ -74,7 +80,7 @@ def test_path_selection():
 def test_fast_path_under_mixed_precision():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
-        layer = MultiHeadSelfAttention2D(4, encoding="learned", max_grid_size=8)
+        layer = MultiHeadSelfAttention2D(4, encoding="learned", max_grid_size=8, fast_position_attention=True)
         x = RNG.normal(size=(2, 8, 8, 4)).astype(np.float32)
         out, probs = layer(x, return_attention_scores=True)
         assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
@@ -84,7 +90,7 @@ def test_fast_path_under_mixed_precision():
 
 
 def test_models_with_and_without_fast_path_agree():
-    fast = sa_conv.build_model("sa_learned_small", num_layers=2)
+    fast = sa_conv.build_model("sa_learned_small", num_layers=2, fast_position_attention=True)
     dense = sa_conv.build_model("sa_learned_small", num_layers=2, fast_position_attention=False)
     dense.set_weights(fast.get_weights())
     images = RNG.integers(0, 256, size=(4, 32, 32, 3), dtype=np.uint8)

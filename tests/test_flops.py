@@ -15,7 +15,8 @@ def test_attention_parts_by_hand():
     config = sa_conv.get_config("sa_quadratic")  # 16x16 grid, 9 heads, D = 400, MLP 512
     n, h, d = 256, 9, 400
     dense = flops.attention_layer_flops(config, fast=False)
-    fast = flops.attention_layer_flops(config, fast=True)
+    assert flops.attention_layer_flops(config, fast=True) == dense  # "auto": dense at 16x16
+    fast = flops.attention_layer_flops(config.replace(fast_position_attention=True), fast=True)
     assert dense["aggregation"] == 2 * h * n * n * d
     assert fast["aggregation"] == 2 * h * n * 32 * d  # N (H + W) D per head: 8x fewer at 16x16
     assert dense["value_merge"] == 2 * n * h * d * d
@@ -27,6 +28,6 @@ def test_attention_parts_by_hand():
 def test_training_path_follows_attention_dropout():
     paper = sa_conv.get_config("sa_quadratic")  # attention dropout 0.1: dense path in training
     assert flops.training_flops(paper) == 3 * flops.forward_flops(paper, fast=False)
-    no_drop = paper.replace(attention_dropout=0.0)
+    no_drop = paper.replace(attention_dropout=0.0, fast_position_attention=True)
     assert flops.training_flops(no_drop) == 3 * flops.forward_flops(no_drop, fast=True)
     assert flops.training_flops(no_drop) < flops.training_flops(paper)
