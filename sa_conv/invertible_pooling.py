@@ -11,20 +11,8 @@ import keras
 from keras import ops
 
 
-def _check_input(shape, width, name):
-    if len(shape) != 4:
-        raise ValueError(
-            f"{name} expects (batch, height, width, channels), got an input of rank {len(shape)}."
-        )
-
-
-@keras.saving.register_keras_serializable(package="sa_conv")
-class InvertiblePooling(keras.layers.Layer):
-    """Space-to-depth of block width ``w``.
-
-    Input shape: ``(batch, H, W, C)``, H and W divisible by ``w``.
-    Output shape: ``(batch, H / w, W / w, C * w * w)``.
-    """
+class _BlockLayer(keras.layers.Layer):
+    """What both directions share: the block width ``w`` and the rank check."""
 
     def __init__(self, width=2, **kwargs):
         super().__init__(**kwargs)
@@ -33,7 +21,26 @@ class InvertiblePooling(keras.layers.Layer):
         self.width = int(width)
 
     def build(self, input_shape):
-        _check_input(input_shape, self.width, type(self).__name__)
+        if len(input_shape) != 4:
+            raise ValueError(
+                f"{type(self).__name__} expects (batch, height, width, channels), got an input of "
+                f"rank {len(input_shape)}."
+            )
+
+    def get_config(self):
+        return {**super().get_config(), "width": self.width}
+
+
+@keras.saving.register_keras_serializable(package="sa_conv")
+class InvertiblePooling(_BlockLayer):
+    """Space-to-depth of block width ``w``.
+
+    Input shape: ``(batch, H, W, C)``, H and W divisible by ``w``.
+    Output shape: ``(batch, H / w, W / w, C * w * w)``.
+    """
+
+    def build(self, input_shape):
+        super().build(input_shape)
         for axis, size in (("height", input_shape[1]), ("width", input_shape[2])):
             if size is not None and size % self.width:
                 raise ValueError(
@@ -53,25 +60,16 @@ class InvertiblePooling(keras.layers.Layer):
         w = self.width
         return (b, None if h is None else h // w, None if wd is None else wd // w, c * w * w)
 
-    def get_config(self):
-        return {**super().get_config(), "width": self.width}
-
 
 @keras.saving.register_keras_serializable(package="sa_conv")
-class InvertibleUnpooling(keras.layers.Layer):
+class InvertibleUnpooling(_BlockLayer):
     """Depth-to-space, the exact inverse of `InvertiblePooling` with the same ``width``.
 
     Input shape: ``(batch, H, W, C * w * w)``; output shape: ``(batch, H * w, W * w, C)``.
     """
 
-    def __init__(self, width=2, **kwargs):
-        super().__init__(**kwargs)
-        if int(width) < 1:
-            raise ValueError(f"width must be a positive integer, got {width}.")
-        self.width = int(width)
-
     def build(self, input_shape):
-        _check_input(input_shape, self.width, type(self).__name__)
+        super().build(input_shape)
         if input_shape[-1] % (self.width**2):
             raise ValueError(
                 f"InvertibleUnpooling(width={self.width}): {input_shape[-1]} channels are not "
@@ -90,6 +88,3 @@ class InvertibleUnpooling(keras.layers.Layer):
         b, h, wd, c = input_shape
         w = self.width
         return (b, None if h is None else h * w, None if wd is None else wd * w, c // (w * w))
-
-    def get_config(self):
-        return {**super().get_config(), "width": self.width}
