@@ -92,15 +92,6 @@ def next_version(model_root: str) -> int:
 # ------------------------------------------------------------------------------ signatures
 
 
-def _grid(model: keras.Model) -> tuple[int, int] | None:
-    """The attention grid (rows, cols) of an attention model, None for other models."""
-    if not sa_conv.attention_blocks(model):
-        return None
-    inputs = model.inputs[0].shape
-    width = next((l.width for l in model.layers if isinstance(l, sa_conv.InvertiblePooling)), 1)
-    return inputs[1] // width, inputs[2] // width
-
-
 def build_archive(model: keras.Model, class_names) -> keras.export.ExportArchive:
     """An ExportArchive with the signatures described in the module docstring."""
     height, width, channels = model.inputs[0].shape[1:]
@@ -134,9 +125,8 @@ def build_archive(model: keras.Model, class_names) -> keras.export.ExportArchive
     archive.add_endpoint(
         "predict_encoded", predict_encoded, input_signature=[tf.TensorSpec((None,), tf.string, name="image_bytes")]
     )
-    grid = _grid(model)
-    if grid is not None:
-        gh, gw = grid
+    if sa_conv.attention_blocks(model):
+        (gh, gw), _ = sa_conv.attention_grid(model)
 
         def attention_maps(images, query_pixel):
             tf.debugging.assert_positive(tf.shape(images)[0], message="empty batch: send at least one image")

@@ -4,7 +4,7 @@ from sa_conv.attention import ENCODINGS, MultiHeadSelfAttention2D
 from sa_conv.conversion import AttentionConv2D, attention_to_conv, conv_to_attention, convert_model
 from sa_conv.config import PRESETS, ModelConfig, get_config, preset_names
 from sa_conv.invertible_pooling import InvertiblePooling, InvertibleUnpooling
-from sa_conv.models import attention_blocks, attention_probabilities, build_attention_classifier, build_model
+from sa_conv.models import attention_blocks, attention_grid, attention_probabilities, build_attention_classifier, build_model
 from sa_conv.positional_encoding import LearnedContentEncoding, LearnedRelativeEncoding, QuadraticEncoding
 from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
@@ -16,7 +16,7 @@ __all__ = [
     "AttentionConv2D", "attention_to_conv", "conv_to_attention", "convert_model",
     "CIFAR10_MEAN", "CIFAR10_STD", "ENCODINGS", "InvertiblePooling", "InvertibleUnpooling",
     "LearnedContentEncoding", "LearnedRelativeEncoding", "ModelConfig", "MultiHeadSelfAttention2D",
-    "PRESETS", "PixelNormalization", "QuadraticEncoding", "TransformerBlock", "attention_blocks",
+    "PRESETS", "PixelNormalization", "QuadraticEncoding", "TransformerBlock", "attention_blocks", "attention_grid",
     "attention_probabilities", "build_attention_classifier", "build_model", "build_resnet",
     "get_config", "preset_names",
 ]

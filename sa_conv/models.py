@@ -71,6 +71,15 @@ def attention_blocks(model: keras.Model) -> list[TransformerBlock]:
     return [layer for layer in model.layers if isinstance(layer, TransformerBlock)]
 
 
+def attention_grid(model: keras.Model) -> tuple[tuple[int, int], int]:
+    """``((H, W), w)``: the model's attention grid and the invertible-pooling width before it."""
+    if not attention_blocks(model):
+        raise ValueError(f"Model {model.name!r} has no attention layers.")
+    width = next((layer.width for layer in model.layers if isinstance(layer, InvertiblePooling)), 1)
+    _, height, image_width, _ = model.inputs[0].shape
+    return (height // width, image_width // width), width
+
+
 def attention_probabilities(model: keras.Model, images) -> list:
     """Attention probabilities of every block for ``images``: a list (one per layer) of
     ``(batch, heads, N, N)`` float32, N = grid pixels, row-major. Inference mode."""

@@ -29,20 +29,10 @@ import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
 
 from sa_conv import inspection  # noqa: E402
-from sa_conv.invertible_pooling import InvertiblePooling  # noqa: E402
-from sa_conv.models import attention_blocks, attention_probabilities  # noqa: E402
+from sa_conv.models import attention_blocks, attention_grid, attention_probabilities  # noqa: E402
 
 CELL_INCHES = 1.6
 DPI = 80
-
-
-def attention_grid(model):
-    """``(H, W)`` of the model's attention grid and the pooling width before it."""
-    if not attention_blocks(model):
-        raise ValueError(f"Model {model.name!r} has no attention layers to show.")
-    width = next((layer.width for layer in model.layers if isinstance(layer, InvertiblePooling)), 1)
-    _, height, image_width, _ = model.inputs[0].shape
-    return (height // width, image_width // width), width
 
 
 def model_attention(model, images):
