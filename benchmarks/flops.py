@@ -7,6 +7,7 @@ update are not. Training = 3 x forward (backward ~ 2 x forward).
 
 from __future__ import annotations
 
+from sa_conv.attention import separable_pays
 from sa_conv.config import ModelConfig
 
 
@@ -19,7 +20,7 @@ def attention_layer_flops(config: ModelConfig, fast: bool) -> dict:
         parts["query_key"] = 2 * (2 * n * d * h * d)
         parts["logits"] = 2 * h * n * n * d + 2 * h * n * (g + g) * (d // 2)
     pays = config.fast_position_attention is True or (
-        config.fast_position_attention == "auto" and n >= 16 * (g + g))
+        config.fast_position_attention == "auto" and separable_pays(g, g))
     if fast and pays and config.encoding in ("quadratic", "learned"):
         parts["aggregation"] = 2 * h * n * (g + g) * d  # two 1-D passes
     else:

@@ -30,7 +30,7 @@ class ModelConfig:
       initializer_range: std of the normal initialization of dense kernels and embeddings.
       center_init_std, spread_init_std: initialization of the quadratic encodings.
       fast_position_attention: when to use the exact separable attention path of quadratic
-        (isotropic) and learned encodings: "auto" (grids of 32x32 and up, where it pays), True
+        (isotropic) and learned encodings: "auto" (grids of 8x8 and up, where it pays), True
         or False (see `MultiHeadSelfAttention2D`).
       image_size: side of the square input images.
       num_classes: classifier outputs.

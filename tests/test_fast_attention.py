@@ -65,7 +65,8 @@ def test_gradients_agree():
 def test_path_selection():
     auto = MultiHeadSelfAttention2D(4, encoding="quadratic")
     auto.build((None, 4, 4, 3))
-    assert not auto.uses_fast_path(grid=(16, 16)) and auto.uses_fast_path(grid=(32, 32))
+    assert not auto.uses_fast_path(grid=(4, 4)) and not auto.uses_fast_path(grid=(4, 32))
+    assert auto.uses_fast_path(grid=(8, 8)) and auto.uses_fast_path(grid=(16, 16)) and auto.uses_fast_path(grid=(32, 32))
     with pytest.raises(ValueError, match="'auto', True or False"):
         MultiHeadSelfAttention2D(4, fast_position_attention="yes")
     layer = MultiHeadSelfAttention2D(4, encoding="quadratic", attention_dropout=0.1, fast_position_attention=True)

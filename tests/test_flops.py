@@ -15,8 +15,9 @@ def test_attention_parts_by_hand():
     config = sa_conv.get_config("sa_quadratic")  # 16x16 grid, 9 heads, D = 400, MLP 512
     n, h, d = 256, 9, 400
     dense = flops.attention_layer_flops(config, fast=False)
-    assert flops.attention_layer_flops(config, fast=True) == dense  # "auto": dense at 16x16
-    fast = flops.attention_layer_flops(config.replace(fast_position_attention=True), fast=True)
+    fast = flops.attention_layer_flops(config, fast=True)  # "auto": separable at 16x16
+    assert flops.attention_layer_flops(config.replace(fast_position_attention=True), fast=True) == fast
+    assert flops.attention_layer_flops(config.replace(fast_position_attention=False), fast=True) == dense
     assert dense["aggregation"] == 2 * h * n * n * d
     assert fast["aggregation"] == 2 * h * n * 32 * d  # N (H + W) D per head: 8x fewer at 16x16
     assert dense["value_merge"] == 2 * n * h * d * d

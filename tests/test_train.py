@@ -148,6 +148,23 @@ def test_two_replicas_match_one_replica(tmp_path):
             assert a[key] == pytest.approx(b[key], rel=2e-3, abs=2e-3), key
 
 
+def test_xla_step_matches_the_default_step(tmp_path):
+    """--jit_compile (XLA, off by default) trains to the same loss curve as the default graph step."""
+    histories = {}
+    for jit in (False, True):
+        config = make_config(overrides=dict(
+            model="sa_quadratic_small", num_layers=1, dataset="synthetic", epochs=2, dropout=0.0,
+            global_batch_size=32, validation_size=100, strategy="one_device",
+            jit_compile=jit, model_dir=str(tmp_path / f"jit{int(jit)}"),
+        ))
+        train_lib.train(config, log=lambda s: None)
+        histories[jit] = _json(tmp_path / f"jit{int(jit)}" / "history.json")
+    assert len(histories[True]) == len(histories[False]) == 2
+    for a, b in zip(histories[False], histories[True]):
+        for key in ("train_loss", "val_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3), key
+
+
 def test_batch_not_divisible_by_replicas(tmp_path):
     proc = _cli("--dataset=synthetic", "--cpu_devices=2", "--strategy=mirrored",
                 "--global_batch_size=33", f"--model_dir={tmp_path}")

@@ -67,7 +67,12 @@ class TrainConfig:
     label_smoothing: float = _field(0.0, "Label smoothing of the cross-entropy.")
     seed: int = _field(0, "Seed of initialization, data split, shuffling and augmentation.")
     mixed_precision: str = _field("float32", "Keras dtype policy.", PRECISIONS)
-    jit_compile: bool = _field(True, "Compile the training step with XLA.")
+    jit_compile: bool = _field(
+        False,
+        "Compile the forward and backward pass with XLA. Off by default: with TF 2.21 on CPU it "
+        "measured slower for every preset (benchmarks/results/throughput.json, 'xla' cases); "
+        "try it on GPU/TPU.",
+    )
     steps_per_execution: int = _field(1, "Training steps run per tf.function call.")
     strategy: str = _field("auto", "tf.distribute strategy.", STRATEGIES)
     cpu_devices: int = _field(
