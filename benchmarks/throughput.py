@@ -4,12 +4,14 @@
     .venv/bin/python benchmarks/throughput.py --cases=sa_quadratic_small,fast_vs_dense_16 --train_steps=3
 
 Every case runs in its own process (so peak resident memory is its own) and reports: training
-images/s (forward + backward + SGD update, XLA, batch 100 unless stated), inference images/s at
+images/s (forward + backward + SGD update, batch 100 unless stated, the fastest of
+``--train_steps`` steps, without XLA unless the case says ``xla``), inference images/s at
 batch 1 and 100, peak RSS, parameters, analytic FLOPs per image (`benchmarks.flops`: a
 multiply-add is 2 FLOPs, attention aggregation included, training = 3 x forward), achieved
 GFLOP/s and its fraction of the fp32 matmul GFLOP/s measured in the same run. Ratios: the exact
 separable path against the dense path at 16x16 and 32x32 grids, Keras's MultiHeadAttention in
-the same architecture, and the exported SavedModel against the in-process Keras model.
+the same architecture, XLA against the default graph step, and the exported SavedModel against
+the in-process Keras model.
 Results go to a JSON file; nothing here is a test.
 """
 
@@ -31,17 +33,27 @@ sys.path.insert(0, ROOT)
 
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_learned_content", "resnet18"]
 SMALL = ["sa_quadratic_small", "sa_quadratic_full_small", "sa_learned_small", "sa_learned_content_small"]
-# name -> (preset, overrides, batch)
-CASES = {name: (name, {}, 100) for name in PAPER + SMALL}
+NO_ATTENTION_DROPOUT = {"attention_dropout": 0.0}
+GRID_32 = {"attention_dropout": 0.0, "pooling_width": 1, "max_grid_size": 32}
+DENSE = {"fast_position_attention": False}
+# name -> (preset, model overrides, batch, XLA). Without XLA unless stated: the trainer's default.
+CASES = {name: (name, {}, 100, False) for name in PAPER + SMALL}
 CASES.update({
     # The paper's model without attention dropout: the separable path also runs in training.
-    "sa_quadratic_noattndrop_fast": ("sa_quadratic", {"attention_dropout": 0.0}, 100),
-    "sa_quadratic_noattndrop_dense": ("sa_quadratic", {"attention_dropout": 0.0, "fast_position_attention": False}, 100),
+    "sa_quadratic_noattndrop_fast": ("sa_quadratic", NO_ATTENTION_DROPOUT, 100, False),
+    "sa_quadratic_noattndrop_dense": ("sa_quadratic", {**NO_ATTENTION_DROPOUT, **DENSE}, 100, False),
     # 32x32 grid, no pooling (N = 1024): the N^2 term dominates. Small batch: slow on 2 cores.
-    "sa_quadratic_32x32_fast": ("sa_quadratic", {"attention_dropout": 0.0, "pooling_width": 1, "max_grid_size": 32}, 4),
-    "sa_quadratic_32x32_dense": ("sa_quadratic", {"attention_dropout": 0.0, "pooling_width": 1, "max_grid_size": 32,
-                                                  "fast_position_attention": False}, 4),
-    "keras_mha_paper": ("keras_mha", {}, 100),
+    "sa_quadratic_32x32_fast": ("sa_quadratic", GRID_32, 8, False),
+    "sa_quadratic_32x32_dense": ("sa_quadratic", {**GRID_32, **DENSE}, 8, False),
+    "keras_mha_paper": ("keras_mha", {}, 100, False),
+    # The same steps compiled with XLA (--jit_compile).
+    "sa_quadratic_xla": ("sa_quadratic", {}, 100, True),
+    "resnet18_xla": ("resnet18", {}, 100, True),
+    "sa_quadratic_small_xla": ("sa_quadratic_small", {}, 100, True),
+    "sa_quadratic_noattndrop_fast_xla": ("sa_quadratic", NO_ATTENTION_DROPOUT, 100, True),
+    "sa_quadratic_noattndrop_dense_xla": ("sa_quadratic", {**NO_ATTENTION_DROPOUT, **DENSE}, 100, True),
+    "sa_quadratic_32x32_fast_xla": ("sa_quadratic", GRID_32, 8, True),
+    "sa_quadratic_32x32_dense_xla": ("sa_quadratic", {**GRID_32, **DENSE}, 8, True),
 })
 GROUPS = {
     "paper": PAPER,
@@ -49,7 +61,20 @@ GROUPS = {
     "fast_vs_dense_16": ["sa_quadratic_noattndrop_fast", "sa_quadratic_noattndrop_dense"],
     "fast_vs_dense_32": ["sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense"],
     "baseline": ["keras_mha_paper", "sa_quadratic"],
+    "xla": ["sa_quadratic_xla", "resnet18_xla", "sa_quadratic_small_xla", "sa_quadratic_noattndrop_fast_xla",
+            "sa_quadratic_noattndrop_dense_xla", "sa_quadratic_32x32_fast_xla", "sa_quadratic_32x32_dense_xla"],
 }
+# (label, numerator case, denominator case): ratios of training images/s in the same run.
+RATIOS = [
+    ("fast_over_dense_train_16x16", "sa_quadratic_noattndrop_fast", "sa_quadratic_noattndrop_dense"),
+    ("fast_over_dense_train_32x32", "sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense"),
+    ("fast_over_dense_train_16x16_both_xla", "sa_quadratic_noattndrop_fast_xla", "sa_quadratic_noattndrop_dense_xla"),
+    ("fast_over_dense_train_32x32_both_xla", "sa_quadratic_32x32_fast_xla", "sa_quadratic_32x32_dense_xla"),
+    ("sa_quadratic_over_keras_mha_train", "sa_quadratic", "keras_mha_paper"),
+    ("sa_quadratic_xla_over_default_train", "sa_quadratic_xla", "sa_quadratic"),
+    ("resnet18_xla_over_default_train", "resnet18_xla", "resnet18"),
+    ("sa_quadratic_small_xla_over_default_train", "sa_quadratic_small_xla", "sa_quadratic_small"),
+]
 
 
 def matmul_gflops(size=2048, repeats=10):
@@ -98,11 +123,16 @@ def keras_mha_flops(config):
 
 
 def _time(fn, steps):
+    """Seconds per call: the fastest of ``steps`` calls after a warm-up (other load on a shared
+    machine only ever adds time), and the median."""
     fn()  # compile / warm up
-    start = time.perf_counter()
+    times = []
     for _ in range(steps):
+        start = time.perf_counter()
         fn()
-    return (time.perf_counter() - start) / steps
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[0], times[len(times) // 2]
 
 
 def measure(case: str, train_steps: int, infer_steps: int) -> dict:
@@ -114,7 +144,7 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
     import sa_conv
     from benchmarks import flops
 
-    preset, overrides, batch = CASES[case]
+    preset, overrides, batch, jit = CASES[case]
     if preset == "keras_mha":
         config = sa_conv.get_config("sa_quadratic")
         model = build_keras_mha_classifier(config)
@@ -126,22 +156,23 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
         fwd = flops.forward_flops(config, fast=True)
         train_fwd = flops.training_flops(config) // 3
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(batch, 32, 32, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, size=batch)
-    train_seconds = _time(lambda: model.train_on_batch(images, labels), train_steps)
-    infer = tf.function(lambda x: model(x, training=False), jit_compile=True)
+    train_seconds, train_median = _time(lambda: model.train_on_batch(images, labels), train_steps)
+    infer = tf.function(lambda x: model(x, training=False), jit_compile=jit)
     infer_results = {}
     for b in (1, 100):
         x = tf.constant(rng.integers(0, 256, size=(b, 32, 32, 3), dtype=np.uint8))
-        seconds = _time(lambda: infer(x).numpy(), infer_steps)
+        seconds, _ = _time(lambda: infer(x).numpy(), infer_steps)
         infer_results[f"inference_images_per_second_batch{b}"] = b / seconds
     train_ips = batch / train_seconds
     return {
-        "case": case, "preset": preset, "overrides": overrides, "train_batch": batch,
+        "case": case, "preset": preset, "overrides": overrides, "train_batch": batch, "xla": jit,
         "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
         "train_images_per_second": train_ips,
+        "train_images_per_second_median": batch / train_median,
         **infer_results,
         "forward_gflops_per_image": fwd / 1e9,
         "train_gflops_per_image": 3 * train_fwd / 1e9,
@@ -166,8 +197,8 @@ def measure_export(steps: int) -> dict:
         served = tf.saved_model.load(version).signatures["serving_default"]
         x = tf.constant(np.random.default_rng(0).integers(0, 256, size=(100, 32, 32, 3), dtype=np.uint8))
         keras_fn = tf.function(lambda images: tf.nn.softmax(model(images, training=False)))
-        keras_seconds = _time(lambda: keras_fn(x).numpy(), steps)
-        served_seconds = _time(lambda: served(images=x)["probabilities"].numpy(), steps)
+        keras_seconds, _ = _time(lambda: keras_fn(x).numpy(), steps)
+        served_seconds, _ = _time(lambda: served(images=x)["probabilities"].numpy(), steps)
     return {"case": "export_vs_keras", "batch": 100, "keras_images_per_second": 100 / keras_seconds,
             "saved_model_images_per_second": 100 / served_seconds,
             "saved_model_over_keras": keras_seconds / served_seconds}
@@ -175,9 +206,9 @@ def measure_export(steps: int) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="small,paper,fast_vs_dense_16,fast_vs_dense_32,baseline,export",
+    parser.add_argument("--cases", default="small,paper,fast_vs_dense_16,fast_vs_dense_32,baseline,xla,export",
                         help=f"Comma-separated cases or groups: {', '.join(list(GROUPS) + ['export'] + list(CASES))}.")
-    parser.add_argument("--train_steps", type=int, default=2)
+    parser.add_argument("--train_steps", type=int, default=3)
     parser.add_argument("--infer_steps", type=int, default=5)
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "throughput.json"))
     parser.add_argument("--_single", help=argparse.SUPPRESS)
@@ -215,13 +246,10 @@ def main():
         print(json.dumps(result), flush=True)
     by_case = {r["case"]: r for r in results if "error" not in r}
     ratios = {}
-    for label, fast, dense in (("fast_over_dense_train_16x16", "sa_quadratic_noattndrop_fast", "sa_quadratic_noattndrop_dense"),
-                               ("fast_over_dense_train_32x32", "sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense")):
-        if fast in by_case and dense in by_case:
-            ratios[label] = by_case[fast]["train_images_per_second"] / by_case[dense]["train_images_per_second"]
-    if "keras_mha_paper" in by_case and "sa_quadratic" in by_case:
-        ratios["sa_quadratic_over_keras_mha_train"] = (
-            by_case["sa_quadratic"]["train_images_per_second"] / by_case["keras_mha_paper"]["train_images_per_second"])
+    for label, numerator, denominator in RATIOS:
+        if numerator in by_case and denominator in by_case:
+            ratios[label] = (by_case[numerator]["train_images_per_second"]
+                             / by_case[denominator]["train_images_per_second"])
     if "export_vs_keras" in by_case:
         ratios["saved_model_over_keras_inference"] = by_case["export_vs_keras"]["saved_model_over_keras"]
     report = {
