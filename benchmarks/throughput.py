@@ -5,7 +5,7 @@
 
 Every case runs in its own process (so peak resident memory is its own) and reports: training
 images/s (forward + backward + SGD update, batch 100 unless stated, the fastest of
-``--train_steps`` steps, without XLA unless the case says ``xla``), inference images/s at
+``--train_steps`` steps, XLA as the trainer's default or as the case says), inference images/s at
 batch 1 and 100, peak RSS, parameters, analytic FLOPs per image (`benchmarks.flops`: a
 multiply-add is 2 FLOPs, attention aggregation included, training = 3 x forward), achieved
 GFLOP/s and its fraction of the fp32 matmul GFLOP/s measured in the same run. Ratios: the exact
@@ -36,8 +36,8 @@ SMALL = ["sa_quadratic_small", "sa_quadratic_full_small", "sa_learned_small", "s
 NO_ATTENTION_DROPOUT = {"attention_dropout": 0.0}
 GRID_32 = {"attention_dropout": 0.0, "pooling_width": 1, "max_grid_size": 32}
 DENSE = {"fast_position_attention": False}
-# name -> (preset, model overrides, batch, XLA). Without XLA unless stated: the trainer's default.
-CASES = {name: (name, {}, 100, False) for name in PAPER + SMALL}
+# name -> (preset, model overrides, batch, XLA); XLA None: the trainer's default for the model.
+CASES = {name: (name, {}, 100, None) for name in PAPER + SMALL}
 CASES.update({
     # The paper's model without attention dropout: the separable path also runs in training.
     "sa_quadratic_noattndrop_fast": ("sa_quadratic", NO_ATTENTION_DROPOUT, 100, False),
@@ -143,6 +143,7 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
 
     import sa_conv
     from benchmarks import flops
+    from trainers.config import default_jit_compile
 
     preset, overrides, batch, jit = CASES[case]
     if preset == "keras_mha":
@@ -153,6 +154,8 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
     else:
         config = sa_conv.get_config(preset, **overrides)
         model = sa_conv.build_model(config)
+        if jit is None:
+            jit = default_jit_compile(config)
         fwd = flops.forward_flops(config, fast=True)
         train_fwd = flops.training_flops(config) // 3
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),

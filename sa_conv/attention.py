@@ -186,16 +186,13 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             return self.position_encoding.logits(height, width)
         heads, d = self.num_heads, self.input_dim
         n = height * width
-        q = ops.reshape(self.query_dense(inputs), (-1, height, width, heads, d))
+        q = ops.reshape(self.query_dense(inputs), (-1, n, heads, d))
         k = ops.reshape(self.key_dense(inputs), (-1, n, heads, d))
-        # (q.k + q.r) / sqrt(d), summed in the (query row, query col, key row, key col) layout so
-        # that the only (batch, heads, N, N) tensors are the content term and the sums.
-        scale = 1.0 / math.sqrt(d)
-        content = ops.einsum("bqhd,bkhd->bhqk", ops.reshape(q, (-1, n, heads, d)), k)
-        content = ops.reshape(ops.cast(content, "float32"), (-1, heads, height, width, height, width))
-        row, col = self.position_encoding.factor_logits(q)
-        logits = content * scale + (row * scale)[..., :, None] + (col * scale)[..., None, :]
-        return ops.reshape(logits, (-1, heads, n, n))
+        q = ops.transpose(q, (0, 2, 1, 3))  # (b, heads, n, d)
+        k = ops.transpose(k, (0, 2, 1, 3))
+        content = ops.cast(ops.einsum("bhqd,bhkd->bhqk", q, k), "float32")
+        relative = self.position_encoding.logits(ops.reshape(q, (-1, heads, height, width, d)))
+        return (content + relative) / math.sqrt(d)
 
     def attention_probabilities(self, inputs):
         """Softmax over keys of `attention_logits`, float32."""

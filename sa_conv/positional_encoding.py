@@ -248,28 +248,17 @@ class LearnedContentEncoding(_Encoding):
         self.row_embeddings = self.add_weight(name="row_embeddings", shape=(n, e), initializer=init, autocast=False)
         self.col_embeddings = self.add_weight(name="col_embeddings", shape=(n, e), initializer=init, autocast=False)
 
-    def factor_logits(self, queries):
-        """The row and column parts of ``q . r_delta`` for queries ``(batch, H, W, heads, d)``:
-        ``row (batch, heads, Hq, Wq, Hk)`` and ``col (batch, heads, Hq, Wq, Wk)``, with
-        ``q . r_delta = row[..., ki] + col[..., kj]``."""
-        _, height, width, _, d = queries.shape
+    def logits(self, queries):
+        """``q . r_delta`` of shape ``(batch, heads, H*W, H*W)`` for queries
+        ``(batch, heads, H, W, d)``."""
+        _, heads, height, width, d = queries.shape
         _check_grid(height, width, self.max_grid_size, type(self).__name__)
-        p = self.max_grid_size
+        p, half = self.max_grid_size, d // 2
         queries = ops.cast(queries, "float32")
         r_row = ops.take(self.row_embeddings, relative_indices(height, p), axis=0)  # (Hq, Hk, d/2)
         r_col = ops.take(self.col_embeddings, relative_indices(width, p), axis=0)  # (Wq, Wk, d/2)
-        # Zero-padded to d (row half first), so that the queries are not sliced into copies.
-        r_row = ops.concatenate([r_row, ops.zeros_like(r_row)], axis=-1)
-        r_col = ops.concatenate([ops.zeros_like(r_col), r_col], axis=-1)
-        row = ops.einsum("bijhd,ikd->bhijk", queries, r_row)
-        col = ops.einsum("bijhd,jld->bhijl", queries, r_col)
-        return row, col
-
-    def logits(self, queries):
-        """``q . r_delta`` of shape ``(batch, heads, H*W, H*W)`` for queries
-        ``(batch, H, W, heads, d)``."""
-        _, height, width, heads, _ = queries.shape
-        row, col = self.factor_logits(queries)
+        row = ops.einsum("bhijd,ikd->bhijk", queries[..., :half], r_row)
+        col = ops.einsum("bhijd,jld->bhijl", queries[..., half:], r_col)
         scores = row[..., :, None] + col[..., None, :]  # (b, heads, Hq, Wq, Hk, Wk)
         n = height * width
         return ops.reshape(scores, (-1, heads, n, n))

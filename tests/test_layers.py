@@ -160,11 +160,11 @@ def test_learned_content_relative_term():
     enc.build()
     row, col = _np(enc.row_embeddings), _np(enc.col_embeddings)
     height, width = 3, 5
-    q = RNG.normal(size=(2, height, width, heads, d)).astype(np.float32)
+    q = RNG.normal(size=(2, heads, height, width, d)).astype(np.float32)
     scores = _np(enc.logits(q))
     assert scores.shape == (2, heads, 15, 15)
     for b, h, qi, qj, ki, kj in [(0, 0, 0, 0, 2, 4), (1, 1, 2, 3, 0, 1), (1, 0, 1, 2, 1, 2)]:
-        qv = q[b, qi, qj, h]
+        qv = q[b, h, qi, qj]
         expected = qv[:3] @ row[ki - qi + p - 1] + qv[3:] @ col[kj - qj + p - 1]
         np.testing.assert_allclose(scores[b, h, qi * width + qj, ki * width + kj], expected, rtol=1e-5, atol=1e-6)
 

@@ -67,11 +67,12 @@ class TrainConfig:
     label_smoothing: float = _field(0.0, "Label smoothing of the cross-entropy.")
     seed: int = _field(0, "Seed of initialization, data split, shuffling and augmentation.")
     mixed_precision: str = _field("float32", "Keras dtype policy.", PRECISIONS)
-    jit_compile: bool = _field(
-        False,
-        "Compile the forward and backward pass with XLA. Off by default: with TF 2.21 on CPU it "
-        "measured slower for every preset (benchmarks/results/throughput.json, 'xla' cases); "
-        "try it on GPU/TPU.",
+    jit_compile: Optional[bool] = _field(
+        None,
+        "Compile the forward and backward pass with XLA. Unset: off, except for learned_content "
+        "models. On CPU (TF 2.21) XLA measured slower for every preset, but the per-example "
+        "(batch, heads, N, N) attention tensors of learned_content fit in 24 GB at batch 100 only "
+        "with XLA's buffer reuse (benchmarks/results/throughput.json).",
     )
     steps_per_execution: int = _field(1, "Training steps run per tf.function call.")
     strategy: str = _field("auto", "tf.distribute strategy.", STRATEGIES)
@@ -155,6 +156,11 @@ def read_config_file(path: str) -> dict:
     if unknown:
         raise ConfigError(f"--config_file {path!r} has unknown keys {unknown}; known: {field_names()}.")
     return values
+
+
+def default_jit_compile(model_config) -> bool:
+    """XLA when ``--jit_compile`` is unset: only for content attention (see `TrainConfig.jit_compile`)."""
+    return model_config.architecture != "resnet18" and model_config.encoding == "learned_content"
 
 
 def make_config(file_values: dict | None = None, overrides: dict | None = None) -> TrainConfig:

@@ -37,7 +37,7 @@ import tensorflow as tf
 import sa_conv
 from trainers import data as data_lib
 from trainers import distribute
-from trainers.config import ConfigError, TrainConfig
+from trainers.config import ConfigError, TrainConfig, default_jit_compile
 from trainers.schedule import make_schedule
 
 # Variables (by their short name) that get no weight decay: attention centers and spreads,
@@ -194,7 +194,10 @@ class Trainer:
         return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct), count])
 
     def _use_xla(self) -> bool:
-        if not self.config.jit_compile:
+        jit = self.config.jit_compile
+        if jit is None:
+            jit = default_jit_compile(self.model_config)
+        if not jit:
             return False
         if self.strategy.extended.worker_devices and self.replicas > len(
             {d.split("/device:")[0] for d in self.strategy.extended.worker_devices}
