@@ -54,7 +54,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     small grids) the dense ``(heads, N, N)`` path runs. Both give the same output to float32
     rounding. Measured on a 2-core CPU (TF 2.21, no XLA, ``benchmarks/throughput.py``): one
     paper-size layer (D = 400, 9 heads, batch 100) trains 1.35x faster at 16x16, and the paper
-    model 2.2x faster on a 32x32 grid.
+    model 2.3x faster on a 32x32 grid.
 
     Args:
       num_heads: number of heads ``N_h``.

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import sa_conv
 from tests.conftest import PROJECT_ROOT
 from trainers import train as train_lib
-from trainers.config import ConfigError, make_config
+from trainers.config import ConfigError, default_jit_compile, make_config
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT)}
 TINY = ["--num_layers=1", "--global_batch_size=32", "--eval_batch_size=100"]
@@ -117,8 +118,6 @@ def test_weight_decay_applies_to_exactly_the_listed_variables(tmp_path):
 
     quadratic = make_config(overrides=dict(model="sa_quadratic_full_small", model_dir=str(tmp_path)))
     t2 = train_lib.Trainer(quadratic, strategy=tf.distribute.get_strategy(), log=lambda s: None)
-    import sa_conv
-
     model = sa_conv.build_model(t2.config.model)
     skipped = sorted({v.name for v in model.trainable_variables if not train_lib.decays(v)})
     assert skipped == ["beta", "bias", "centers", "gamma", "spreads"]
@@ -163,6 +162,12 @@ def test_xla_step_matches_the_default_step(tmp_path):
     for a, b in zip(histories[False], histories[True]):
         for key in ("train_loss", "val_loss"):
             assert a[key] == pytest.approx(b[key], rel=1e-3), key
+
+
+def test_xla_is_on_by_default_only_for_content_attention():
+    on = {name for name in sa_conv.PRESETS if default_jit_compile(sa_conv.get_config(name))}
+    assert on == {"sa_learned_content", "sa_learned_content_small"}
+    assert default_jit_compile(sa_conv.get_config("sa_quadratic_small", encoding="learned_content"))
 
 
 def test_batch_not_divisible_by_replicas(tmp_path):
