@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_learned_content", "resnet18"]
 SMALL = ["sa_quadratic_small", "sa_quadratic_full_small", "sa_learned_small", "sa_learned_content_small"]
 NO_ATTENTION_DROPOUT = {"attention_dropout": 0.0}
-GRID_32 = {"attention_dropout": 0.0, "pooling_width": 1, "max_grid_size": 32}
+GRID_32 = {**NO_ATTENTION_DROPOUT, "pooling_width": 1, "max_grid_size": 32}
 DENSE = {"fast_position_attention": False}
 # name -> (preset, model overrides, batch, XLA); XLA None: the trainer's default for the model.
 CASES = {name: (name, {}, 100, None) for name in PAPER + SMALL}
@@ -46,23 +46,18 @@ CASES.update({
     "sa_quadratic_32x32_fast": ("sa_quadratic", GRID_32, 8, False),
     "sa_quadratic_32x32_dense": ("sa_quadratic", {**GRID_32, **DENSE}, 8, False),
     "keras_mha_paper": ("keras_mha", {}, 100, False),
-    # The same steps compiled with XLA (--jit_compile).
-    "sa_quadratic_xla": ("sa_quadratic", {}, 100, True),
-    "resnet18_xla": ("resnet18", {}, 100, True),
-    "sa_quadratic_small_xla": ("sa_quadratic_small", {}, 100, True),
-    "sa_quadratic_noattndrop_fast_xla": ("sa_quadratic", NO_ATTENTION_DROPOUT, 100, True),
-    "sa_quadratic_noattndrop_dense_xla": ("sa_quadratic", {**NO_ATTENTION_DROPOUT, **DENSE}, 100, True),
-    "sa_quadratic_32x32_fast_xla": ("sa_quadratic", GRID_32, 8, True),
-    "sa_quadratic_32x32_dense_xla": ("sa_quadratic", {**GRID_32, **DENSE}, 8, True),
 })
+# The same steps compiled with XLA (--jit_compile): "<case>_xla".
+XLA_TWINS = ["sa_quadratic", "resnet18", "sa_quadratic_small", "sa_quadratic_noattndrop_fast",
+             "sa_quadratic_noattndrop_dense", "sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense"]
+CASES.update({f"{name}_xla": (*CASES[name][:3], True) for name in XLA_TWINS})
 GROUPS = {
     "paper": PAPER,
     "small": SMALL,
     "fast_vs_dense_16": ["sa_quadratic_noattndrop_fast", "sa_quadratic_noattndrop_dense"],
     "fast_vs_dense_32": ["sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense"],
     "baseline": ["keras_mha_paper", "sa_quadratic"],
-    "xla": ["sa_quadratic_xla", "resnet18_xla", "sa_quadratic_small_xla", "sa_quadratic_noattndrop_fast_xla",
-            "sa_quadratic_noattndrop_dense_xla", "sa_quadratic_32x32_fast_xla", "sa_quadratic_32x32_dense_xla"],
+    "xla": [f"{name}_xla" for name in XLA_TWINS],
 }
 # (label, numerator case, denominator case): ratios of training images/s in the same run.
 RATIOS = [
