@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
 demo: $(STAMP)
-	$(PY) -m trainers.demo --output_dir=$(DEMO_DIR) $(if $(CIFAR10_DIR),--dataset=cifar10_files --data_dir=$(CIFAR10_DIR),--dataset=cifar10)
+	$(PY) -m trainers.demo --output_dir=$(DEMO_DIR) $(if $(CIFAR10_DIR),--data_dir=$(CIFAR10_DIR))
 
 bazel-test: $(STAMP)
 	bash tools/bazel_test.sh

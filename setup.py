@@ -39,7 +39,7 @@ setup(
             "sa-conv-train=trainers.train:run",
             "sa-conv-tune=trainers.tune:run",
             "sa-conv-export=export.export:run",
-            "sa-conv-visualize=sa_conv.visualize:run",
+            "sa-conv-visualize=trainers.visualize:run",
         ],
     },
 )

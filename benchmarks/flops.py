@@ -9,19 +9,21 @@ from __future__ import annotations
 
 from sa_conv.attention import separable_pays
 from sa_conv.config import ModelConfig
+from sa_conv.encodings import get_encoding
 
 
 def attention_layer_flops(config: ModelConfig, fast: bool) -> dict:
     """Forward FLOPs of one transformer block on the attention grid, by part."""
     g = config.grid_size
     n, h, d, m = g * g, config.num_heads, config.hidden_size, config.mlp_size
+    encoding = get_encoding(config.encoding)
     parts = {}
-    if config.encoding == "learned_content":
-        parts["query_key"] = 2 * (2 * n * d * h * d)
-        parts["logits"] = 2 * h * n * n * d + 2 * h * n * (g + g) * (d // 2)
+    logits = encoding.logits_flops(g, g, h, d)  # 0 for position-only encodings (once per batch)
+    if logits:
+        parts["logits"] = logits
     pays = config.fast_position_attention is True or (
         config.fast_position_attention == "auto" and separable_pays(g, g))
-    if fast and pays and config.encoding in ("quadratic", "learned"):
+    if fast and pays and encoding.position_only and encoding.separable:
         parts["aggregation"] = 2 * h * n * (g + g) * d  # two 1-D passes
     else:
         parts["aggregation"] = 2 * h * n * n * d

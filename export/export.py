@@ -7,11 +7,12 @@ training results) and, when asked, ``assets.extra/model.tflite``.
 
 Signatures:
 
-* ``serving_default``: ``images`` uint8 ``(None, 32, 32, 3)`` -> ``probabilities`` float32
-  ``(None, 10)``, ``classes`` int64 ``(None,)``, ``class_names`` string ``(None,)``. The
-  normalization is inside the graph: clients send raw pixels.
+* ``serving_default``: ``images`` uint8 ``(None, H, W, C)`` (the model's input, 32x32x3 for
+  CIFAR) -> ``probabilities`` float32 ``(None, classes)``, ``classes`` int64 ``(None,)``,
+  ``class_names`` string ``(None,)``. The normalization is inside the graph: clients send raw
+  pixels.
 * ``predict_encoded``: ``image_bytes`` string ``(None,)`` of PNG or JPEG files of any size ->
-  the same outputs (decoded and resized to 32x32 in the graph).
+  the same outputs (decoded and resized to the model's input size in the graph).
 * ``attention_maps`` (attention models): ``images`` as above and ``query_pixel`` int32 ``(2,)``
   (row, col on the attention grid) -> ``attention`` float32 ``(None, layers, heads, H, W)``, the
   probabilities of every layer and head for that query.
@@ -23,18 +24,21 @@ existing version is replaced only with ``--overwrite``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
-import sys
 import uuid
+from typing import Optional
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 import sa_conv
-from trainers import data as data_lib
+from sa_conv import cli, files
+from sa_conv import data as data_lib
+from sa_conv.errors import SaConvError
 
 FORMATS = ("saved_model", "tflite", "onnx")
 METADATA = os.path.join("assets.extra", "metadata.json")
@@ -42,7 +46,7 @@ _PNG = b"\x89PNG"
 _JPEG = b"\xff\xd8\xff"
 
 
-class ExportError(ValueError):
+class ExportError(SaConvError):
     """The export cannot be done as asked; the message names the problem and the fix."""
 
 
@@ -110,7 +114,7 @@ def build_archive(model: keras.Model, class_names) -> keras.export.ExportArchive
         head = tf.strings.substr(blob, 0, 4)
         known = tf.logical_or(tf.equal(head, _PNG), tf.equal(tf.strings.substr(blob, 0, 3), _JPEG))
         tf.debugging.Assert(known, ["image_bytes holds an element that is not a PNG or JPEG file"])
-        image = tf.io.decode_image(blob, channels=3, expand_animations=False)
+        image = tf.io.decode_image(blob, channels=channels, expand_animations=False)
         image = tf.image.resize(image, (height, width), antialias=True)
         return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
 
@@ -148,16 +152,22 @@ def build_archive(model: keras.Model, class_names) -> keras.export.ExportArchive
 # ------------------------------------------------------------------------------ verification
 
 
-def verification_images(results: dict, count: int = 16) -> tuple[np.ndarray, str]:
-    """Real images from the dataset the model was trained on when it can be read here, else
-    generated ones; and a word saying which."""
+def verification_images(results: dict, image_shape, count: int = 16) -> tuple[np.ndarray, str]:
+    """Real images from the dataset the model was trained on when it is on local files here,
+    else generated ones of the model's input shape; and a word saying which."""
     config = results.get("train_config", {})
-    if config.get("dataset") == "cifar10_files" and config.get("data_dir"):
+    if config.get("dataset") and config.get("data_dir"):
         try:
-            return data_lib.load_cifar10_files(config["data_dir"]).test.images[:count], "test images"
+            source = data_lib.get_source(config["dataset"])
+            fmt = getattr(source, "fmt", None)
+            if fmt is not None and fmt.find(config["data_dir"]):  # local files only, never a download
+                test = fmt.load(config["data_dir"]).test.images[:count]
+                if test.shape[1:] == tuple(image_shape):
+                    return test, "test images"
         except data_lib.DatasetError:
             pass
-    return data_lib.make_synthetic(num_train=1, num_test=count, seed=0).test.images, "generated images"
+    generated = data_lib.make_synthetic(num_train=1, num_test=count, seed=0, image_shape=tuple(image_shape))
+    return generated.test.images, "generated images"
 
 
 def _verify(name, expected, actual, atol):
@@ -217,12 +227,16 @@ def export(
     if os.path.exists(target) and not overwrite:
         raise ExportError(f"{target} exists: choose another --version or pass --overwrite.")
     os.makedirs(model_root, exist_ok=True)
-    class_names = results.get("label_names") or list(data_lib.CIFAR10_LABEL_NAMES)
+    num_classes = int(model.outputs[0].shape[-1])
+    class_names = results.get("label_names") or (
+        list(data_lib.CIFAR10_LABEL_NAMES) if num_classes == 10 else [f"class_{i}" for i in range(num_classes)])
+    if len(class_names) != num_classes:
+        raise ExportError(f"The model has {num_classes} outputs but {len(class_names)} class names are recorded.")
     tmp = os.path.join(model_root, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
     try:
         archive = build_archive(model, class_names)
         archive.write_out(tmp, verbose=False)
-        images, source = verification_images(results)
+        images, source = verification_images(results, model.inputs[0].shape[1:])
         expected = tf.nn.softmax(model.predict(images, verbose=0)).numpy()
         loaded = tf.saved_model.load(tmp)
         checks = {"saved_model": _verify(
@@ -243,8 +257,7 @@ def export(
             "training_results": {k: v for k, v in results.items() if k != "train_config"},
             "verification": {"images": f"{len(images)} {source}", "max_abs_error": checks},
         }
-        with open(os.path.join(tmp, METADATA), "w") as f:
-            json.dump(metadata, f, indent=2, sort_keys=True)
+        files.write_json(os.path.join(tmp, METADATA), metadata, sort_keys=True)
         if _fail_before_rename:
             raise RuntimeError("simulated failure before the rename")
         if os.path.exists(target):  # --overwrite: move the old version aside, then swap
@@ -264,39 +277,28 @@ def export(
 
 # ------------------------------------------------------------------------------ CLI
 
-
-def main(argv):
-    from absl import flags
-
-    FLAGS = flags.FLAGS
-    if len(argv) > 1:
-        raise SystemExit(f"sa-conv-export: error: unexpected arguments {argv[1:]}.")
-    try:
-        export(FLAGS.model_dir, FLAGS.model_path, FLAGS.export_dir, FLAGS.model_name, FLAGS.version,
-               FLAGS.overwrite, FLAGS.formats)
-    except ExportError as exc:
-        print(f"sa-conv-export: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+_field = cli.config_field
 
 
-def define_flags():
-    from absl import flags
+@dataclasses.dataclass
+class ExportConfig:
+    model_dir: Optional[str] = _field(None, "A trainer output directory (uses its model.keras and results.json).")
+    model_path: Optional[str] = _field(None, "A .keras file (instead of --model_dir).")
+    export_dir: str = _field("exported", "Root of the TensorFlow Serving model directories.")
+    model_name: Optional[str] = _field(None, "Model name (directory); default: the preset.")
+    version: Optional[int] = _field(None, "Version number; default: the next free integer.")
+    overwrite: bool = _field(False, "Replace an existing version.")
+    formats: list = _field(["saved_model"], f"Comma-separated formats among {', '.join(FORMATS)}.")
 
-    flags.DEFINE_string("model_dir", None, "A trainer output directory (uses its model.keras and results.json).")
-    flags.DEFINE_string("model_path", None, "A .keras file (instead of --model_dir).")
-    flags.DEFINE_string("export_dir", "exported", "Root of the TensorFlow Serving model directories.")
-    flags.DEFINE_string("model_name", None, "Model name (directory); default: the preset.")
-    flags.DEFINE_integer("version", None, "Version number; default: the next free integer.")
-    flags.DEFINE_bool("overwrite", False, "Replace an existing version.")
-    flags.DEFINE_list("formats", ["saved_model"], f"Comma-separated formats among {', '.join(FORMATS)}.")
+
+def main():
+    config = cli.make(ExportConfig, cli.settings(ExportConfig))
+    export(**{k: v for k, v in dataclasses.asdict(config).items()})
 
 
 def run():
     """Console script ``sa-conv-export``."""
-    from absl import app
-
-    define_flags()
-    app.run(main)
+    cli.run("sa-conv-export", main, ExportConfig)
 
 
 if __name__ == "__main__":

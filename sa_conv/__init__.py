@@ -1,22 +1,31 @@
-"""sa-conv: self-attention over images (Cordonnier, Loukas & Jaggi, ICLR 2020) in Keras 3."""
+"""sa-conv: self-attention over images (Cordonnier, Loukas & Jaggi, ICLR 2020) in Keras 3.
 
-from sa_conv.attention import ENCODINGS, MultiHeadSelfAttention2D
-from sa_conv.conversion import AttentionConv2D, attention_to_conv, conv_to_attention, convert_model
+The layers, models, conversion and inspection use `keras.ops` only and run on every Keras
+backend. `sa_conv.data` (the input pipeline) and `sa_conv.plotting` are imported on demand:
+the first needs TensorFlow, the second matplotlib.
+"""
+
+from sa_conv.attention import MultiHeadSelfAttention2D
 from sa_conv.config import PRESETS, ModelConfig, get_config, preset_names
+from sa_conv.conversion import AttentionConv2D, attention_to_conv, conv_to_attention, convert_model
+from sa_conv.encodings import (
+    ENCODINGS, LearnedContentEncoding, LearnedRelativeEncoding, QuadraticEncoding, RelativeEncoding, get_encoding,
+    register_encoding,
+)
+from sa_conv.errors import DatasetError, SaConvError
 from sa_conv.invertible_pooling import InvertiblePooling, InvertibleUnpooling
 from sa_conv.models import attention_blocks, attention_grid, attention_probabilities, build_attention_classifier, build_model
-from sa_conv.positional_encoding import LearnedContentEncoding, LearnedRelativeEncoding, QuadraticEncoding
 from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
 from sa_conv.transformer import TransformerBlock
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "AttentionConv2D", "attention_to_conv", "conv_to_attention", "convert_model",
-    "CIFAR10_MEAN", "CIFAR10_STD", "ENCODINGS", "InvertiblePooling", "InvertibleUnpooling",
-    "LearnedContentEncoding", "LearnedRelativeEncoding", "ModelConfig", "MultiHeadSelfAttention2D",
-    "PRESETS", "PixelNormalization", "QuadraticEncoding", "TransformerBlock", "attention_blocks", "attention_grid",
-    "attention_probabilities", "build_attention_classifier", "build_model", "build_resnet",
-    "get_config", "preset_names",
+    "AttentionConv2D", "CIFAR10_MEAN", "CIFAR10_STD", "DatasetError", "ENCODINGS", "InvertiblePooling",
+    "InvertibleUnpooling", "LearnedContentEncoding", "LearnedRelativeEncoding", "ModelConfig",
+    "MultiHeadSelfAttention2D", "PRESETS", "PixelNormalization", "QuadraticEncoding", "RelativeEncoding",
+    "SaConvError", "TransformerBlock", "attention_blocks", "attention_grid", "attention_probabilities",
+    "attention_to_conv", "build_attention_classifier", "build_model", "build_resnet", "conv_to_attention",
+    "convert_model", "get_config", "get_encoding", "preset_names", "register_encoding",
 ]

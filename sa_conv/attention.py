@@ -1,21 +1,21 @@
 """Multi-head self-attention over 2-D feature maps with relative positional encodings."""
 
-import math
-
 import keras
 from keras import ops
 
-from sa_conv import positional_encoding as pe
+from sa_conv.encodings import ENCODINGS, get_encoding
 
-ENCODINGS = ("quadratic", "quadratic_full", "learned", "learned_content")
-POSITION_ONLY_ENCODINGS = ("quadratic", "quadratic_full", "learned")
+
+def clone_initializer(initializer):
+    """A fresh copy of a Keras initializer: an unseeded initializer object returns the same
+    values on every call, so every sublayer gets its own (as `keras.layers.MultiHeadAttention`)."""
+    return initializer.__class__.from_config(initializer.get_config())
 
 
 def separable_pays(height, width):
     """Whether ``fast_position_attention="auto"`` takes the separable path on an ``H x W`` grid:
-    when ``H * W >= 4 * (H + W)`` (8x8 and larger). Measured (2-core CPU, no XLA, batch 100,
-    9 heads, one layer's training step, dense / separable): 0.93 at 4x4 (D = 64), 1.15 at 8x8
-    (D = 64) and 1.01 (D = 400), 1.81 at 16x16 (D = 64) and 1.35 (D = 400), 2.0 and more at 32x32."""
+    when ``H * W >= 4 * (H + W)`` (8x8 and larger), the size from which the separable path
+    measured faster than the dense one in training (``benchmarks/results/throughput.json``)."""
     return height * width >= 4 * (height + width)
 
 
@@ -29,20 +29,21 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     full ``D``-dimensional input ``X`` (no per-head value projection); the heads are merged by one
     dense map from ``heads * D`` to ``output_dim`` (the paper's ``W^(h)``, stacked), with bias.
 
-    Encodings (``encoding=``):
+    Encodings (``encoding=``, any name registered in `sa_conv.encodings.ENCODINGS`):
 
     * ``"quadratic"``: Gaussian, isotropic (paper Eq. 9), ``A_h = -alpha_h ||delta - Delta_h||^2``.
     * ``"quadratic_full"``: Gaussian with full covariance ``Sigma_h^-1 = A_h A_h^T``.
     * ``"learned"``: learned row and column offset embeddings, position only.
     * ``"learned_content"``: ``(q.k + q.r_delta) / sqrt(D)`` with per-head queries and keys of
-      size ``D`` (dense maps ``D -> heads * D``) and learned row/column offset embeddings.
+      size ``D`` (dense maps ``D -> heads * D``, built only for content-based encodings) and
+      learned row/column offset embeddings.
 
     The position-only encodings do not depend on the input: their probabilities
     ``(heads, H*W, H*W)`` are computed once per call and shared by the batch. Attention dropout
     (training only) draws an independent mask for every example.
 
     **Fast exact path** (``fast_position_attention``: ``"auto"``, the default, True or False).
-    For ``"quadratic"`` and ``"learned"`` the logit is a row term plus a column term,
+    For separable encodings (``"quadratic"``, ``"learned"``) the logit is a row term plus a column term,
     ``s(q, k) = r(qi, ki) + c(qj, kj)``, so the softmax over all keys factorizes exactly:
     ``P(q, k) = softmax_ki(r(qi, .))[ki] * softmax_kj(c(qj, .))[kj]`` (each 1-D softmax subtracts
     its own maximum, so large spreads do not underflow). The aggregation is then two 1-D passes,
@@ -52,20 +53,19 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     attention dropout is active and (for ``"auto"``) `separable_pays` for the grid (8x8 and up).
     Otherwise (``"quadratic_full"``, ``"learned_content"``, attention dropout in training, or
     small grids) the dense ``(heads, N, N)`` path runs. Both give the same output to float32
-    rounding. Measured on a 2-core CPU (TF 2.21, no XLA, ``benchmarks/throughput.py``): one
-    paper-size layer (D = 400, 9 heads, batch 100) trains 1.35x faster at 16x16, and the paper
-    model 2.3x faster on a 32x32 grid.
+    rounding; measured speed-ups are in ``benchmarks/results/throughput.json``.
 
     Args:
       num_heads: number of heads ``N_h``.
       output_dim: output channels; defaults to the input channels ``D``.
-      encoding: one of `ENCODINGS`.
+      encoding: a name registered in `ENCODINGS`.
       max_grid_size: largest grid side ``P`` for the learned encodings.
       position_embedding_dim: embedding size ``E`` of ``"learned"``; defaults to ``D``.
       attention_dropout: dropout rate on the attention probabilities.
       center_init_std, spread_init_std: initialization of the quadratic encodings.
-      kernel_initializer, bias_initializer: for the dense maps.
+      kernel_initializer, bias_initializer: for the dense maps (cloned for each one).
       initializer_range: std of the learned embeddings' normal initialization.
+      seed: makes the encoding's initialization and the attention dropout deterministic.
 
     Call arguments:
       inputs: ``(batch, H, W, D)`` with static ``H`` and ``W``.
@@ -96,8 +96,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if encoding not in ENCODINGS:
-            raise ValueError(f"Unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}.")
+        self.encoding_spec = get_encoding(encoding)
         if int(num_heads) < 1:
             raise ValueError(f"num_heads must be positive, got {num_heads}.")
         if output_dim is not None and int(output_dim) < 1:
@@ -123,7 +122,18 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
 
     @property
     def position_only(self):
-        return self.encoding in POSITION_ONLY_ENCODINGS
+        """Whether the logits depend on positions only (shared by the batch)."""
+        return self.encoding_spec.position_only
+
+    def sublayer_seed(self, index):
+        """A seed for the ``index``-th seeded sublayer, or None when the layer is unseeded."""
+        return None if self.seed is None else int(self.seed) * 1009 + 17 * (index + 1)
+
+    def _dense(self, units, name):
+        return keras.layers.Dense(
+            units, name=name, kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer), dtype=self.dtype_policy,
+        )
 
     def build(self, input_shape):
         if len(input_shape) != 4:
@@ -137,38 +147,29 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         self.input_dim = int(d)
         out = self.output_dim or self.input_dim
         heads = self.num_heads
-        dense = dict(kernel_initializer=self.kernel_initializer, bias_initializer=self.bias_initializer)
-        if self.encoding in ("quadratic", "quadratic_full"):
-            self.position_encoding = pe.QuadraticEncoding(
-                heads,
-                covariance="isotropic" if self.encoding == "quadratic" else "full",
-                center_init_std=self.center_init_std,
-                spread_init_std=self.spread_init_std,
-                seed=self.seed,
-                name="position_encoding",
-            )
-        elif self.encoding == "learned":
-            self.position_encoding = pe.LearnedRelativeEncoding(
-                heads,
-                self.max_grid_size,
-                self.position_embedding_dim or self.input_dim,
-                initializer_range=self.initializer_range,
-                seed=self.seed,
-                name="position_encoding",
-            )
-        else:
-            self.position_encoding = pe.LearnedContentEncoding(
-                self.max_grid_size, self.input_dim, initializer_range=self.initializer_range,
-                seed=self.seed, name="position_encoding",
-            )
-            self.query_dense = keras.layers.Dense(heads * self.input_dim, name="query", **dense)
-            self.key_dense = keras.layers.Dense(heads * self.input_dim, name="key", **dense)
+        self.position_encoding = self.encoding_spec.create(self, self.input_dim)
+        if not self.position_only:
+            self.query_dense = self._dense(heads * self.input_dim, "query")
+            self.key_dense = self._dense(heads * self.input_dim, "key")
             self.query_dense.build(input_shape)
             self.key_dense.build(input_shape)
         self.position_encoding.build()
         # The heads' W^(h) stacked: (heads * D, output_dim), rows ordered [head, channel].
-        self.value_dense = keras.layers.Dense(out, name="value", **dense)
+        self.value_dense = self._dense(out, "value")
         self.value_dense.build(tuple(input_shape[:-1]) + (heads * self.input_dim,))
+
+    def value_kernel_per_head(self):
+        """The heads' value maps ``W^(h)`` as ``(heads, D, output_dim)`` (Eq. 6)."""
+        return ops.reshape(self.value_dense.kernel, (self.num_heads, self.input_dim, -1))
+
+    def set_value_map(self, kernel_per_head, bias=None):
+        """Sets ``W^(h)`` from ``(heads, D, output_dim)`` and the output bias (None: zeros)."""
+        kernel = ops.convert_to_tensor(kernel_per_head, "float32")
+        expected = (self.num_heads, self.input_dim, self.value_dense.units)
+        if tuple(kernel.shape) != expected:
+            raise ValueError(f"kernel_per_head must have shape {expected}, got {tuple(kernel.shape)}.")
+        self.value_dense.kernel.assign(ops.reshape(kernel, (-1, expected[-1])))
+        self.value_dense.bias.assign(ops.zeros((expected[-1],)) if bias is None else ops.convert_to_tensor(bias, "float32"))
 
     def _check_grid(self, inputs):
         _, height, width, _ = inputs.shape
@@ -186,13 +187,9 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             return self.position_encoding.logits(height, width)
         heads, d = self.num_heads, self.input_dim
         n = height * width
-        q = ops.reshape(self.query_dense(inputs), (-1, n, heads, d))
-        k = ops.reshape(self.key_dense(inputs), (-1, n, heads, d))
-        q = ops.transpose(q, (0, 2, 1, 3))  # (b, heads, n, d)
-        k = ops.transpose(k, (0, 2, 1, 3))
-        content = ops.cast(ops.einsum("bhqd,bhkd->bhqk", q, k), "float32")
-        relative = self.position_encoding.logits(ops.reshape(q, (-1, heads, height, width, d)))
-        return (content + relative) / math.sqrt(d)
+        q = ops.transpose(ops.reshape(self.query_dense(inputs), (-1, n, heads, d)), (0, 2, 1, 3))  # (b, heads, n, d)
+        k = ops.transpose(ops.reshape(self.key_dense(inputs), (-1, n, heads, d)), (0, 2, 1, 3))
+        return self.position_encoding.logits(height, width, q, k)
 
     def attention_probabilities(self, inputs):
         """Softmax over keys of `attention_logits`, float32."""
@@ -206,7 +203,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         return (
             bool(self.fast_position_attention)
             and self.position_only
-            and getattr(self.position_encoding, "separable", False)
+            and self.encoding_spec.separable
             and not (training and self.attention_dropout > 0)
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from sa_conv.attention import ENCODINGS
+from sa_conv.encodings import get_encoding
 
 ARCHITECTURES = ("attention", "resnet18")
 
@@ -16,7 +16,7 @@ class ModelConfig:
 
     Attributes:
       architecture: ``"attention"`` (the paper's fully-attentional classifier) or ``"resnet18"``.
-      encoding: relative positional encoding of the attention layers (see `ENCODINGS`).
+      encoding: relative positional encoding of the attention layers (a name in `sa_conv.ENCODINGS`).
       num_layers: transformer blocks.
       num_heads: heads per attention layer (K*K heads express a KxK convolution).
       hidden_size: channels of the attention grid.
@@ -33,7 +33,12 @@ class ModelConfig:
         (isotropic) and learned encodings: "auto" (grids of 8x8 and up, where it pays), True
         or False (see `MultiHeadSelfAttention2D`).
       image_size: side of the square input images.
+      image_channels: channels of the input images.
       num_classes: classifier outputs.
+      pixel_mean, pixel_std: per-channel statistics of pixels scaled to [0, 1] that the model's
+        `PixelNormalization` applies; None: CIFAR-10's (the paper's). The trainer sets them,
+        with the image size and the number of classes, from the training data
+        (`sa_conv.data.ImageData.model_fields`).
     """
 
     architecture: str = "attention"
@@ -53,9 +58,15 @@ class ModelConfig:
     spread_init_std: float = 0.01
     fast_position_attention: object = "auto"
     image_size: int = 32
+    image_channels: int = 3
     num_classes: int = 10
+    pixel_mean: Optional[tuple] = None
+    pixel_std: Optional[tuple] = None
 
     def __post_init__(self):
+        for name in ("pixel_mean", "pixel_std"):  # JSON gives lists; the config stays hashable
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
         self.validate()
 
     @property
@@ -67,10 +78,9 @@ class ModelConfig:
         """Raises ValueError naming the field and the fix for an inconsistent configuration."""
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"Unknown architecture {self.architecture!r}; choose one of {ARCHITECTURES}.")
-        if self.encoding not in ENCODINGS:
-            raise ValueError(f"Unknown encoding {self.encoding!r}; choose one of {', '.join(ENCODINGS)}.")
+        spec = get_encoding(self.encoding)
         for name in ("num_layers", "num_heads", "hidden_size", "mlp_size", "pooling_width",
-                     "max_grid_size", "image_size", "num_classes"):
+                     "max_grid_size", "image_size", "image_channels", "num_classes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -81,22 +91,19 @@ class ModelConfig:
             raise ValueError(
                 f"fast_position_attention must be 'auto', True or False, got {self.fast_position_attention!r}."
             )
+        for name in ("pixel_mean", "pixel_std"):
+            value = getattr(self, name)
+            if value is not None and len(value) != self.image_channels:
+                raise ValueError(f"{name} has {len(value)} values for {self.image_channels} image channels.")
+        if self.pixel_std is not None and min(self.pixel_std) <= 0:
+            raise ValueError(f"pixel_std must be positive, got {self.pixel_std}.")
         if self.architecture != "attention":
             return
         if self.image_size % self.pooling_width:
             raise ValueError(
                 f"image_size {self.image_size} is not divisible by pooling_width {self.pooling_width}."
             )
-        if self.encoding == "learned_content" and self.hidden_size % 2:
-            raise ValueError(
-                f"learned_content splits each head's query in row and column halves: hidden_size "
-                f"must be even, got {self.hidden_size}."
-            )
-        if self.encoding.startswith("learned") and self.grid_size > self.max_grid_size:
-            raise ValueError(
-                f"The attention grid is {self.grid_size}x{self.grid_size} but max_grid_size is "
-                f"{self.max_grid_size}; set max_grid_size >= {self.grid_size}."
-            )
+        spec.check_model(grid_size=self.grid_size, hidden_size=self.hidden_size, max_grid_size=self.max_grid_size)
 
     def replace(self, **overrides) -> "ModelConfig":
         """A copy with ``overrides`` applied; unknown field names raise a clear error."""

@@ -32,6 +32,7 @@ import numpy as np
 from keras import ops
 
 from sa_conv.attention import MultiHeadSelfAttention2D
+from sa_conv.encodings import QuadraticEncoding
 
 DEFAULT_ALPHA = 40.0
 
@@ -96,8 +97,8 @@ class AttentionConv2D(keras.layers.Layer):
     def build(self, input_shape):
         self.attention.build(tuple(input_shape[:1]) + (None, None, input_shape[-1]))
         encoding = self.attention.position_encoding
-        encoding.centers.assign(shifts(self.kernel_size, self.dilation_rate))
-        encoding.spreads.assign(np.full(self.kernel_size**2, math.sqrt(2.0 * self.alpha), np.float32))
+        encoding.set_centers(shifts(self.kernel_size, self.dilation_rate))
+        encoding.set_alphas(self.alpha)
 
     def _output_window(self, size):
         """(start index in the attention output, output size) along one axis."""
@@ -176,10 +177,8 @@ def conv_to_attention(conv=None, *, kernel=None, bias=None, strides=1, padding="
     layer = AttentionConv2D(d_out, k, strides=sy, padding=padding, dilation_rate=dy,
                             activation=activation, alpha=alpha, name=name)
     layer.build((None, None, None, d_in))
-    # W^(h) = W[a + r, c + r]: rows of the merged value map ordered [head (a, c) row-major, D_in].
-    value = layer.attention.value_dense
-    value.kernel.assign(kernel.reshape(k * k * d_in, d_out))
-    value.bias.assign(np.zeros(d_out, np.float32) if bias is None else np.asarray(bias, np.float32))
+    # W^(h) = W[a + r, c + r], heads ordered as `shifts`: (a, c) row-major.
+    layer.attention.set_value_map(kernel.reshape(k * k, d_in, d_out), bias)
     return layer
 
 
@@ -206,12 +205,15 @@ def attention_to_conv(layer, threshold: float = 0.99, tolerance: float = 1e-3) -
     """
     wrapper = layer if isinstance(layer, AttentionConv2D) else None
     attention = wrapper.attention if wrapper else layer
-    if not isinstance(attention, MultiHeadSelfAttention2D) or attention.encoding != "quadratic":
+    if not isinstance(attention, MultiHeadSelfAttention2D):
         raise ValueError("attention_to_conv needs an AttentionConv2D or a MultiHeadSelfAttention2D "
                          "with encoding='quadratic'.")
     if not attention.built:
         raise ValueError("The attention layer is not built.")
     encoding = attention.position_encoding
+    if not (isinstance(encoding, QuadraticEncoding) and encoding.covariance == "isotropic"):
+        raise ValueError("attention_to_conv needs an AttentionConv2D or a MultiHeadSelfAttention2D "
+                         "with encoding='quadratic'.")
     centers = ops.convert_to_numpy(encoding.centers)
     heads = attention.num_heads
     # Concentration: probabilities of the grid's center query.
@@ -219,7 +221,7 @@ def attention_to_conv(layer, threshold: float = 0.99, tolerance: float = 1e-3) -
     probs = ops.convert_to_numpy(ops.softmax(encoding.logits(g, g), axis=-1))[:, (g // 2) * g + g // 2]
     for h in range(heads):
         if probs[h].max() <= threshold:
-            alpha = float(ops.convert_to_numpy(encoding.spreads)[h]) ** 2 / 2
+            alpha = float(ops.convert_to_numpy(encoding.alphas())[h])
             raise ValueError(
                 f"Head {h} is not concentrated: its largest attention probability is "
                 f"{probs[h].max():.4f} <= {threshold} (alpha = {alpha:.3g} is too small)."
@@ -246,7 +248,7 @@ def attention_to_conv(layer, threshold: float = 0.99, tolerance: float = 1e-3) -
             f"The head centers {sorted(seen)} do not form a {k}x{k} grid of shifts with dilation {dilation}."
         )
     d_in = attention.input_dim
-    w = ops.convert_to_numpy(attention.value_dense.kernel).reshape(heads, d_in, -1)
+    w = ops.convert_to_numpy(attention.value_kernel_per_head())
     r = k // 2
     kernel = np.zeros((k, k, d_in, w.shape[-1]), np.float32)
     for (a, c), h in seen.items():

@@ -6,25 +6,32 @@ import keras
 
 from sa_conv.config import ModelConfig, get_config
 from sa_conv.invertible_pooling import InvertiblePooling
-from sa_conv.preprocessing import PixelNormalization
+from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
 from sa_conv.transformer import TransformerBlock
+
+
+def _statistics(config: ModelConfig):
+    """The normalization statistics of ``config``; CIFAR-10's when it has none."""
+    return config.pixel_mean or CIFAR10_MEAN, config.pixel_std or CIFAR10_STD
 
 
 def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier") -> keras.Model:
     """The paper's classifier as a functional `keras.Model`.
 
-    ``image`` ``(batch, 32, 32, 3)`` raw pixels -> normalize -> invertible pooling (w) ->
+    ``image`` ``(batch, S, S, C)`` raw pixels -> normalize -> invertible pooling (w) ->
     dense embedding to ``hidden_size`` -> ``num_layers`` `TransformerBlock`s on the
-    ``(32/w) x (32/w)`` grid -> mean over all positions -> dense ``logits (batch, classes)``.
+    ``(S/w) x (S/w)`` grid -> mean over all positions -> dense ``logits (batch, classes)``
+    (``S = image_size``, 32 for CIFAR).
     """
-    init = keras.initializers.RandomNormal(stddev=config.initializer_range)
-    size = config.image_size
-    inputs = keras.Input((size, size, 3), name="image")
-    x = PixelNormalization(name="normalize")(inputs)
+    def init():  # a new initializer object for each layer: one object repeats its values
+        return keras.initializers.RandomNormal(stddev=config.initializer_range)
+
+    inputs = keras.Input((config.image_size, config.image_size, config.image_channels), name="image")
+    x = PixelNormalization(*_statistics(config), name="normalize")(inputs)
     if config.pooling_width > 1:
         x = InvertiblePooling(config.pooling_width, name="invertible_pooling")(x)
-    x = keras.layers.Dense(config.hidden_size, kernel_initializer=init, name="embedding")(x)
+    x = keras.layers.Dense(config.hidden_size, kernel_initializer=init(), name="embedding")(x)
     attention_config = dict(
         num_heads=config.num_heads,
         encoding=config.encoding,
@@ -41,28 +48,32 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier")
             config.mlp_size,
             dropout=config.dropout,
             layer_norm_epsilon=config.layer_norm_epsilon,
-            kernel_initializer=init,
+            kernel_initializer=init(),
             attention_config=attention_config,
             name=f"block_{i}",
         )(x)
     x = keras.layers.GlobalAveragePooling2D(name="mean_over_positions")(x)
-    logits = keras.layers.Dense(config.num_classes, kernel_initializer=init, name="logits", dtype="float32")(x)
+    logits = keras.layers.Dense(config.num_classes, kernel_initializer=init(), name="logits", dtype="float32")(x)
     return keras.Model(inputs, logits, name=name)
 
 
-def build_model(name_or_config: str | ModelConfig = "sa_quadratic_small", **overrides) -> keras.Model:
+def build_model(name_or_config: str | ModelConfig = "sa_quadratic_small", name: str | None = None,
+                **overrides) -> keras.Model:
     """Builds a preset by name (see `sa_conv.PRESETS`) or a `ModelConfig`.
 
-    ``overrides`` change fields of the preset, e.g. ``build_model("sa_quadratic", num_layers=2)``.
-    The model maps ``image`` ``(batch, 32, 32, 3)`` uint8 or float pixels in [0, 255] to
-    ``logits`` ``(batch, num_classes)`` float32.
+    ``overrides`` change fields of the preset, e.g. ``build_model("sa_quadratic", num_layers=2)``;
+    ``name`` names the model (default: the preset's name, or ``"sa_model"`` for a config).
+    The model maps ``image`` ``(batch, image_size, image_size, image_channels)`` uint8 or
+    float pixels in [0, 255] to ``logits`` ``(batch, num_classes)`` float32.
     """
     if isinstance(name_or_config, ModelConfig):
-        config, name = name_or_config.replace(**overrides), "sa_model"
+        config, name = name_or_config.replace(**overrides), name or "sa_model"
     else:
-        config, name = get_config(name_or_config, **overrides), name_or_config
+        config, name = get_config(name_or_config, **overrides), name or name_or_config
     if config.architecture == "resnet18":
-        return build_resnet(config.image_size, config.num_classes, name=name)
+        mean, std = _statistics(config)
+        return build_resnet(config.image_size, config.num_classes, name=name, image_channels=config.image_channels,
+                            pixel_mean=mean, pixel_std=std)
     return build_attention_classifier(config, name=name)
 
 

@@ -3,8 +3,9 @@
 import keras
 from keras import ops
 
-# Per-channel CIFAR-10 statistics used by the paper's code (RGB, on pixels scaled to [0, 1]).
-# The single place these constants live.
+# Per-channel CIFAR-10 statistics used by the paper's code (RGB, on pixels scaled to [0, 1]):
+# the defaults of models built without data. The trainer computes the statistics of the data it
+# trains on (`sa_conv.data.channel_statistics`).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 
@@ -15,7 +16,8 @@ class PixelNormalization(keras.layers.Layer):
 
     ``y = (x / 255 - mean) / std``.
 
-    Input shape: ``(batch, height, width, 3)``; output shape: the same, in the compute dtype.
+    Input shape: ``(batch, height, width, channels)`` with ``len(mean)`` channels; output shape:
+    the same, in the compute dtype.
     """
 
     def __init__(self, mean=CIFAR10_MEAN, std=CIFAR10_STD, **kwargs):

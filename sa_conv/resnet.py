@@ -6,7 +6,7 @@
 
 import keras
 
-from sa_conv.preprocessing import PixelNormalization
+from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
 
 # PyTorch's BatchNorm defaults, as in the reference implementation.
 _BN = dict(momentum=0.9, epsilon=1e-5)
@@ -28,11 +28,13 @@ def _basic_block(x, filters, stride, name):
     return keras.layers.ReLU(name=f"{name}_out")(keras.layers.Add(name=f"{name}_add")([y, shortcut]))
 
 
-def build_resnet(image_size=32, num_classes=10, blocks=(2, 2, 2, 2), widths=(64, 128, 256, 512), name="resnet18"):
-    """A CIFAR ResNet as a functional `keras.Model`: ``image`` ``(batch, 32, 32, 3)`` raw pixels
-    (uint8 or float in [0, 255]) -> ``logits`` ``(batch, num_classes)``."""
-    inputs = keras.Input((image_size, image_size, 3), name="image")
-    x = PixelNormalization(name="normalize")(inputs)
+def build_resnet(image_size=32, num_classes=10, blocks=(2, 2, 2, 2), widths=(64, 128, 256, 512), name="resnet18",
+                 image_channels=3, pixel_mean=CIFAR10_MEAN, pixel_std=CIFAR10_STD):
+    """A CIFAR ResNet as a functional `keras.Model`: ``image`` ``(batch, S, S, C)`` raw pixels
+    (uint8 or float in [0, 255]) -> ``logits`` ``(batch, num_classes)``; ``pixel_mean`` and
+    ``pixel_std`` are the statistics its `PixelNormalization` applies."""
+    inputs = keras.Input((image_size, image_size, image_channels), name="image")
+    x = PixelNormalization(pixel_mean, pixel_std, name="normalize")(inputs)
     x = _conv_bn(x, widths[0], 3, 1, "stem")
     for stage, (count, filters) in enumerate(zip(blocks, widths)):
         for block in range(count):

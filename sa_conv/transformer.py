@@ -2,7 +2,7 @@
 
 import keras
 
-from sa_conv.attention import MultiHeadSelfAttention2D
+from sa_conv.attention import MultiHeadSelfAttention2D, clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
@@ -31,22 +31,27 @@ class TransformerBlock(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.attention_config = dict(attention_config or {})
         self.attention = MultiHeadSelfAttention2D(
-            kernel_initializer=self.kernel_initializer, name="attention", **self.attention_config
+            kernel_initializer=self.kernel_initializer, name="attention", dtype=self.dtype_policy,
+            **self.attention_config,
         )
+
+    def _sublayer(self, cls, name, **kwargs):
+        if cls is keras.layers.Dense:
+            kwargs["kernel_initializer"] = clone_initializer(self.kernel_initializer)
+        return cls(name=name, dtype=self.dtype_policy, **kwargs)
 
     def build(self, input_shape):
         hidden = input_shape[-1]
-        init = dict(kernel_initializer=self.kernel_initializer)
+        dense, norm = keras.layers.Dense, keras.layers.LayerNormalization
         self.attention.build(input_shape)
-        self.attention_output = keras.layers.Dense(hidden, name="attention_output", **init)
-        self.attention_dropout = keras.layers.Dropout(self.dropout_rate)
-        self.attention_norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="attention_norm")
-        self.intermediate = keras.layers.Dense(
-            self.mlp_size, activation="gelu", name="intermediate", **init  # exact (erf) GELU
-        )
-        self.output_dense = keras.layers.Dense(hidden, name="output", **init)
-        self.output_dropout = keras.layers.Dropout(self.dropout_rate)
-        self.output_norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="output_norm")
+        self.attention_output = self._sublayer(dense, "attention_output", units=hidden)
+        self.attention_dropout = self._sublayer(keras.layers.Dropout, "attention_output_dropout", rate=self.dropout_rate)
+        self.attention_norm = self._sublayer(norm, "attention_norm", epsilon=self.layer_norm_epsilon)
+        # Exact (erf) GELU, as the reference.
+        self.intermediate = self._sublayer(dense, "intermediate", units=self.mlp_size, activation="gelu")
+        self.output_dense = self._sublayer(dense, "output", units=hidden)
+        self.output_dropout = self._sublayer(keras.layers.Dropout, "output_dropout", rate=self.dropout_rate)
+        self.output_norm = self._sublayer(norm, "output_norm", epsilon=self.layer_norm_epsilon)
         mlp_shape = tuple(input_shape[:-1]) + (self.mlp_size,)
         for layer, shape in (
             (self.attention_output, input_shape), (self.attention_norm, input_shape),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainers import data
+from sa_conv import data
 
 
 def _batch_path(tiny_cifar, name):
@@ -132,7 +132,7 @@ def test_unknown_dataset_and_missing_data_dir():
 
 def test_tfds_offline_fails_fast_with_the_offline_option(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "_host_reachable", lambda *a, **k: False)
-    with pytest.raises(data.DatasetError, match="cifar10_files --data_dir"):
+    with pytest.raises(data.DatasetError, match="--dataset=cifar10 --data_dir=PATH"):
         data.load_tfds(data_dir=str(tmp_path))
 
 

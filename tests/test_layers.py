@@ -6,7 +6,7 @@ import pytest
 from keras import ops
 
 import sa_conv
-from sa_conv import positional_encoding as pe
+from sa_conv import encodings as pe
 from sa_conv.attention import MultiHeadSelfAttention2D
 
 RNG = np.random.default_rng(0)
@@ -161,7 +161,7 @@ def test_learned_content_relative_term():
     row, col = _np(enc.row_embeddings), _np(enc.col_embeddings)
     height, width = 3, 5
     q = RNG.normal(size=(2, heads, height, width, d)).astype(np.float32)
-    scores = _np(enc.logits(q))
+    scores = _np(enc.relative_logits(q))
     assert scores.shape == (2, heads, 15, 15)
     for b, h, qi, qj, ki, kj in [(0, 0, 0, 0, 2, 4), (1, 1, 2, 3, 0, 1), (1, 0, 1, 2, 1, 2)]:
         qv = q[b, h, qi, qj]

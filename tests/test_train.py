@@ -72,7 +72,7 @@ def test_short_run_learns_on_real_cifar10(cifar10_mini_dir, tmp_path):
     import keras
 
     model = keras.models.load_model(tmp_path / "model.keras")
-    from trainers import data
+    from sa_conv import data
 
     test = data.load_cifar10_files(cifar10_mini_dir).test
     accuracy = float(np.mean(model.predict(test.images, verbose=0).argmax(-1) == test.labels))

@@ -13,7 +13,7 @@ import tensorflow as tf
 from keras import ops
 
 import sa_conv
-from sa_conv import conversion, inspection, visualize
+from sa_conv import conversion, inspection, plotting
 from sa_conv.attention import MultiHeadSelfAttention2D
 from tests.conftest import PROJECT_ROOT
 
@@ -74,15 +74,15 @@ def small_model():
 
 
 def test_figures_have_the_layer_by_head_layout(small_model, real_images, tmp_path):
-    result = visualize.visualize(small_model, real_images[:2], str(tmp_path), query=(3, 12), log=lambda s: None)
+    result = plotting.visualize(small_model, real_images[:2], str(tmp_path), query=(3, 12), log=lambda s: None)
     names = sorted(os.listdir(tmp_path))
     assert names == ["attention_image0.png", "attention_image1.png", "attention_mean.png", "centers.png", "locality.json"]
     image = matplotlib.image.imread(tmp_path / "attention_image0.png")
     # 2 layers x (9 heads + input column) cells of 1.6 inches at 80 dpi, plus the title band.
     assert image.shape[1] == int(10 * 1.6 * 80)
     assert image.shape[0] == int((2 * 1.6 + 0.6) * 80)
-    maps = np.stack([inspection.query_maps(p, (16, 16), (3, 12)) for p in visualize.model_attention(small_model, real_images[:2])], 1)
-    fig = visualize.attention_grid_figure(maps[0], (3, 12), real_images[0], 2)
+    maps = np.stack([inspection.query_maps(p, (16, 16), (3, 12)) for p in plotting.model_attention(small_model, real_images[:2])], 1)
+    fig = plotting.attention_grid_figure(maps[0], (3, 12), real_images[0], 2)
     assert len(fig.axes) == 2 * 10
     cells = [ax for ax in fig.axes if ax.images and ax.get_title().startswith("head") or ax.get_ylabel()]
     assert len(cells) >= 9
@@ -93,7 +93,7 @@ def test_figures_have_the_layer_by_head_layout(small_model, real_images, tmp_pat
 
 
 def test_centers_figure_contours(small_model):
-    fig = visualize.centers_figure(small_model, (8, 8))
+    fig = plotting.centers_figure(small_model, (8, 8))
     assert len(fig.axes) == 2
     ellipses = [p for p in fig.axes[0].patches if type(p).__name__ == "Ellipse"]
     assert len(ellipses) == 2 * 9  # 50% and 90% for each head
@@ -108,7 +108,7 @@ def test_centers_figure_contours(small_model):
 def test_isotropic_contour_radius():
     """50% mass of exp(-alpha ||d||^2): radius sqrt(ln 2 / alpha)."""
     alpha = 0.5
-    patch = visualize._contour(np.zeros(2), 2 * alpha * np.eye(2), 0.5)
+    patch = plotting._contour(np.zeros(2), 2 * alpha * np.eye(2), 0.5)
     assert patch.width / 2 == pytest.approx(np.sqrt(np.log(2) / alpha))
 
 
@@ -148,7 +148,7 @@ def test_cli(small_model, tmp_path, cifar10_mini_dir):
     small_model.save(path)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "sa_conv.visualize", f"--model_path={path}", f"--output_dir={tmp_path / 'out'}",
+        [sys.executable, "-m", "trainers.visualize", f"--model_path={path}", f"--output_dir={tmp_path / 'out'}",
          "--images=0,3", "--query_pixel=8,8", "--dataset=cifar10_files", f"--data_dir={cifar10_mini_dir}"],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
@@ -156,7 +156,7 @@ def test_cli(small_model, tmp_path, cifar10_mini_dir):
     assert "mass 3x3" in proc.stdout
     assert (tmp_path / "out" / "attention_image1.png").is_file()
     bad = subprocess.run(
-        [sys.executable, "-m", "sa_conv.visualize", f"--model_path={path}", "--query_pixel=40,1",
+        [sys.executable, "-m", "trainers.visualize", f"--model_path={path}", "--query_pixel=40,1",
          "--dataset=cifar10_files", f"--data_dir={cifar10_mini_dir}", f"--output_dir={tmp_path / 'o2'}"],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )

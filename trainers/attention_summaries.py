@@ -9,16 +9,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sa_conv import inspection, visualize
+import sa_conv
+from sa_conv import inspection, plotting
 
 
 class AttentionSummaries(keras.callbacks.Callback):
     """Every ``every`` epochs, writes to ``log_dir`` the attention maps of the query pixel
-    (layers x heads, averaged over ``images``) and, for quadratic encodings, the centers of
+    (layers x heads, averaged over ``images``) and, for Gaussian (quadratic) encodings, the centers of
     attention, as image summaries ``attention/maps`` and ``attention/centers``.
 
     Args:
-      images: uint8 ``(n, 32, 32, 3)``, e.g. a few validation images.
+      images: uint8 ``(n, H, W, C)`` (the model's input size), e.g. a few validation images.
       log_dir: TensorBoard directory (e.g. ``model_dir/logs/attention``).
       every: period in epochs.
       query: ``(row, col)`` on the attention grid; default the center.
@@ -35,14 +36,13 @@ class AttentionSummaries(keras.callbacks.Callback):
         self._writer = None
 
     def _figures(self):
-        grid, pooling = visualize.attention_grid(self.model)
+        grid, pooling = sa_conv.attention_grid(self.model)
         query = self.query or (grid[0] // 2, grid[1] // 2)
-        probabilities = visualize.model_attention(self.model, self.images)
+        probabilities = plotting.model_attention(self.model, self.images)
         maps = np.stack([inspection.query_maps(p, grid, query).mean(0) for p in probabilities])
-        figures = {"attention/maps": visualize.attention_grid_figure(maps, query, self.images[0], pooling)}
-        encodings = {b.attention.encoding for b in visualize.attention_blocks(self.model)}
-        if encodings <= {"quadratic", "quadratic_full"}:
-            figures["attention/centers"] = visualize.centers_figure(self.model, query)
+        figures = {"attention/maps": plotting.attention_grid_figure(maps, query, self.images[0], pooling)}
+        if plotting.has_centers(self.model):
+            figures["attention/centers"] = plotting.centers_figure(self.model, query)
         return figures
 
     def on_epoch_end(self, epoch, logs=None):
@@ -53,6 +53,6 @@ class AttentionSummaries(keras.callbacks.Callback):
             self._writer = tf.summary.create_file_writer(self.log_dir)
         with self._writer.as_default(step=epoch + 1):
             for name, fig in self._figures().items():
-                image = tf.io.decode_png(visualize.figure_png(fig), channels=4)
+                image = tf.io.decode_png(plotting.figure_png(fig), channels=4)
                 tf.summary.image(name, image[None], step=epoch + 1)
         self._writer.flush()

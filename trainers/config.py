@@ -1,6 +1,6 @@
 """`TrainConfig`: every setting of a training run, the single source of the trainer's flags.
 
-`trainers.flags` defines one absl flag per field (same name, default and help), a
+`sa_conv.cli` defines one absl flag per field (same name, default and help), a
 ``--config_file`` (JSON or YAML) may set any of them, and flags given on the command line win.
 The resolved configuration is written to ``model_dir/config.json``.
 """
@@ -8,12 +8,13 @@ The resolved configuration is written to ``model_dir/config.json``.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Optional
 
+from sa_conv import cli
 from sa_conv.config import PRESETS
-from trainers.data import DATASETS
+from sa_conv.data import DATASETS, get_source
+from sa_conv.encodings import get_encoding
+from sa_conv.errors import ConfigError, SaConvError
 from trainers.schedule import SCHEDULES
 
 STRATEGIES = ("auto", "mirrored", "multi_worker", "one_device", "tpu")
@@ -23,13 +24,7 @@ MODEL_OVERRIDES = (
     "encoding", "num_layers", "num_heads", "hidden_size", "mlp_size", "dropout", "attention_dropout",
 )
 
-
-class ConfigError(ValueError):
-    """An invalid training setting: the message names the setting and the fix."""
-
-
-def _field(default, help, choices=None):
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+_field = cli.config_field
 
 
 @dataclasses.dataclass
@@ -42,9 +37,13 @@ class TrainConfig:
     mlp_size: Optional[int] = _field(None, "Override the preset's MLP size.")
     dropout: Optional[float] = _field(None, "Override the preset's dropout.")
     attention_dropout: Optional[float] = _field(None, "Override the preset's attention dropout.")
-    dataset: str = _field("cifar10", "Data source: tfds, official python-format files, or generated.", DATASETS)
+    dataset: str = _field(
+        "cifar10",
+        f"Data source: one of {', '.join(DATASETS)} (any tfds image-classification dataset with a fixed "
+        "image size). The model's image size, classes and normalization come from the data.",
+    )
     data_dir: Optional[str] = _field(
-        None, "tfds data_dir for cifar10; the cifar-10-batches-py/ directory or .tar.gz for cifar10_files."
+        None, "For cifar10/cifar100: the official python-format directory or .tar.gz, else a tfds data_dir."
     )
     validation_size: Optional[int] = _field(
         None, "Training images held out for validation (default 10%: 5,000 of CIFAR-10)."
@@ -126,50 +125,22 @@ class TrainConfig:
                 "needs a validation split (the test split is only for the final evaluation)."
             )
         self.milestone_epochs()
+        try:
+            get_source(self.dataset)
+        except SaConvError as exc:
+            raise ConfigError(f"--dataset: {exc}") from None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def field_names() -> list[str]:
-    return [f.name for f in dataclasses.fields(TrainConfig)]
-
-
-def read_config_file(path: str) -> dict:
-    """Reads a JSON or YAML file of `TrainConfig` keys."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config_file {path!r} does not exist.")
-    with open(path) as f:
-        text = f.read()
-    try:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-
-            values = yaml.safe_load(text) or {}
-        else:
-            values = json.loads(text)
-    except Exception as exc:
-        raise ConfigError(f"--config_file {path!r} is not valid JSON/YAML: {exc}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"--config_file {path!r} must hold a mapping of setting names to values.")
-    unknown = sorted(set(values) - set(field_names()))
-    if unknown:
-        raise ConfigError(f"--config_file {path!r} has unknown keys {unknown}; known: {field_names()}.")
-    return values
-
-
 def default_jit_compile(model_config) -> bool:
-    """XLA when ``--jit_compile`` is unset: only for content attention (see `TrainConfig.jit_compile`)."""
-    return model_config.architecture != "resnet18" and model_config.encoding == "learned_content"
+    """XLA when ``--jit_compile`` is unset: only for encodings whose logits depend on the input
+    (per-example ``(batch, heads, N, N)`` tensors; see `TrainConfig.jit_compile`)."""
+    return model_config.architecture == "attention" and not get_encoding(model_config.encoding).position_only
 
 
 def make_config(file_values: dict | None = None, overrides: dict | None = None) -> TrainConfig:
     """Defaults, then the config file's values, then ``overrides`` (e.g. flags set on the command
-    line); validated."""
-    values = {**(file_values or {}), **(overrides or {})}
-    unknown = sorted(set(values) - set(field_names()))
-    if unknown:
-        raise ConfigError(f"Unknown training setting(s) {unknown}.")
-    config = TrainConfig(**values)
-    config.validate()
-    return config
+    line); type-checked and validated."""
+    return cli.make(TrainConfig, {**(file_values or {}), **(overrides or {})})

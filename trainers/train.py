@@ -35,9 +35,11 @@ import numpy as np
 import tensorflow as tf
 
 import sa_conv
-from trainers import data as data_lib
+from sa_conv import cli, files
+from sa_conv import data as data_lib
+from sa_conv.errors import ConfigError, SaConvError
 from trainers import distribute
-from trainers.config import ConfigError, TrainConfig, default_jit_compile
+from trainers.config import TrainConfig, default_jit_compile, make_config
 from trainers.schedule import make_schedule
 
 # Variables (by their short name) that get no weight decay: attention centers and spreads,
@@ -45,7 +47,7 @@ from trainers.schedule import make_schedule
 NO_WEIGHT_DECAY = ("centers", "spreads", "gamma", "beta", "bias")
 
 
-class TrainingError(RuntimeError):
+class TrainingError(SaConvError):
     """Training cannot go on (e.g. the loss diverged); the message says what to change."""
 
 
@@ -63,11 +65,7 @@ def weights_checksum(model: keras.Model) -> str:
 
 
 def _write_json(path: str, value) -> None:
-    """Atomic: a crash never leaves a half-written file."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    files.write_json(path, value, sort_keys=True)
 
 
 def _save_keras_atomically(model: keras.Model, path: str) -> None:
@@ -85,7 +83,7 @@ class Trainer:
         strategy: tf.distribute.Strategy | None = None,
         log: Callable[[str], None] = print,
         interactive: bool | None = None,
-        dataset: data_lib.CifarData | None = None,
+        dataset: data_lib.ImageData | None = None,
     ):
         config.validate()
         self.dataset = dataset
@@ -129,6 +127,12 @@ class Trainer:
             dataset.train, c.validation_size, seed=c.seed
         )
         self.test_split = dataset.test
+        # Image size, classes and normalization statistics (of the official training split) come
+        # from the data, so the model and its exports take this dataset's raw pixels.
+        try:
+            self.model_config = self.model_config.replace(**dataset.model_fields())
+        except ValueError as exc:
+            raise ConfigError(f"--dataset={c.dataset}: {exc}") from None
         self.steps_per_epoch = len(self.train_split) // c.global_batch_size
         if self.steps_per_epoch < 1:
             raise ConfigError(
@@ -142,7 +146,7 @@ class Trainer:
     def _build(self, model: keras.Model | None = None):
         c = self.config
         with self.strategy.scope():
-            self.model = model or sa_conv.build_model(c.model, **c.model_overrides())
+            self.model = model or sa_conv.build_model(self.model_config, name=c.model)
             self.schedule = make_schedule(
                 c.lr_schedule,
                 c.learning_rate,
@@ -451,31 +455,16 @@ def train(config: TrainConfig, strategy=None, log=print) -> dict:
 # ------------------------------------------------------------------------------------ CLI
 
 
-def main(argv):
-    from trainers.flags import config_from_flags
-
-    if len(argv) > 1:
-        raise SystemExit(f"sa-conv-train: error: unexpected arguments {argv[1:]}; settings are --flags.")
-    try:
-        config = config_from_flags()
-        distribute.configure_cpu_devices(config.cpu_devices)
-        train(config)
-    except (ConfigError, data_lib.DatasetError, TrainingError) as exc:
-        print(f"sa-conv-train: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+def main():
+    config = make_config(cli.settings(TrainConfig), {})
+    distribute.configure_cpu_devices(config.cpu_devices)
+    train(config)
 
 
 def run():
     """Console script ``sa-conv-train``."""
-    from absl import app, flags
-
-    from trainers import flags as trainer_flags
-
-    trainer_flags.define_flags()
-    flags.adopt_module_key_flags(trainer_flags)  # --helpshort lists them
-    app.run(main)
+    cli.run("sa-conv-train", main, TrainConfig)
 
 
 if __name__ == "__main__":
     run()
-

@@ -30,17 +30,19 @@ from __future__ import annotations
 import copy
 import csv
 import dataclasses
+import io
 import json
 import os
-import sys
 import time
 
 import keras_tuner as kt
 
 import sa_conv
-from trainers import data as data_lib
+from sa_conv import cli, files
+from sa_conv import data as data_lib
+from sa_conv.errors import ConfigError
 from trainers import distribute
-from trainers.config import ConfigError, TrainConfig, make_config
+from trainers.config import TrainConfig, make_config
 from trainers.train import TrainingError, Trainer, train
 
 MODEL_HYPERPARAMETERS = ("encoding", "num_heads", "num_layers", "hidden_size", "mlp_size", "dropout",
@@ -220,14 +222,15 @@ def trial_config(base: TrainConfig, space: dict, values: dict, epochs: int, mode
 class SaConvHyperModel(kt.HyperModel):
     """Builds sa_conv models from a search space; ``fit`` trains with the trainer's loop."""
 
-    def __init__(self, space: dict, base: TrainConfig, strategy, dataset: data_lib.CifarData, log=print):
+    def __init__(self, space: dict, base: TrainConfig, strategy, dataset: data_lib.ImageData, log=print):
         super().__init__(name="sa_conv")
         self.space, self.base, self.strategy, self.dataset, self.log = space, base, strategy, dataset, log
 
     def build(self, hp):
         values = define_hyperparameters(hp, self.space)
         model_values = {k: v for k, v in values.items() if k in MODEL_HYPERPARAMETERS}
-        return sa_conv.build_model(self.space.get("base_model", self.base.model), **model_values)
+        base_model = self.space.get("base_model", self.base.model)
+        return sa_conv.build_model(base_model, **model_values, **self.dataset.model_fields())
 
     def fit(self, hp, model, *args, epochs=1, initial_epoch=0, callbacks=(), trial_dir=None, **kwargs):
         values = {entry["name"]: hp.get(entry["name"]) for entry in self.space["hyperparameters"]}
@@ -237,9 +240,9 @@ class SaConvHyperModel(kt.HyperModel):
         start = time.perf_counter()
         history, _ = trainer.train_epochs(initial_epoch, [], callbacks=callbacks, save=False)
         if trial_dir:
-            with open(os.path.join(trial_dir, "sa_conv_trial.json"), "w") as f:
-                json.dump({"epochs": epochs, "initial_epoch": initial_epoch, "history": history,
-                           "wall_time_seconds": time.perf_counter() - start}, f, indent=2)
+            files.write_json(os.path.join(trial_dir, "sa_conv_trial.json"),
+                             {"epochs": epochs, "initial_epoch": initial_epoch, "history": history,
+                              "wall_time_seconds": time.perf_counter() - start})
         best = max(history, key=lambda h: h["val_accuracy"])
         return {"val_accuracy": best["val_accuracy"], "val_loss": best["val_loss"]}
 
@@ -297,10 +300,11 @@ def write_reports(tuner, space: dict, project_dir: str) -> list[dict]:
             "epochs": record.get("epochs"),
             "wall_time_seconds": round(record.get("wall_time_seconds", float("nan")), 2),
         })
-    with open(os.path.join(project_dir, "trials.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["trial_id", *names, "objective", "epochs", "wall_time_seconds"])
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=["trial_id", *names, "objective", "epochs", "wall_time_seconds"])
+    writer.writeheader()
+    writer.writerows(rows)
+    files.write_text(os.path.join(project_dir, "trials.csv"), table.getvalue())
     best = tuner.oracle.get_best_trials(1)
     if best:
         summary = {
@@ -308,8 +312,7 @@ def write_reports(tuner, space: dict, project_dir: str) -> list[dict]:
             "base_model": space.get("base_model"),
             "hyperparameters": {k: v for k, v in best[0].hyperparameters.values.items() if k in names},
         }
-        with open(os.path.join(project_dir, "best_hyperparameters.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        files.write_json(os.path.join(project_dir, "best_hyperparameters.json"), summary)
     return rows
 
 
@@ -357,30 +360,16 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
 # ------------------------------------------------------------------------------ CLI
 
 
-def main(argv):
-    from trainers.flags import FLAGS, present_flags
-
-    if len(argv) > 1:
-        raise SystemExit(f"sa-conv-tune: error: unexpected arguments {argv[1:]}.")
-    try:
-        base = make_config(overrides={k: v for k, v in present_flags(TrainConfig).items()})
-        distribute.configure_cpu_devices(base.cpu_devices)
-        config = TuneConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(TuneConfig)})
-        tune(config, base)
-    except (ConfigError, data_lib.DatasetError, TrainingError) as exc:
-        print(f"sa-conv-tune: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+def main():
+    base = make_config(cli.settings(TrainConfig, TrainConfig, TuneConfig), {})
+    distribute.configure_cpu_devices(base.cpu_devices)
+    tune(cli.make(TuneConfig, cli.settings(TuneConfig, TrainConfig, TuneConfig)), base)
 
 
 def run():
-    """Console script ``sa-conv-tune``."""
-    from absl import app
-
-    from trainers import flags as trainer_flags
-
-    trainer_flags.define_flags(TrainConfig)
-    trainer_flags.define_flags(TuneConfig)
-    app.run(main)
+    """Console script ``sa-conv-tune``: the trainer's flags (and ``--config_file``, which may
+    hold both the trainer's and the search's settings) plus the search's."""
+    cli.run("sa-conv-tune", main, TrainConfig, TuneConfig)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
-"""Figures of attention: maps per layer and head, centers of attention, locality metrics
-(``python -m sa_conv.visualize``, ``sa-conv-visualize``).
+"""Figures of attention: maps per layer and head, centers of attention, locality metrics.
+The command line is ``sa-conv-visualize`` (`trainers.visualize`).
 
-Writes to ``--output_dir``:
+`visualize` writes to ``output_dir``:
 
 * ``attention_image<i>.png``: one row per layer, one column per head, each cell the attention
   probabilities of the query pixel over the key grid (query marked), with the input image and
   the query's pixels marked beside them; ``attention_mean.png``: the same averaged over images
   (for position-only encodings every image gives the same maps).
-* ``centers.png`` (quadratic encodings): per layer, each head's center ``Delta_h`` around the
+* ``centers.png`` (Gaussian encodings, those whose ``gaussian()`` is not None): per layer, each head's center ``Delta_h`` around the
   query pixel and its 50% and 90% probability-mass contours (the paper's Figure 3).
 * ``locality.json`` and a printed table: per layer and head, the mean attention distance, the
   mass in the 3x3 neighbourhood of the most attended pixel, and the entropy.
@@ -16,9 +16,7 @@ Writes to ``--output_dir``:
 from __future__ import annotations
 
 import io
-import json
 import os
-import sys
 
 import matplotlib
 
@@ -28,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
 
-from sa_conv import inspection  # noqa: E402
+from sa_conv import files, inspection  # noqa: E402
 from sa_conv.models import attention_blocks, attention_grid, attention_probabilities  # noqa: E402
 
 CELL_INCHES = 1.6
@@ -57,7 +55,7 @@ def attention_grid_figure(maps, query, image=None, pooling=1, title=""):
         ax = axes[layer, 0]
         ax.axis("off")
         if image is not None and layer == 0:
-            ax.imshow(image)
+            ax.imshow(image if image.shape[-1] == 3 else image[..., 0], cmap=None if image.shape[-1] == 3 else "gray")
             r, c = query
             ax.add_patch(mpatches.Rectangle((c * pooling - 0.5, r * pooling - 0.5), pooling, pooling,
                                             fill=False, edgecolor="red", linewidth=1.5))
@@ -90,24 +88,30 @@ def _contour(center, inverse_covariance, mass):
                             angle=angle, fill=False)
 
 
+def has_centers(model) -> bool:
+    """Whether every attention layer of ``model`` has Gaussian heads with centers to draw."""
+    blocks = attention_blocks(model)
+    return bool(blocks) and all(b.attention.position_encoding.gaussian() is not None for b in blocks)
+
+
 def centers_figure(model, query):
     """Per layer: every head's center of attention around ``query`` with its 50% and 90%
-    probability-mass contours (the continuous Gaussian's), for quadratic encodings."""
+    probability-mass contours (the continuous Gaussian's), for Gaussian encodings."""
+    if not has_centers(model):
+        raise ValueError("centers_figure needs a model whose encodings have centers (quadratic encodings).")
     blocks = attention_blocks(model)
-    encodings = [b.attention.position_encoding for b in blocks]
-    if not all(b.attention.encoding in ("quadratic", "quadratic_full") for b in blocks):
-        raise ValueError("centers_figure needs a model with quadratic encodings.")
+    gaussians = [b.attention.position_encoding.gaussian() for b in blocks]
     (height, width), _ = attention_grid(model)
     fig, axes = plt.subplots(1, len(blocks), figsize=(3.0 * len(blocks), 3.4), squeeze=False, dpi=DPI)
     colors = plt.get_cmap("tab10")
-    for layer, (ax, enc) in enumerate(zip(axes[0], encodings)):
-        centers = np.asarray(ops.convert_to_numpy(enc.centers))
-        a, b, c = (np.asarray(ops.convert_to_numpy(t)) for t in enc.inverse_covariance())
+    for layer, (ax, (centers, precisions)) in enumerate(zip(axes[0], gaussians)):
+        centers = np.asarray(ops.convert_to_numpy(centers))
+        precisions = np.asarray(ops.convert_to_numpy(precisions))
         ax.add_patch(mpatches.Rectangle((-0.5, -0.5), width, height, fill=False, edgecolor="0.7"))
         for h, center in enumerate(centers):
             target = np.array(query, float) + center
             color = colors(h % 10)
-            precision = np.array([[a[h], b[h]], [b[h], c[h]]])
+            precision = precisions[h]
             for mass, style in ((0.5, "-"), (0.9, ":")):
                 patch = _contour(target, precision, mass)
                 patch.set_edgecolor(color)
@@ -144,8 +148,8 @@ def _save(fig, path):
 
 
 def visualize(model, images, output_dir, query=None, image_names=None, log=print) -> dict:
-    """Writes the figures and metrics for ``images`` (uint8 ``(n, 32, 32, 3)``); returns the
-    written paths and the metrics."""
+    """Writes the figures and metrics for ``images`` (uint8 ``(n, height, width, channels)``, the
+    model's input size); returns the written paths and the metrics."""
     os.makedirs(output_dir, exist_ok=True)
     grid, pooling = attention_grid(model)
     query = tuple(query) if query is not None else (grid[0] // 2, grid[1] // 2)
@@ -160,94 +164,12 @@ def visualize(model, images, output_dir, query=None, image_names=None, log=print
     written.append(_save(attention_grid_figure(maps.mean(0), query, None, pooling,
                                                title=f"attention of query {query}, mean over {len(images)} image(s)"),
                          os.path.join(output_dir, "attention_mean.png")))
-    if all(b.attention.encoding in ("quadratic", "quadratic_full") for b in attention_blocks(model)):
+    if has_centers(model):
         written.append(_save(centers_figure(model, query), os.path.join(output_dir, "centers.png")))
     metrics = [inspection.locality_metrics(p, grid) for p in probabilities]
-    with open(os.path.join(output_dir, "locality.json"), "w") as f:
-        json.dump({"query_pixel": list(query), "grid": list(grid), "images": len(images), "layers": metrics}, f, indent=2)
+    files.write_json(os.path.join(output_dir, "locality.json"),
+                     {"query_pixel": list(query), "grid": list(grid), "images": len(images), "layers": metrics})
     written.append(os.path.join(output_dir, "locality.json"))
     log(inspection.format_metrics(metrics))
     log("Wrote " + ", ".join(written))
     return {"paths": written, "metrics": metrics, "query": query}
-
-
-# ------------------------------------------------------------------------------ CLI
-
-
-def _load_images(spec, dataset, data_dir, model_dir):
-    """``spec``: comma-separated test-split indices or image file paths."""
-    from trainers import data as data_lib
-
-    items = [s for s in (spec or "0").split(",") if s.strip()]
-    if all(s.strip().isdigit() for s in items):
-        if dataset is None and model_dir and os.path.isfile(os.path.join(model_dir, "config.json")):
-            with open(os.path.join(model_dir, "config.json")) as f:
-                config = json.load(f)
-            dataset, data_dir = config.get("dataset"), data_dir or config.get("data_dir")
-        loaded = data_lib.load_dataset(dataset or "cifar10", data_dir)
-        test = loaded.test
-        indices = [int(s) for s in items]
-        bad = [i for i in indices if i >= len(test)]
-        if bad:
-            raise ValueError(f"--images indices {bad} are outside the test split of {len(test)} images.")
-        return test.images[indices], [f"test image {i} ({loaded.label_names[int(test.labels[i])]})" for i in indices]
-    import tensorflow as tf
-
-    images = []
-    for path in items:
-        if not os.path.isfile(path):
-            raise ValueError(f"--images: {path!r} is neither a test index nor an image file.")
-        try:
-            image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-        except tf.errors.InvalidArgumentError:
-            raise ValueError(f"--images: {path!r} is not a PNG, JPEG, GIF or BMP image.") from None
-        images.append(tf.cast(tf.round(tf.image.resize(image, (32, 32), antialias=True)), tf.uint8).numpy())
-    return np.stack(images), items
-
-
-def main(argv):
-    import keras
-    from absl import flags
-
-    from trainers.data import DatasetError
-
-    FLAGS = flags.FLAGS
-    if len(argv) > 1:
-        raise SystemExit(f"sa-conv-visualize: error: unexpected arguments {argv[1:]}.")
-    try:
-        if bool(FLAGS.model_dir) == bool(FLAGS.model_path):
-            raise ValueError("Give exactly one of --model_dir or --model_path.")
-        path = FLAGS.model_path or os.path.join(FLAGS.model_dir, "model.keras")
-        if not os.path.isfile(path):
-            raise ValueError(f"{path!r} does not exist.")
-        model = keras.models.load_model(path)
-        query = None
-        if FLAGS.query_pixel:
-            try:
-                query = tuple(int(v) for v in FLAGS.query_pixel.split(","))
-                assert len(query) == 2
-            except (ValueError, AssertionError):
-                raise ValueError(f"--query_pixel must be 'row,col', got {FLAGS.query_pixel!r}.") from None
-        images, names = _load_images(FLAGS.images, FLAGS.dataset, FLAGS.data_dir, FLAGS.model_dir)
-        visualize(model, images, FLAGS.output_dir, query, names)
-    except (ValueError, DatasetError) as exc:
-        print(f"sa-conv-visualize: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def run():
-    """Console script ``sa-conv-visualize``."""
-    from absl import app, flags
-
-    flags.DEFINE_string("model_dir", None, "A trainer output directory (its model.keras).")
-    flags.DEFINE_string("model_path", None, "A .keras file.")
-    flags.DEFINE_string("output_dir", "attention_figures", "Where the figures and locality.json go.")
-    flags.DEFINE_string("images", "0", "Comma-separated test-split indices or image files.")
-    flags.DEFINE_string("query_pixel", None, "row,col on the attention grid (default: the center).")
-    flags.DEFINE_string("dataset", None, "Dataset of the test indices (default: the run's, else cifar10).")
-    flags.DEFINE_string("data_dir", None, "Its data_dir (default: the run's).")
-    app.run(main)
-
-
-if __name__ == "__main__":
-    run()

@@ -1,0 +1,24 @@
+"""Relative positional encodings of `sa_conv.MultiHeadSelfAttention2D` and their registry.
+
+`ENCODINGS` maps every registered name to its `EncodingSpec`; `register_encoding` adds one
+(see `sa_conv.encodings.base` for the interface). The built-in encodings:
+
+* ``quadratic``, ``quadratic_full``: `QuadraticEncoding` (paper Eq. 9, isotropic or full covariance).
+* ``learned``: `LearnedRelativeEncoding` (learned row and column tables, position only).
+* ``learned_content``: `LearnedContentEncoding` (content plus learned relative term).
+"""
+
+from sa_conv.encodings.base import (
+    ENCODINGS, EncodingSpec, RelativeEncoding, axis_offsets, check_table_bound, get_encoding,
+    register_encoding, relative_indices, relative_offsets,
+)
+# Registration order is the order of `ENCODINGS`.
+from sa_conv.encodings.quadratic import QuadraticEncoding  # isort: skip
+from sa_conv.encodings.learned import LearnedRelativeEncoding  # isort: skip
+from sa_conv.encodings.content import LearnedContentEncoding  # isort: skip
+
+__all__ = [
+    "ENCODINGS", "EncodingSpec", "LearnedContentEncoding", "LearnedRelativeEncoding", "QuadraticEncoding",
+    "RelativeEncoding", "axis_offsets", "check_table_bound", "get_encoding", "register_encoding",
+    "relative_indices", "relative_offsets",
+]

@@ -1,0 +1,181 @@
+"""The interface every relative positional encoding implements, and the registry of encodings.
+
+Pixels of an ``H x W`` grid are flattened row-major: pixel ``(i, j)`` has index ``i * W + j``.
+For a query pixel ``q`` and a key pixel ``k`` the relative offset is
+``delta = k - q = (dy, dx)`` (row offset, column offset), in pixels of the grid.
+
+An encoding is a `RelativeEncoding` subclass registered under a name with `register_encoding`;
+`MultiHeadSelfAttention2D(encoding=NAME)`, the presets, the FLOP counts, the trainer's XLA
+default, the plots and the separable fast path all ask the registered class, never its name.
+Adding an encoding is one class in one file plus its ``@register_encoding`` line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+from typing import Mapping
+
+import keras
+import numpy as np
+
+
+def relative_offsets(height, width):
+    """Offsets ``k - q`` between all grid pixels.
+
+    Returns:
+      ``(dy, dx)``: two float32 numpy arrays of shape ``(H*W, H*W)``, indexed ``[query, key]``.
+    """
+    rows, cols = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+    rows, cols = rows.reshape(-1), cols.reshape(-1)
+    dy = rows[None, :] - rows[:, None]
+    dx = cols[None, :] - cols[:, None]
+    return dy.astype(np.float32), dx.astype(np.float32)
+
+
+def axis_offsets(size):
+    """``(size, size)`` float32 offsets ``k - q`` of 1-D positions, indexed ``[query, key]``."""
+    positions = np.arange(size, dtype=np.float32)
+    return positions[None, :] - positions[:, None]
+
+
+def relative_indices(size, max_size):
+    """``(size, size)`` int32 table of ``k - q + max_size - 1`` for 1-D positions, in
+    ``[0, 2 * max_size - 2]``: the row of an embedding table of length ``2 * max_size - 1``."""
+    positions = np.arange(size)
+    return (positions[None, :] - positions[:, None] + max_size - 1).astype(np.int32)
+
+
+def check_table_bound(height, width, max_grid_size, layer):
+    """Raises ValueError when a grid has offsets beyond a learned table of ``2P - 1`` rows."""
+    if height > max_grid_size or width > max_grid_size:
+        raise ValueError(
+            f"{layer}: the attention grid is {height}x{width} but the learned relative "
+            f"embedding tables cover offsets up to max_grid_size={max_grid_size} pixels. Build "
+            f"the layer with max_grid_size >= {max(height, width)}."
+        )
+
+
+class RelativeEncoding(keras.layers.Layer):
+    """Base class of the relative positional encodings of `MultiHeadSelfAttention2D`.
+
+    What every encoding provides:
+
+    * ``logits(height, width, queries=None, keys=None)``: the attention logits, float32.
+      Position-only encodings (``position_only = True``) ignore ``queries`` and ``keys`` and
+      return ``(heads, H*W, H*W)``, shared by the batch. Content-based encodings take the
+      per-head queries and keys ``(batch, heads, H*W, d)`` that the attention layer computes
+      (it builds its ``query`` and ``key`` maps only for them) and return
+      ``(batch, heads, H*W, H*W)``, content term and scaling included.
+    * ``separable`` and ``factor_logits(height, width)``: whether the logits are a row term
+      plus a column term, ``logit(q, k) = row[h, qi, ki] + col[h, qj, kj]``, and those terms
+      ``(heads, H, H)``, ``(heads, W, W)``. The exact separable attention path uses them.
+    * ``logits_flops(height, width, num_heads, input_dim, **options)`` (classmethod): the
+      FLOPs per example of the logits that depend on the input (0 for position-only ones,
+      whose logits are computed once per batch).
+    * ``gaussian()``: ``(centers (heads, 2), precision (heads, 2, 2))`` for encodings that are
+      a Gaussian around a center per head (plots draw them), else None.
+    * ``from_attention(attention, input_dim, **options)`` (classmethod): the encoding for an
+      attention layer, from its hyperparameters; ``check_model(...)`` (classmethod): raises
+      ValueError for a model configuration the encoding cannot serve.
+
+    Encodings compute in float32: their ``dtype`` policy is pinned and their weights are never
+    autocast, so logits and softmax stay in float32 under mixed precision.
+    """
+
+    position_only = True
+
+    def __init__(self, **kwargs):
+        kwargs["dtype"] = "float32"  # logits and softmax in float32, also under mixed precision
+        super().__init__(**kwargs)
+
+    # ---------------------------------------------------------------- the interface
+
+    @classmethod
+    def from_attention(cls, attention, input_dim, **options):
+        raise NotImplementedError
+
+    @classmethod
+    def check_model(cls, *, grid_size, hidden_size, max_grid_size, **options) -> None:
+        """Raises ValueError naming the fix when a model of this shape cannot use the encoding."""
+
+    @classmethod
+    def is_separable(cls, **options) -> bool:
+        return False
+
+    @classmethod
+    def logits_flops(cls, height, width, num_heads, input_dim, **options) -> int:
+        return 0
+
+    @property
+    def separable(self) -> bool:
+        return type(self).is_separable(**self.options)
+
+    @property
+    def options(self) -> dict:
+        """The registered options this instance was made with (see `EncodingSpec`)."""
+        return {}
+
+    def logits(self, height, width, queries=None, keys=None):
+        raise NotImplementedError
+
+    def factor_logits(self, height, width):
+        raise ValueError(f"{type(self).__name__} logits do not separate into row and column terms.")
+
+    def gaussian(self):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodingSpec:
+    """A registered encoding: its name, class and the fixed options the name stands for."""
+
+    name: str
+    cls: type
+    options: Mapping = dataclasses.field(default_factory=dict)
+
+    @property
+    def position_only(self) -> bool:
+        return self.cls.position_only
+
+    @property
+    def separable(self) -> bool:
+        return self.cls.is_separable(**self.options)
+
+    def create(self, attention, input_dim) -> RelativeEncoding:
+        return self.cls.from_attention(attention, input_dim, **self.options)
+
+    def check_model(self, **shape) -> None:
+        self.cls.check_model(**shape, **self.options)
+
+    def logits_flops(self, height, width, num_heads, input_dim) -> int:
+        return self.cls.logits_flops(height, width, num_heads, input_dim, **self.options)
+
+
+_REGISTRY: dict[str, EncodingSpec] = {}
+ENCODINGS: Mapping[str, EncodingSpec] = MappingProxyType(_REGISTRY)
+"""Every registered encoding by name (read-only; `register_encoding` adds to it)."""
+
+
+def register_encoding(name: str, **options):
+    """Class decorator: registers ``cls`` under ``name`` with fixed ``options`` (passed to
+    ``from_attention`` and the class's other hooks). A class may be registered under several
+    names with different options."""
+
+    def register(cls):
+        if not (isinstance(cls, type) and issubclass(cls, RelativeEncoding)):
+            raise TypeError(f"{cls!r} is not a RelativeEncoding subclass.")
+        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
+            raise ValueError(f"An encoding named {name!r} is already registered ({_REGISTRY[name].cls.__name__}).")
+        _REGISTRY[name] = EncodingSpec(name, cls, MappingProxyType(dict(options)))
+        return cls
+
+    return register
+
+
+def get_encoding(name: str) -> EncodingSpec:
+    """The registered encoding ``name``; ValueError listing the known names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"Unknown encoding {name!r}; choose one of {', '.join(_REGISTRY)}.") from None

@@ -1,0 +1,104 @@
+"""Content-based attention with learned 2-D relative embeddings (the paper's "SA learned
+embedding w/ content", after Ramachandran et al., 2019)."""
+
+import math
+
+import keras
+from keras import ops
+
+from sa_conv.encodings.base import RelativeEncoding, check_table_bound, register_encoding, relative_indices
+
+
+@keras.saving.register_keras_serializable(package="sa_conv")
+@register_encoding("learned_content")
+class LearnedContentEncoding(RelativeEncoding):
+    """Content plus relative logits ``(q . k + q . r_delta) / sqrt(d)``.
+
+    The queries and keys ``(batch, heads, N, d)`` come from the attention layer's ``query`` and
+    ``key`` maps. The query of each head, of size ``d``, is split in a row half and a column
+    half for the relative term::
+
+        q . r_delta = q[:d/2] . e_row[dy] + q[d/2:] . e_col[dx],
+
+    with row and column tables ``(2P - 1, d / 2)`` shared by all heads. Not position-only: the
+    logits are ``(batch, heads, N, N)``.
+    """
+
+    position_only = False
+
+    def __init__(self, max_grid_size, query_dim, initializer_range=0.02, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.max_grid_size = int(max_grid_size)
+        self.query_dim = int(query_dim)
+        self.initializer_range = float(initializer_range)
+        self.seed = seed
+        if self.query_dim % 2:
+            raise ValueError(
+                f"learned_content splits each query in a row half and a column half, so the "
+                f"query size (the layer's input channels) must be even, got {self.query_dim}."
+            )
+
+    @classmethod
+    def from_attention(cls, attention, input_dim):
+        return cls(attention.max_grid_size, input_dim, initializer_range=attention.initializer_range,
+                   seed=attention.sublayer_seed(0), name="position_encoding")
+
+    @classmethod
+    def check_model(cls, *, grid_size, hidden_size, max_grid_size):
+        if hidden_size % 2:
+            raise ValueError(
+                f"learned_content splits each head's query in row and column halves: hidden_size "
+                f"must be even, got {hidden_size}."
+            )
+        if grid_size > max_grid_size:
+            raise ValueError(
+                f"The attention grid is {grid_size}x{grid_size} but max_grid_size is "
+                f"{max_grid_size}; set max_grid_size >= {grid_size}."
+            )
+
+    @classmethod
+    def logits_flops(cls, height, width, num_heads, input_dim):
+        n, d = height * width, input_dim
+        query_key = 2 * (2 * n * d * num_heads * d)  # the two maps D -> heads * D
+        return query_key + 2 * num_heads * n * n * d + 2 * num_heads * n * (height + width) * (d // 2)
+
+    def build(self, input_shape=None):
+        n, e = 2 * self.max_grid_size - 1, self.query_dim // 2
+        for i, name in enumerate(("row_embeddings", "col_embeddings")):
+            seed = None if self.seed is None else self.seed + i
+            init = keras.initializers.RandomNormal(0.0, self.initializer_range, seed=seed)
+            setattr(self, name, self.add_weight(name=name, shape=(n, e), initializer=init, autocast=False))
+
+    def relative_logits(self, queries):
+        """``q . r_delta`` of shape ``(batch, heads, H*W, H*W)`` for queries
+        ``(batch, heads, H, W, d)``."""
+        _, heads, height, width, d = queries.shape
+        check_table_bound(height, width, self.max_grid_size, type(self).__name__)
+        p, half = self.max_grid_size, d // 2
+        queries = ops.cast(queries, "float32")
+        r_row = ops.take(self.row_embeddings, relative_indices(height, p), axis=0)  # (Hq, Hk, d/2)
+        r_col = ops.take(self.col_embeddings, relative_indices(width, p), axis=0)  # (Wq, Wk, d/2)
+        row = ops.einsum("bhijd,ikd->bhijk", queries[..., :half], r_row)
+        col = ops.einsum("bhijd,jld->bhijl", queries[..., half:], r_col)
+        scores = row[..., :, None] + col[..., None, :]  # (b, heads, Hq, Wq, Hk, Wk)
+        n = height * width
+        return ops.reshape(scores, (-1, heads, n, n))
+
+    def logits(self, height, width, queries=None, keys=None):
+        """``(q . k + q . r_delta) / sqrt(d)``, ``(batch, heads, N, N)``, for queries and keys
+        ``(batch, heads, N, d)``."""
+        if queries is None or keys is None:
+            raise ValueError("learned_content logits depend on the input: pass queries and keys.")
+        d = queries.shape[-1]
+        content = ops.cast(ops.einsum("bhqd,bhkd->bhqk", queries, keys), "float32")
+        relative = self.relative_logits(ops.reshape(queries, (-1, queries.shape[1], height, width, d)))
+        return (content + relative) / math.sqrt(d)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "max_grid_size": self.max_grid_size,
+            "query_dim": self.query_dim,
+            "initializer_range": self.initializer_range,
+            "seed": self.seed,
+        }

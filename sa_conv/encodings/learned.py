@@ -1,0 +1,87 @@
+"""Learned 2-D relative encoding, position only (the paper's "SA learned embedding")."""
+
+import keras
+from keras import ops
+
+from sa_conv.encodings.base import RelativeEncoding, check_table_bound, register_encoding, relative_indices
+
+
+@keras.saving.register_keras_serializable(package="sa_conv")
+@register_encoding("learned")
+class LearnedRelativeEncoding(RelativeEncoding):
+    """Learned 2-D relative encoding, position only.
+
+    Separate row and column embedding tables of ``2 P - 1`` rows (offsets ``-(P-1)..(P-1)``,
+    ``P = max_grid_size``) and ``embedding_dim`` columns; each head has a row key ``w_h^row``
+    and a column key ``w_h^col``::
+
+        logit_h(q, k) = w_h^row . e_row[dy] + w_h^col . e_col[dx].
+
+    Weights: ``row_embeddings``, ``col_embeddings`` ``(2P-1, E)``; ``row_head_keys``,
+    ``col_head_keys`` ``(E, heads)``. Separable: a row term plus a column term.
+    """
+
+    def __init__(self, num_heads, max_grid_size, embedding_dim, initializer_range=0.02, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.max_grid_size = int(max_grid_size)
+        self.embedding_dim = int(embedding_dim)
+        self.initializer_range = float(initializer_range)
+        self.seed = seed
+        if self.max_grid_size < 1 or self.embedding_dim < 1:
+            raise ValueError("max_grid_size and embedding_dim must be positive.")
+
+    @classmethod
+    def from_attention(cls, attention, input_dim):
+        return cls(attention.num_heads, attention.max_grid_size, attention.position_embedding_dim or input_dim,
+                   initializer_range=attention.initializer_range, seed=attention.sublayer_seed(0),
+                   name="position_encoding")
+
+    @classmethod
+    def check_model(cls, *, grid_size, hidden_size, max_grid_size):
+        if grid_size > max_grid_size:
+            raise ValueError(
+                f"The attention grid is {grid_size}x{grid_size} but max_grid_size is "
+                f"{max_grid_size}; set max_grid_size >= {grid_size}."
+            )
+
+    @classmethod
+    def is_separable(cls):
+        return True
+
+    def build(self, input_shape=None):
+        n, e = 2 * self.max_grid_size - 1, self.embedding_dim
+        for i, (name, shape) in enumerate((("row_embeddings", (n, e)), ("col_embeddings", (n, e)),
+                                           ("row_head_keys", (e, self.num_heads)),
+                                           ("col_head_keys", (e, self.num_heads)))):
+            # A fresh initializer per weight: one unseeded object returns the same values on
+            # every call.
+            seed = None if self.seed is None else self.seed + i
+            init = keras.initializers.RandomNormal(0.0, self.initializer_range, seed=seed)
+            setattr(self, name, self.add_weight(name=name, shape=shape, initializer=init, autocast=False))
+
+    def factor_logits(self, height, width):
+        """``row (heads, H, H)`` and ``col (heads, W, W)`` with ``logit(q, k) = row[qi, ki] +
+        col[qj, kj]``, indexed ``[head, query, key]``."""
+        check_table_bound(height, width, self.max_grid_size, type(self).__name__)
+        p = self.max_grid_size
+        # (2P-1, heads) per-offset scores, then gathered to [query row, key row, head].
+        row = ops.take(ops.matmul(self.row_embeddings, self.row_head_keys), relative_indices(height, p), axis=0)
+        col = ops.take(ops.matmul(self.col_embeddings, self.col_head_keys), relative_indices(width, p), axis=0)
+        return ops.transpose(row, (2, 0, 1)), ops.transpose(col, (2, 0, 1))
+
+    def logits(self, height, width, queries=None, keys=None):
+        """Attention logits ``(heads, H*W, H*W)`` for an ``H x W`` grid."""
+        row, col = self.factor_logits(height, width)
+        n = height * width
+        return ops.reshape(row[:, :, None, :, None] + col[:, None, :, None, :], (self.num_heads, n, n))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "max_grid_size": self.max_grid_size,
+            "embedding_dim": self.embedding_dim,
+            "initializer_range": self.initializer_range,
+            "seed": self.seed,
+        }

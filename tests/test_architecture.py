@@ -1,0 +1,161 @@
+"""Structure: the library imports no program, programs import each other only where one composes
+another, and a new encoding is one class plus its registration that every consumer picks up."""
+
+import ast
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import sa_conv
+from benchmarks import flops
+from sa_conv import plotting
+from sa_conv.encodings import base as encodings_base
+from tests.conftest import PROJECT_ROOT
+from trainers.config import default_jit_compile
+
+PROGRAMS = ("trainers", "export", "benchmarks")
+# Programs that compose another program, and which: the only imports between programs.
+COMPOSES = {"trainers/demo.py": {"export"}, "benchmarks/throughput.py": {"export", "trainers"}}
+
+
+def _imported_packages(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _sources(package):
+    return sorted((PROJECT_ROOT / package).rglob("*.py"))
+
+
+def test_the_library_imports_no_program():
+    offenders = {str(p.relative_to(PROJECT_ROOT)): sorted(_imported_packages(p) & set(PROGRAMS))
+                 for p in _sources("sa_conv")}
+    assert {k: v for k, v in offenders.items() if v} == {}
+    assert len(offenders) >= 15  # the walk really read the library
+
+
+def test_programs_import_each_other_only_to_compose():
+    found = {}
+    for package in PROGRAMS:
+        for path in _sources(package):
+            rel = str(path.relative_to(PROJECT_ROOT))
+            others = (_imported_packages(path) & set(PROGRAMS)) - {package}
+            if others - COMPOSES.get(rel, set()):
+                found[rel] = sorted(others)
+    assert found == {}
+
+
+def test_import_reader_sees_imports_inside_functions(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import os\n\ndef f():\n    from trainers import train\n    import export.export\n")
+    assert _imported_packages(source) == {"os", "trainers", "export"}
+
+
+# ------------------------------------------------------------------ the encoding interface
+
+
+@pytest.fixture
+def row_only_encoding():
+    """A new encoding, written as a user would: one class and its registration. Position only,
+    separable (a learned logit per head and row offset, nothing per column)."""
+
+    @sa_conv.register_encoding("test_rows")
+    class RowOffsetEncoding(sa_conv.RelativeEncoding):
+        def __init__(self, num_heads, max_grid_size, **kwargs):
+            super().__init__(**kwargs)
+            self.num_heads, self.max_grid_size = num_heads, max_grid_size
+
+        @classmethod
+        def from_attention(cls, attention, input_dim):
+            return cls(attention.num_heads, attention.max_grid_size, name="position_encoding")
+
+        @classmethod
+        def is_separable(cls):
+            return True
+
+        def build(self, input_shape=None):
+            self.table = self.add_weight(name="table", shape=(2 * self.max_grid_size - 1, self.num_heads),
+                                         initializer="random_normal", autocast=False)
+
+        def factor_logits(self, height, width):
+            idx = encodings_base.relative_indices(height, self.max_grid_size)
+            row = ops.transpose(ops.take(self.table, idx, axis=0), (2, 0, 1))
+            return row, ops.zeros((self.num_heads, width, width))
+
+        def logits(self, height, width, queries=None, keys=None):
+            row, col = self.factor_logits(height, width)
+            n = height * width
+            return ops.reshape(row[:, :, None, :, None] + col[:, None, :, None, :], (self.num_heads, n, n))
+
+    yield RowOffsetEncoding
+    del encodings_base._REGISTRY["test_rows"]
+
+
+def test_a_registered_encoding_reaches_every_consumer(row_only_encoding):
+    assert "test_rows" in sa_conv.ENCODINGS
+    config = sa_conv.get_config("sa_quadratic_small", encoding="test_rows", num_layers=1, hidden_size=16)
+    model = sa_conv.build_model(config)
+    layer = sa_conv.attention_blocks(model)[0].attention
+    assert isinstance(layer.position_encoding, row_only_encoding)
+    # The fast path asks the encoding: separable, so it runs at 16x16 and equals the dense path.
+    assert layer.uses_fast_path(training=False, grid=(16, 16))
+    x = np.random.default_rng(0).normal(size=(2, 16, 16, 16)).astype(np.float32)
+    dense = sa_conv.MultiHeadSelfAttention2D(9, encoding="test_rows", fast_position_attention=False)
+    dense.build(x.shape)
+    dense.set_weights(layer.get_weights())
+    np.testing.assert_allclose(ops.convert_to_numpy(layer(x)), ops.convert_to_numpy(dense(x)), atol=2e-5)
+    # FLOPs count the separable aggregation; XLA stays off (position only); no centers to plot.
+    parts = flops.attention_layer_flops(config, fast=True)
+    assert parts["aggregation"] == 2 * 9 * 256 * 32 * 16 and "logits" not in parts
+    assert default_jit_compile(config) is False
+    assert plotting.has_centers(model) is False
+    # Saved and reloaded like the built-in encodings.
+    path = PROJECT_ROOT / ".pytest_cache" / "test_rows.keras"
+    path.parent.mkdir(exist_ok=True)
+    model.save(path)
+    images = np.random.default_rng(1).integers(0, 256, size=(2, 32, 32, 3)).astype(np.uint8)
+    np.testing.assert_allclose(ops.convert_to_numpy(keras.models.load_model(path)(images)),
+                               ops.convert_to_numpy(model(images)), atol=1e-6)
+
+
+def test_registry_answers_for_the_built_in_encodings():
+    traits = {name: (spec.position_only, spec.separable) for name, spec in sa_conv.ENCODINGS.items()}
+    assert traits == {"quadratic": (True, True), "quadratic_full": (True, False),
+                      "learned": (True, True), "learned_content": (False, False)}
+    assert [default_jit_compile(sa_conv.get_config(f"sa_{n}")) for n in traits] == [False, False, False, True]
+    assert default_jit_compile(sa_conv.get_config("resnet18")) is False
+
+
+def test_registry_errors():
+    with pytest.raises(ValueError, match="Unknown encoding 'nope'; choose one of quadratic, quadratic_full"):
+        sa_conv.get_encoding("nope")
+    with pytest.raises(TypeError, match="not a RelativeEncoding"):
+        sa_conv.register_encoding("bad")(int)
+    with pytest.raises(ValueError, match="already registered"):
+        sa_conv.register_encoding("quadratic")(sa_conv.LearnedRelativeEncoding)
+    with pytest.raises(ValueError, match="Unknown encoding"):
+        sa_conv.MultiHeadSelfAttention2D(4, encoding="nope")
+
+
+def test_conversion_goes_through_public_accessors():
+    layer = sa_conv.MultiHeadSelfAttention2D(4, output_dim=3)
+    layer.build((None, 5, 5, 2))
+    kernel = np.arange(4 * 2 * 3, dtype=np.float32).reshape(4, 2, 3)
+    layer.set_value_map(kernel, np.ones(3, np.float32))
+    np.testing.assert_array_equal(ops.convert_to_numpy(layer.value_kernel_per_head()), kernel)
+    encoding = layer.position_encoding
+    encoding.set_alphas([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_allclose(ops.convert_to_numpy(encoding.alphas()), [1, 2, 3, 4], rtol=1e-6)
+    with pytest.raises(ValueError, match="shape \\(4, 2, 3\\)"):
+        layer.set_value_map(np.zeros((2, 2, 3)))
+    with pytest.raises(ValueError, match="positive"):
+        encoding.set_alphas(0.0)

@@ -1,0 +1,106 @@
+"""``sa-conv-visualize`` (``python -m trainers.visualize``): attention figures and locality
+metrics of a trained model (see `sa_conv.plotting.visualize` for what is written)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Optional
+
+import keras
+import numpy as np
+
+from sa_conv import cli, plotting
+from sa_conv import data as data_lib
+from sa_conv.errors import ConfigError
+
+_field = cli.config_field
+
+
+@dataclasses.dataclass
+class VisualizeConfig:
+    model_dir: Optional[str] = _field(None, "A trainer output directory (its model.keras).")
+    model_path: Optional[str] = _field(None, "A .keras file (instead of --model_dir).")
+    output_dir: str = _field("attention_figures", "Where the figures and locality.json go.")
+    images: str = _field("0", "Comma-separated test-split indices or image files.")
+    query_pixel: Optional[str] = _field(None, "row,col on the attention grid (default: the center).")
+    dataset: Optional[str] = _field(None, "Dataset of the test indices (default: the run's, else cifar10).")
+    data_dir: Optional[str] = _field(None, "Its data_dir (default: the run's).")
+
+    def validate(self):
+        if bool(self.model_dir) == bool(self.model_path):
+            raise ConfigError("Give exactly one of --model_dir or --model_path.")
+        self.query()
+
+    def query(self):
+        if not self.query_pixel:
+            return None
+        try:
+            query = tuple(int(v) for v in self.query_pixel.split(","))
+        except ValueError:
+            query = ()
+        if len(query) != 2:
+            raise ConfigError(f"--query_pixel must be 'row,col', got {self.query_pixel!r}.")
+        return query
+
+
+def load_images(spec, dataset, data_dir, model_dir, image_shape):
+    """``spec``: comma-separated test-split indices or image file paths; images are resized to
+    ``image_shape`` ``(H, W, C)``. Returns uint8 images and their names."""
+    items = [s.strip() for s in (spec or "0").split(",") if s.strip()]
+    if all(s.isdigit() for s in items):
+        if dataset is None and model_dir and os.path.isfile(os.path.join(model_dir, "config.json")):
+            with open(os.path.join(model_dir, "config.json")) as f:
+                config = json.load(f)
+            dataset, data_dir = config.get("dataset"), data_dir or config.get("data_dir")
+        loaded = data_lib.load_dataset(dataset or "cifar10", data_dir)
+        test = loaded.test
+        indices = [int(s) for s in items]
+        bad = [i for i in indices if i >= len(test)]
+        if bad:
+            raise ConfigError(f"--images indices {bad} are outside the test split of {len(test)} images.")
+        if loaded.image_shape != tuple(image_shape):
+            raise ConfigError(f"--dataset images are {loaded.image_shape} but the model takes {tuple(image_shape)}.")
+        return test.images[indices], [f"test image {i} ({loaded.label_names[int(test.labels[i])]})" for i in indices]
+    import tensorflow as tf
+
+    height, width, channels = image_shape
+    images = []
+    for path in items:
+        if not os.path.isfile(path):
+            raise ConfigError(f"--images: {path!r} is neither a test index nor an image file.")
+        try:
+            image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
+        except tf.errors.InvalidArgumentError:
+            raise ConfigError(f"--images: {path!r} is not a PNG, JPEG, GIF or BMP image.") from None
+        images.append(tf.cast(tf.round(tf.image.resize(image, (height, width), antialias=True)), tf.uint8).numpy())
+    return np.stack(images), items
+
+
+def visualize_run(config: VisualizeConfig, log=print) -> dict:
+    """Flag-free entry point: loads the model and images, writes the figures."""
+    config.validate()
+    path = config.model_path or os.path.join(config.model_dir, "model.keras")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path!r} does not exist.")
+    model = keras.models.load_model(path)
+    images, names = load_images(config.images, config.dataset, config.data_dir, config.model_dir,
+                                model.inputs[0].shape[1:])
+    try:
+        return plotting.visualize(model, images, config.output_dir, config.query(), names, log=log)
+    except ValueError as exc:  # a query outside the grid, a model without attention
+        raise ConfigError(str(exc)) from None
+
+
+def main():
+    visualize_run(cli.make(VisualizeConfig, cli.settings(VisualizeConfig)))
+
+
+def run():
+    """Console script ``sa-conv-visualize``."""
+    cli.run("sa-conv-visualize", main, VisualizeConfig)
+
+
+if __name__ == "__main__":
+    run()
