@@ -288,7 +288,7 @@ class ExportConfig:
     model_name: Optional[str] = _field(None, "Model name (directory); default: the preset.")
     version: Optional[int] = _field(None, "Version number; default: the next free integer.")
     overwrite: bool = _field(False, "Replace an existing version.")
-    formats: list = _field(["saved_model"], f"Comma-separated formats among {', '.join(FORMATS)}.")
+    formats: tuple = _field(("saved_model",), f"Comma-separated formats among {', '.join(FORMATS)}.")
 
 
 def main():

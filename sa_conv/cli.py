@@ -52,7 +52,7 @@ def define_flags(*config_types) -> None:
             elif kind is float:
                 flags.DEFINE_float(field.name, field.default, help_text)
             elif kind in (list, tuple):
-                flags.DEFINE_list(field.name, field.default, help_text)
+                flags.DEFINE_list(field.name, None if field.default is None else list(field.default), help_text)
             else:
                 flags.DEFINE_string(field.name, field.default, help_text)
 
@@ -116,7 +116,8 @@ def make(config_cls, values: dict):
         kind, value = _kind(field), values[field.name]
         ok = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
               float: isinstance(value, (int, float)) and not isinstance(value, bool),
-              str: isinstance(value, str)}.get(kind, True)
+              str: isinstance(value, str), tuple: isinstance(value, (list, tuple)),
+              list: isinstance(value, (list, tuple))}.get(kind, True)
         if not ok:
             raise ConfigError(f"--{field.name} must be a {kind.__name__}, got {value!r}.")
     config = config_cls(**values)

@@ -118,6 +118,7 @@ CifarData = ImageData  # the name of earlier releases
 _SAFE_GLOBALS = frozenset({
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),  # protocol 5 arrays
     ("numpy", "ndarray"), ("numpy", "dtype"),
     ("_codecs", "encode"),  # how protocol 2 stores bytes objects written by Python 3
 })

@@ -76,7 +76,7 @@ def test_config_file_then_flags(tmp_path):
         ({"warmup_ratio": 1.5}, "warmup_ratio must be in"),
         ({"lr_milestones": "80,x"}, "comma-separated epochs"),
         ({"validation_size": 0}, "needs a validation split"),
-        ({"epoch": 3}, "Unknown training setting"),
+        ({"epoch": 3}, "Unknown setting"),
     ],
 )
 def test_config_errors(values, message):

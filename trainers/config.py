@@ -144,3 +144,8 @@ def make_config(file_values: dict | None = None, overrides: dict | None = None) 
     """Defaults, then the config file's values, then ``overrides`` (e.g. flags set on the command
     line); type-checked and validated."""
     return cli.make(TrainConfig, {**(file_values or {}), **(overrides or {})})
+
+
+def read_config_file(path: str) -> dict:
+    """The `TrainConfig` settings of a JSON or YAML file (see `sa_conv.cli.read_config_file`)."""
+    return cli.read_config_file(path, TrainConfig)
