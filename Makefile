@@ -7,24 +7,47 @@ CIFAR10_DIR ?=
 DEMO_DIR ?= demo_output
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo bazel-test clean
+.PHONY: venv test test-backends demo bazel-test check-install clean
 
 venv: $(STAMP)
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[cpu,test]'
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
+# The backend-independent tests (layers, models, Theorem 1, the separable path, save and
+# reload) under Keras's JAX and PyTorch backends, in a second virtualenv without TensorFlow.
+BACKENDS_VENV := .venv-backends
+BPY := $(BACKENDS_VENV)/bin/python
+BSTAMP := $(BACKENDS_VENV)/.installed
+BACKEND_TESTS := tests/test_layers.py tests/test_models.py tests/test_conversion.py \
+	tests/test_fast_attention.py tests/test_keras_native.py tests/test_compat.py
+
+$(BSTAMP): setup.py
+	test -x $(BPY) || $(PYTHON) -m venv $(BACKENDS_VENV)
+	$(BPY) -m pip install --quiet --upgrade pip
+	$(BPY) -m pip install --quiet torch==2.13.0 jax -e '.[test]'
+	touch $(BSTAMP)
+
+test-backends: $(BSTAMP)
+	for backend in jax torch; do \
+		KERAS_BACKEND=$$backend $(BPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(BACKEND_TESTS) || exit 1; \
+	done
+
 demo: $(STAMP)
 	$(PY) -m trainers.demo --output_dir=$(DEMO_DIR) $(if $(CIFAR10_DIR),--data_dir=$(CIFAR10_DIR))
+
+# The GPU install resolves to one TensorFlow (checked with pip's resolver; no GPU needed).
+check-install: $(STAMP)
+	$(PY) tools/check_gpu_install.py
 
 bazel-test: $(STAMP)
 	bash tools/bazel_test.sh
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) bazel-* *.egg-info
+	rm -rf $(VENV) $(BACKENDS_VENV) $(DEMO_DIR) bazel-* *.egg-info

@@ -6,7 +6,7 @@ TENSORFLOW_VERSION = "2.21.0"
 
 setup(
     name="sa-conv",
-    version="0.1.0",
+    version="0.2.0",
     description=(
         "Keras 3 / TensorFlow multi-head self-attention over 2-D feature maps with relative "
         "positional encodings, reproducing 'On the Relationship between Self-Attention and "
@@ -14,8 +14,9 @@ setup(
     ),
     python_requires=">=3.10",
     packages=find_packages(include=["sa_conv", "sa_conv.*", "trainers", "trainers.*", "export", "export.*"]),
+    # TensorFlow comes from exactly one of the extras "cpu" or "gpu" (see README): both
+    # distributions write the same `tensorflow` package, so the core names neither.
     install_requires=[
-        f"tensorflow-cpu=={TENSORFLOW_VERSION}",
         "keras>=3.15,<3.16",
         "tensorflow-datasets>=4.9,<5",
         "importlib_resources",  # tensorflow-datasets 4.9.10 imports it on Python 3.11
@@ -29,10 +30,9 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        # On a GPU host: pip install .[gpu] (installs the CUDA build beside the CPU wheel's
-        # Python API; uninstall tensorflow-cpu first if both are present).
+        "cpu": [f"tensorflow-cpu=={TENSORFLOW_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TENSORFLOW_VERSION}"],
-        "test": ["pytest", "pytest-xdist"],
+        "test": ["pytest", "pytest-xdist", "hypothesis"],
     },
     entry_points={
         "console_scripts": [

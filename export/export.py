@@ -11,11 +11,16 @@ Signatures:
   CIFAR) -> ``probabilities`` float32 ``(None, classes)``, ``classes`` int64 ``(None,)``,
   ``class_names`` string ``(None,)``. The normalization is inside the graph: clients send raw
   pixels.
-* ``predict_encoded``: ``image_bytes`` string ``(None,)`` of PNG or JPEG files of any size ->
-  the same outputs (decoded and resized to the model's input size in the graph).
+* ``predict_encoded``: ``image_bytes`` string ``(None,)`` of PNG or JPEG files -> the same
+  outputs (decoded and resized to the model's input size in the graph). Each image's size is
+  read from its header first: above ``max_image_pixels`` (default 4096 x 4096) it is refused
+  before decoding.
 * ``attention_maps`` (attention models): ``images`` as above and ``query_pixel`` int32 ``(2,)``
   (row, col on the attention grid) -> ``attention`` float32 ``(None, layers, heads, H, W)``, the
   probabilities of every layer and head for that query.
+
+Every signature refuses batches above ``max_batch_size`` (default 256); both limits are set at
+export (``--max_image_pixels``, ``--max_batch_size``) and recorded in ``metadata.json``.
 
 The write is atomic: the SavedModel is written to a temporary directory beside the target and
 renamed into place, so a crash never leaves a partial version that a server would load. An
@@ -44,6 +49,8 @@ FORMATS = ("saved_model", "tflite", "onnx")
 METADATA = os.path.join("assets.extra", "metadata.json")
 _PNG = b"\x89PNG"
 _JPEG = b"\xff\xd8\xff"
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+DEFAULT_MAX_BATCH_SIZE = 256
 
 
 class ExportError(SaConvError):
@@ -96,15 +103,40 @@ def next_version(model_root: str) -> int:
 # ------------------------------------------------------------------------------ signatures
 
 
-def build_archive(model: keras.Model, class_names) -> keras.export.ExportArchive:
-    """An ExportArchive with the signatures described in the module docstring."""
+def encoded_image_size(blob):
+    """``(height, width)`` int64 of a PNG (its IHDR chunk) or JPEG (its frame header) read from
+    the header alone, before anything is decoded."""
+
+    def png():
+        tf.debugging.assert_greater_equal(tf.strings.length(blob), 24, message="truncated PNG header")
+        raw = tf.cast(tf.io.decode_raw(tf.strings.substr(blob, 16, 8), tf.uint8), tf.int64)
+        big_endian = lambda b: ((b[0] * 256 + b[1]) * 256 + b[2]) * 256 + b[3]  # noqa: E731
+        return tf.stack([big_endian(raw[4:8]), big_endian(raw[0:4])])
+
+    def jpeg():
+        return tf.cast(tf.image.extract_jpeg_shape(blob)[:2], tf.int64)
+
+    return tf.cond(tf.equal(tf.strings.substr(blob, 0, 4), _PNG), png, jpeg)
+
+
+def build_archive(model: keras.Model, class_names, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+                  max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> keras.export.ExportArchive:
+    """An ExportArchive with the signatures described in the module docstring. Requests with
+    more than ``max_batch_size`` images, or an encoded image of more than ``max_image_pixels``
+    pixels (read from its header, before decoding), fail with InvalidArgumentError."""
     height, width, channels = model.inputs[0].shape[1:]
     names = tf.constant([str(n) for n in class_names])
     archive = keras.export.ExportArchive()
     archive.track(model)
 
+    def check_batch(size):
+        tf.debugging.assert_positive(size, message="empty batch: send at least one image")
+        tf.debugging.assert_less_equal(
+            tf.cast(size, tf.int64), tf.constant(max_batch_size, tf.int64),
+            message=f"batch larger than max_batch_size={max_batch_size} images (set at export with --max_batch_size)")
+
     def outputs(images):
-        tf.debugging.assert_positive(tf.shape(images)[0], message="empty batch: send at least one image")
+        check_batch(tf.shape(images)[0])
         logits = tf.cast(model(images, training=False), tf.float32)
         probabilities = tf.nn.softmax(logits, axis=-1)
         classes = tf.argmax(probabilities, axis=-1, output_type=tf.int64)
@@ -114,6 +146,10 @@ def build_archive(model: keras.Model, class_names) -> keras.export.ExportArchive
         head = tf.strings.substr(blob, 0, 4)
         known = tf.logical_or(tf.equal(head, _PNG), tf.equal(tf.strings.substr(blob, 0, 3), _JPEG))
         tf.debugging.Assert(known, ["image_bytes holds an element that is not a PNG or JPEG file"])
+        size = encoded_image_size(blob)
+        tf.debugging.assert_less_equal(
+            size[0] * size[1], tf.constant(max_image_pixels, tf.int64),
+            message=f"image larger than max_image_pixels={max_image_pixels} (set at export with --max_image_pixels)")
         image = tf.io.decode_image(blob, channels=channels, expand_animations=False)
         image = tf.image.resize(image, (height, width), antialias=True)
         return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
@@ -122,7 +158,7 @@ def build_archive(model: keras.Model, class_names) -> keras.export.ExportArchive
     archive.add_endpoint("serving_default", lambda images: outputs(images), input_signature=[image_spec])
 
     def predict_encoded(image_bytes):
-        tf.debugging.assert_positive(tf.size(image_bytes), message="empty batch: send at least one image")
+        check_batch(tf.size(image_bytes))
         images = tf.map_fn(decode, image_bytes, fn_output_signature=tf.TensorSpec((height, width, channels), tf.uint8))
         return outputs(images)
 
@@ -133,7 +169,7 @@ def build_archive(model: keras.Model, class_names) -> keras.export.ExportArchive
         (gh, gw), _ = sa_conv.attention_grid(model)
 
         def attention_maps(images, query_pixel):
-            tf.debugging.assert_positive(tf.shape(images)[0], message="empty batch: send at least one image")
+            check_batch(tf.shape(images)[0])
             tf.debugging.assert_less(query_pixel, tf.constant([gh, gw], tf.int32),
                                      message=f"query_pixel must be (row, col) inside the {gh}x{gw} attention grid")
             tf.debugging.assert_non_negative(query_pixel, message="query_pixel must be non-negative")
@@ -200,11 +236,16 @@ def export(
     version: int | None = None,
     overwrite: bool = False,
     formats=("saved_model",),
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     log=print,
     _fail_before_rename: bool = False,
 ) -> str:
     """Exports a trained model; returns the version directory. Flag-free, see the module doc."""
     formats = tuple(formats)
+    for name, value in (("max_image_pixels", max_image_pixels), ("max_batch_size", max_batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ExportError(f"--{name} must be a positive integer, got {value!r}.")
     if "onnx" in formats:
         raise ExportError(
             "--formats=onnx is not supported: tf2onnx 1.17 turns the exact GELU of the attention "
@@ -234,7 +275,7 @@ def export(
         raise ExportError(f"The model has {num_classes} outputs but {len(class_names)} class names are recorded.")
     tmp = os.path.join(model_root, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
     try:
-        archive = build_archive(model, class_names)
+        archive = build_archive(model, class_names, max_image_pixels, max_batch_size)
         archive.write_out(tmp, verbose=False)
         images, source = verification_images(results, model.inputs[0].shape[1:])
         expected = tf.nn.softmax(model.predict(images, verbose=0)).numpy()
@@ -253,6 +294,7 @@ def export(
             "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
             "class_names": list(class_names),
             "signatures": sorted(loaded.signatures.keys()),
+            "limits": {"max_image_pixels": max_image_pixels, "max_batch_size": max_batch_size},
             "source": os.path.abspath(path),
             "training_results": {k: v for k, v in results.items() if k != "train_config"},
             "verification": {"images": f"{len(images)} {source}", "max_abs_error": checks},
@@ -289,6 +331,9 @@ class ExportConfig:
     version: Optional[int] = _field(None, "Version number; default: the next free integer.")
     overwrite: bool = _field(False, "Replace an existing version.")
     formats: tuple = _field(("saved_model",), f"Comma-separated formats among {', '.join(FORMATS)}.")
+    max_image_pixels: int = _field(DEFAULT_MAX_IMAGE_PIXELS, "predict_encoded refuses images with more pixels "
+                                   "(read from the PNG/JPEG header before decoding).")
+    max_batch_size: int = _field(DEFAULT_MAX_BATCH_SIZE, "Every signature refuses requests with more images.")
 
 
 def main():

@@ -4,12 +4,17 @@
 errors (`sa_conv.errors.SaConvError`) into exit code 2 with the message and no traceback.
 
 Precedence: a field's default < the config file < flags given on the command line.
+
+Consoles show progress, results and real warnings; absl's ``--verbosity=1`` (or more) adds the
+INFO logs of absl, TensorFlow and Keras (the program packages hide TensorFlow's C++ INFO and
+WARNING logs before it loads unless that flag is given).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging as pylogging
 import os
 import sys
 import typing
@@ -119,7 +124,8 @@ def make(config_cls, values: dict):
               str: isinstance(value, str), tuple: isinstance(value, (list, tuple)),
               list: isinstance(value, (list, tuple))}.get(kind, True)
         if not ok:
-            raise ConfigError(f"--{field.name} must be a {kind.__name__}, got {value!r}.")
+            wanted = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, "a list")
+            raise ConfigError(f"--{field.name} must be {wanted}, got {value!r}.")
     config = config_cls(**values)
     if hasattr(config, "validate"):
         config.validate()
@@ -134,6 +140,12 @@ def run(prog: str, main, *config_types) -> None:
     define_flags(*config_types)
 
     def wrapped(argv):
+        from absl import flags, logging
+
+        if flags.FLAGS["verbosity"].value < 1:
+            # Progress, results and real warnings only; INFO logs with --verbosity=1 or more.
+            logging.set_verbosity(logging.WARNING)
+            pylogging.getLogger("tensorflow").setLevel(pylogging.WARNING)
         if len(argv) > 1:
             print(f"{prog}: error: unexpected arguments {argv[1:]}; settings are --flags.", file=sys.stderr)
             raise SystemExit(2)

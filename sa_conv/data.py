@@ -12,6 +12,7 @@ Sources are selected by name (`get_source`; `DATASETS` lists the fixed names):
   (e.g. ``tfds:svhn_cropped``), read with ``as_supervised=True``.
 * ``synthetic``: generated class-dependent 32x32 images, for smoke tests and benchmarks.
 
+Reading files needs only numpy (TensorFlow is imported by the tf.data and tfds functions).
 Every source yields uint8 images ``(n, H, W, C)`` and int64 labels in ``0..classes-1``, with
 the class names: `ImageData`. Images stay uint8 through the pipeline; the model normalizes them
 with statistics computed once from the training split (`ImageData.model_fields`), so exported
@@ -38,7 +39,6 @@ import urllib.parse
 from typing import Sequence
 
 import numpy as np
-import tensorflow as tf
 
 from sa_conv.errors import DatasetError
 
@@ -412,6 +412,8 @@ def _host_reachable(host_port: tuple[str, int], timeout: float = 3.0) -> bool:
 
 
 def _tfds_prepared(builder) -> bool:
+    import tensorflow as tf
+
     try:
         return bool(tf.io.gfile.exists(os.path.join(builder.data_dir, "dataset_info.json")))
     except Exception:  # an unreadable data_dir counts as not prepared
@@ -574,13 +576,15 @@ def split_train_validation(train: Split, validation_size: int | None = None, see
     )
 
 
-def augment(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+def augment(image, seed):
     """The paper's augmentation of one uint8 image ``(H, W, C)``, stateless and seeded.
 
     Zero-pads by `CROP_PADDING` pixels, takes a random crop of the image's own size and flips
     horizontally with probability 1/2. ``seed`` is a shape-(2,) int tensor; the same seed gives
     the same output.
     """
+    import tensorflow as tf
+
     seeds = tf.random.experimental.stateless_split(seed, num=2)
     p = CROP_PADDING
     padded = tf.pad(image, [[p, p], [p, p], [0, 0]])
@@ -589,7 +593,7 @@ def augment(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
 
 
 def make_dataset(split: Split, batch_size: int, training: bool, seed: int | None = 0,
-                 drop_remainder: bool | None = None) -> tf.data.Dataset:
+                 drop_remainder: bool | None = None):
     """A `tf.data.Dataset` of ``(images uint8 (batch, H, W, C), labels int64 (batch,))``.
 
     Args:
@@ -600,6 +604,8 @@ def make_dataset(split: Split, batch_size: int, training: bool, seed: int | None
       seed: makes shuffling and augmentation deterministic; None for nondeterministic.
       drop_remainder: defaults to ``training`` (equal batches for every replica and for XLA).
     """
+    import tensorflow as tf
+
     if batch_size <= 0:
         raise DatasetError(f"batch_size must be positive, got {batch_size}.")
     if len(split) == 0:

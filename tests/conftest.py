@@ -46,5 +46,43 @@ def real_images(tiny_cifar):
     return tiny_cifar[1].test.images[:16]
 
 
+def gradients(loss_fn, x, variables):
+    """Gradients of the scalar ``loss_fn(x)`` with respect to the input ``x`` and ``variables``
+    (Keras variables), as numpy arrays, on whichever Keras backend runs."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = loss_fn(x)
+        return [np.asarray(g) for g in tape.gradient(loss, [x, *variables])]
+    if backend == "jax":
+        import jax
+
+        values = [v.value for v in variables]
+        gx, gv = jax.grad(lambda x, values: _stateless(loss_fn, x, variables, values), argnums=(0, 1))(x, values)
+        return [np.asarray(gx), *map(np.asarray, gv)]
+    if backend == "torch":
+        import torch
+
+        x = torch.tensor(x, requires_grad=True)
+        for v in variables:
+            v.value.grad = None
+        loss_fn(x).backward()
+        return [x.grad.numpy(), *(v.value.grad.numpy() for v in variables)]
+    raise NotImplementedError(backend)
+
+
+def _stateless(loss_fn, x, variables, values):
+    import keras
+
+    with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+        return loss_fn(x)
+
+
 def pytest_configure(config):
     np.set_printoptions(precision=4, suppress=True)

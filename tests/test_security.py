@@ -97,3 +97,106 @@ def test_duplicated_archive_members_are_refused(tmp_path, tiny_cifar):
         tar.addfile(info, io.BytesIO(blob))
     with pytest.raises(data.DatasetError, match="holds 'test_batch' twice"):
         data.load_cifar10_files(str(archive))
+
+
+# ------------------------------------------------------------------------------ resume
+
+
+def test_unreadable_newest_checkpoint_falls_back_then_stops_without_deleting(tmp_path):
+    from trainers.config import make_config
+    from trainers.train import TrainingError, train
+
+    def config(epochs):
+        return make_config(overrides=dict(
+            model="sa_quadratic_small", num_layers=1, hidden_size=16, mlp_size=16, dataset="synthetic",
+            epochs=epochs, global_batch_size=100, eval_batch_size=100, validation_size=100,
+            model_dir=str(tmp_path), strategy="one_device", keep_checkpoints=3))
+
+    train(config(2), log=lambda s: None)
+    checkpoints = tmp_path / "checkpoints"
+    data_files = sorted(checkpoints.glob("ckpt-*.data-*"))
+    assert [p.name.split(".")[0] for p in data_files] == ["ckpt-1", "ckpt-2"]
+    newest = data_files[-1]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 3])  # truncated
+    logs = []
+    results = train(config(3), log=logs.append)
+    assert any("ckpt-2" in line and "unreadable" in line for line in logs), logs
+    assert results["resumed_from_epoch"] == 1 and results["epochs"] == 3
+    before = sorted(p.name for p in checkpoints.iterdir())
+    for path in checkpoints.glob("ckpt-*.data-*"):
+        path.write_bytes(b"\0" * 10)
+    with pytest.raises(TrainingError, match=f"None of the 3 checkpoint\\(s\\) in {checkpoints}.*Nothing was deleted"):
+        train(config(4), log=lambda s: None)
+    assert sorted(p.name for p in checkpoints.iterdir()) == before
+
+
+# ------------------------------------------------------------------------------ serving limits
+
+_SERVE = r"""
+import io, json, sys
+import numpy as np, tensorflow as tf
+from PIL import Image
+
+served = tf.saved_model.load(sys.argv[1])
+results = {}
+
+def png(width, height):
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+def jpeg(width, height):
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height)).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+def attempt(name, fn):
+    try:
+        out = fn()
+        results[name] = "ok:" + str(out["probabilities"].shape if "probabilities" in out else out["attention"].shape)
+    except tf.errors.InvalidArgumentError as exc:
+        results[name] = "refused:" + exc.message.splitlines()[0][:300]
+
+encoded = served.signatures["predict_encoded"]
+images = served.signatures["serving_default"]
+maps = served.signatures["attention_maps"]
+attempt("huge_png", lambda: encoded(image_bytes=tf.constant([png(5000, 4000)])))
+attempt("big_jpeg", lambda: encoded(image_bytes=tf.constant([jpeg(120, 100)])))
+attempt("small_png_after_refusals", lambda: encoded(image_bytes=tf.constant([png(40, 30)])))
+attempt("gif", lambda: encoded(image_bytes=tf.constant([b"GIF89a" + b"\0" * 40])))
+attempt("truncated_png", lambda: encoded(image_bytes=tf.constant([png(40, 30)[:20]])))
+attempt("batch_5", lambda: images(images=tf.zeros((5, 32, 32, 3), tf.uint8)))
+attempt("batch_5_encoded", lambda: encoded(image_bytes=tf.constant([png(8, 8)] * 5)))
+attempt("batch_5_maps", lambda: maps(images=tf.zeros((5, 32, 32, 3), tf.uint8), query_pixel=tf.constant([1, 1])))
+attempt("batch_4", lambda: images(images=tf.zeros((4, 32, 32, 3), tf.uint8)))
+print(json.dumps(results))
+"""
+
+
+def test_serving_limits_hold_in_a_fresh_process(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import sa_conv
+    from export.export import export
+    from tests.conftest import PROJECT_ROOT
+
+    model = sa_conv.build_model("sa_quadratic_small", num_layers=1, hidden_size=16, mlp_size=16)
+    model.save(tmp_path / "m.keras")
+    version = export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "exported"),
+                     max_image_pixels=100 * 100, max_batch_size=4, log=lambda s: None)
+    metadata = json.load(open(f"{version}/assets.extra/metadata.json"))
+    assert metadata["limits"] == {"max_image_pixels": 10000, "max_batch_size": 4}
+    proc = subprocess.run([sys.executable, "-c", _SERVE, version], capture_output=True, text=True, timeout=300,
+                          cwd=PROJECT_ROOT, env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["huge_png"].startswith("refused:") and "max_image_pixels=10000" in results["huge_png"]
+    assert results["big_jpeg"].startswith("refused:") and "max_image_pixels=10000" in results["big_jpeg"]
+    assert results["small_png_after_refusals"] == "ok:(1, 10)"
+    assert results["gif"].startswith("refused:") and "not a PNG or JPEG" in results["gif"]
+    assert results["truncated_png"].startswith("refused:")
+    for name in ("batch_5", "batch_5_encoded", "batch_5_maps"):
+        assert results[name].startswith("refused:") and "max_batch_size=4" in results[name], results
+    assert results["batch_4"] == "ok:(4, 10)"

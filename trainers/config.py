@@ -73,6 +73,12 @@ class TrainConfig:
         "(batch, heads, N, N) attention tensors of learned_content fit in 24 GB at batch 100 only "
         "with XLA's buffer reuse (benchmarks/results/throughput.json).",
     )
+    keep_freed_memory: bool = _field(
+        True,
+        "Keep memory freed by a training step in the process (glibc mallopt) instead of returning it "
+        "to the OS and faulting it in again at the next step: faster steps on CPU for a higher peak "
+        "RSS (benchmarks/results/malloc.json). No effect without glibc.",
+    )
     steps_per_execution: int = _field(1, "Training steps run per tf.function call.")
     strategy: str = _field("auto", "tf.distribute strategy.", STRATEGIES)
     cpu_devices: int = _field(

@@ -38,7 +38,7 @@ import sa_conv
 from sa_conv import cli, files
 from sa_conv import data as data_lib
 from sa_conv.errors import ConfigError, SaConvError
-from trainers import distribute
+from trainers import distribute, memory
 from trainers.config import TrainConfig, default_jit_compile, make_config
 from trainers.schedule import make_schedule
 
@@ -258,6 +258,8 @@ class Trainer:
         c = self.config
         steps = min(self.steps_per_epoch, self.total_steps - step)
         iterator = iter(self._train_dataset(epoch))
+        if c.keep_freed_memory:
+            memory.keep_freed_memory()  # after tf.data's own setting (see trainers.memory)
         bar = keras.utils.Progbar(steps, stateful_metrics=["loss", "accuracy", "lr"]) if self.interactive else None
         totals, done, start = np.zeros(3), 0, time.perf_counter()
         while done < steps:
@@ -277,11 +279,27 @@ class Trainer:
         return metrics, step + done, seconds
 
     def _restore(self) -> tuple[int, list]:
+        """Restores the newest readable checkpoint. An unreadable one (truncated, corrupted) is
+        reported and skipped for the one before it; when checkpoints exist but none is readable,
+        stops with an error naming the directory, deleting nothing."""
         history_path = os.path.join(self.output_dir, "history.json")
-        latest = self.manager.latest_checkpoint
-        if latest is None:
+        candidates = list(reversed(self.manager.checkpoints))
+        if not candidates:
             return 0, []
-        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        for path in candidates:
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+                break
+            except (tf.errors.OpError, ValueError, AssertionError) as exc:
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self.log(f"Warning: checkpoint {path} is unreadable ({first_line[:200]}); trying an older one.")
+        else:
+            raise TrainingError(
+                f"None of the {len(candidates)} checkpoint(s) in {self.manager.directory} can be read "
+                "(truncated or corrupted files). Nothing was deleted: move that directory away to start "
+                "over, or restore the files."
+            )
+        latest = path
         epoch = int(self.epoch.numpy())
         history = []
         if os.path.isfile(history_path):

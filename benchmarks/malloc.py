@@ -1,0 +1,74 @@
+"""The trainer's step rate and peak memory with and without ``--keep_freed_memory``
+(`trainers.memory`), each run in its own process, alternating A B A B:
+
+    .venv/bin/python benchmarks/malloc.py --output=benchmarks/results/malloc.json
+
+Each run trains a preset for ``--steps`` optimizer steps on generated data through the trainer
+itself (``trainers.train.train``, tf.data pipeline included) and reports the trainer's images/s
+and the process's peak RSS. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_CHILD = """
+import json, resource, sys
+from trainers.config import make_config
+from trainers.train import train
+preset, keep, steps, model_dir = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4]
+config = make_config(overrides=dict(model=preset, dataset="synthetic", epochs=1, max_steps=steps,
+                                    keep_freed_memory=keep, model_dir=model_dir, strategy="one_device",
+                                    validation_size=100, eval_batch_size=100))
+results = train(config, log=lambda s: None)
+print(json.dumps({"images_per_second": results["images_per_second"],
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def run_case(preset: str, keep: bool, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as model_dir:
+        out = subprocess.run([sys.executable, "-c", _CHILD, preset, "1" if keep else "0", str(steps), model_dir],
+                             cwd=ROOT, capture_output=True, text=True, check=True,
+                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default="sa_quadratic_small,resnet18")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "malloc.json"))
+    args = parser.parse_args()
+    table = {}
+    for preset in args.presets.split(","):
+        runs = {"keep": [], "return": []}
+        for _ in range(args.repeats):
+            for keep in (True, False):
+                runs["keep" if keep else "return"].append(run_case(preset, keep, args.steps))
+                print(preset, keep, runs["keep" if keep else "return"][-1], flush=True)
+        best = {k: max(r["images_per_second"] for r in v) for k, v in runs.items()}
+        rss = {k: max(r["peak_rss_mb"] for r in v) for k, v in runs.items()}
+        table[preset] = {"runs": runs, "speedup_keep_over_return": best["keep"] / best["return"],
+                         "peak_rss_ratio_keep_over_return": rss["keep"] / rss["return"]}
+    result = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
+              "cores": os.cpu_count(), "steps_per_run": args.steps, "batch": 100, "presets": table}
+    sys.path.insert(0, ROOT)
+    from sa_conv import files
+
+    files.write_json(args.output, result)
+    print(json.dumps({p: {k: round(v, 2) for k, v in t.items() if k != "runs"} for p, t in table.items()}))
+
+
+if __name__ == "__main__":
+    main()
