@@ -87,7 +87,8 @@ class AttentionConv2D(keras.layers.Layer):
         if self.alpha <= 0:
             raise ValueError(f"alpha must be positive, got {alpha}.")
         self.attention = MultiHeadSelfAttention2D(
-            self.kernel_size**2, output_dim=self.filters, encoding="quadratic", name="attention"
+            self.kernel_size**2, output_dim=self.filters, encoding="quadratic", name="attention",
+            dtype=self.dtype_policy,
         )
 
     @property

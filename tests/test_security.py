@@ -155,7 +155,7 @@ def attempt(name, fn):
         out = fn()
         results[name] = "ok:" + str(out["probabilities"].shape if "probabilities" in out else out["attention"].shape)
     except tf.errors.InvalidArgumentError as exc:
-        results[name] = "refused:" + exc.message.splitlines()[0][:300]
+        results[name] = "refused:" + " ".join(exc.message.split())[:1500]
 
 encoded = served.signatures["predict_encoded"]
 images = served.signatures["serving_default"]

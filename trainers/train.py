@@ -290,7 +290,7 @@ class Trainer:
             try:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
                 break
-            except (tf.errors.OpError, ValueError, AssertionError) as exc:
+            except Exception as exc:  # a damaged file raises OpError, IndexError, ValueError, ...
                 first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 self.log(f"Warning: checkpoint {path} is unreadable ({first_line[:200]}); trying an older one.")
         else:
