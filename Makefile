@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CIFAR10_DIR ?=
 DEMO_DIR ?= demo_output
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= -n 2
 
 .PHONY: venv test test-backends demo bazel-test check-install clean
 

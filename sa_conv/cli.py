@@ -135,12 +135,15 @@ def make(config_cls, values: dict):
 def run(prog: str, main, *config_types) -> None:
     """Defines the flags of ``config_types`` and runs ``main()`` under absl; a `SaConvError`
     ends the program with exit code 2 and ``prog: error: message`` on standard error."""
-    from absl import app
+    from absl import app, flags
 
     define_flags(*config_types)
+    # --helpshort lists the key flags of the main module: make these flags its key flags.
+    for name in ["config_file", *field_names(*config_types)]:
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
 
     def wrapped(argv):
-        from absl import flags, logging
+        from absl import logging
 
         if flags.FLAGS["verbosity"].value < 1:
             # Progress, results and real warnings only; INFO logs with --verbosity=1 or more.
