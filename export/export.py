@@ -108,8 +108,12 @@ def encoded_image_size(blob):
     the header alone, before anything is decoded."""
 
     def png():
-        tf.debugging.assert_greater_equal(tf.strings.length(blob), 24, message="truncated PNG header")
-        raw = tf.cast(tf.io.decode_raw(tf.strings.substr(blob, 16, 8), tf.uint8), tf.int64)
+        check = tf.debugging.assert_greater_equal(tf.strings.length(blob), 24, message="truncated PNG header")
+        with tf.control_dependencies([check]):
+            # Padded, so that a short blob fails the check above, not substr (whose error
+            # message would carry the raw bytes).
+            header = tf.strings.substr(blob + b"\0" * 24, 16, 8)
+        raw = tf.cast(tf.io.decode_raw(header, tf.uint8), tf.int64)
         big_endian = lambda b: ((b[0] * 256 + b[1]) * 256 + b[2]) * 256 + b[3]  # noqa: E731
         return tf.stack([big_endian(raw[4:8]), big_endian(raw[0:4])])
 
@@ -145,12 +149,15 @@ def build_archive(model: keras.Model, class_names, max_image_pixels: int = DEFAU
     def decode(blob):
         head = tf.strings.substr(blob, 0, 4)
         known = tf.logical_or(tf.equal(head, _PNG), tf.equal(tf.strings.substr(blob, 0, 3), _JPEG))
-        tf.debugging.Assert(known, ["image_bytes holds an element that is not a PNG or JPEG file"])
-        size = encoded_image_size(blob)
-        tf.debugging.assert_less_equal(
-            size[0] * size[1], tf.constant(max_image_pixels, tf.int64),
-            message=f"image larger than max_image_pixels={max_image_pixels} (set at export with --max_image_pixels)")
-        image = tf.io.decode_image(blob, channels=channels, expand_animations=False)
+        # Each check runs before the next step: nothing is decoded before its size is known.
+        with tf.control_dependencies([tf.debugging.Assert(
+                known, ["image_bytes holds an element that is not a PNG or JPEG file"])]):
+            size = encoded_image_size(blob)
+        with tf.control_dependencies([tf.debugging.assert_less_equal(
+                size[0] * size[1], tf.constant(max_image_pixels, tf.int64),
+                message=f"image larger than max_image_pixels={max_image_pixels} (set at export with "
+                        "--max_image_pixels)")]):
+            image = tf.io.decode_image(blob, channels=channels, expand_animations=False)
         image = tf.image.resize(image, (height, width), antialias=True)
         return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
 

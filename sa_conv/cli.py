@@ -28,6 +28,11 @@ def _kind(field):
     return args[0] if args else hint
 
 
+def _optional(field) -> bool:
+    hint = field.type if not isinstance(field.type, str) else eval(field.type, vars(typing))  # noqa: S307
+    return type(None) in typing.get_args(hint)
+
+
 def config_field(default, help, choices=None):
     """A dataclass field with the help text (and choices) of its flag."""
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
@@ -116,9 +121,13 @@ def make(config_cls, values: dict):
     if unknown:
         raise ConfigError(f"Unknown setting(s) {unknown}; known: {field_names(config_cls)}.")
     for field in dataclasses.fields(config_cls):
-        if field.name not in values or values[field.name] is None:
+        if field.name not in values:
             continue
         kind, value = _kind(field), values[field.name]
+        if value is None:
+            if field.default is not None and not _optional(field):
+                raise ConfigError(f"--{field.name} needs a value (default {field.default!r}), got none.")
+            continue
         ok = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
               float: isinstance(value, (int, float)) and not isinstance(value, bool),
               str: isinstance(value, str), tuple: isinstance(value, (list, tuple)),
