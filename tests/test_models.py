@@ -18,6 +18,10 @@ PAPER_PARAMETERS = {
 SMALL = [name for name in sa_conv.PRESETS if name.endswith("_small")]
 
 
+def _np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
 def _trainable(model):
     return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
 
@@ -49,7 +53,7 @@ def _train_step(model, images, labels, steps=2, optimizer=None):
 def test_paper_presets_run_a_forward_and_training_step(name):
     model = sa_conv.build_model(name)
     images, labels = _images(2), np.array([3, 7])
-    logits = model(images, training=False)
+    logits = _np(model(images, training=False))
     assert logits.shape == (2, 10) and np.isfinite(logits).all()
     losses, changed = _train_step(model, images, labels, steps=1)
     assert np.isfinite(losses).all() and changed > 0.9 * len(model.trainable_weights)
@@ -80,7 +84,7 @@ def test_keras_file_round_trip(name, tmp_path):
 def test_uint8_and_float_inputs_agree():
     model = sa_conv.build_model("sa_quadratic_small")
     images = _images(2)
-    np.testing.assert_allclose(model(images), model(images.astype(np.float32)), atol=1e-6)
+    np.testing.assert_allclose(_np(model(images)), _np(model(images.astype(np.float32))), atol=1e-6)
 
 
 def test_normalization_constants_are_applied():
