@@ -18,7 +18,7 @@ def resolve(extra: str) -> set[str]:
         subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
                         "--report", report, f".[{extra}]"], cwd=ROOT, check=True)
         with open(report) as f:
-            return {item["metadata"]["name"].lower() for item in json.load(f)["install"]}
+            return {item["metadata"]["name"].lower().replace("_", "-") for item in json.load(f)["install"]}
 
 
 def main() -> int:
