@@ -31,8 +31,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_learned_content", "resnet18"]
-SMALL = ["sa_quadratic_small", "sa_quadratic_full_small", "sa_learned_small", "sa_learned_content_small"]
+PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_learned_content", "sa_sinusoidal", "resnet18"]
+SMALL = ["sa_quadratic_small", "sa_quadratic_full_small", "sa_learned_small", "sa_learned_content_small",
+         "sa_sinusoidal_small"]
 NO_ATTENTION_DROPOUT = {"attention_dropout": 0.0}
 GRID_32 = {**NO_ATTENTION_DROPOUT, "pooling_width": 1, "max_grid_size": 32}
 DENSE = {"fast_position_attention": False}
@@ -262,8 +263,9 @@ def main():
 
     report["machine"]["tensorflow"] = tf.__version__
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(report, f, indent=2)
+    from sa_conv import files
+
+    files.write_json(args.output, report)
     print(json.dumps(ratios, indent=2))
     print(f"Wrote {args.output}")
 

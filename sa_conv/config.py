@@ -127,11 +127,13 @@ PRESETS: dict[str, ModelConfig] = {
     "sa_quadratic_full": _PAPER.replace(encoding="quadratic_full"),
     "sa_learned": _PAPER.replace(encoding="learned"),
     "sa_learned_content": _PAPER.replace(encoding="learned_content"),
+    "sa_sinusoidal": _PAPER.replace(encoding="sinusoidal"),
     "resnet18": ModelConfig(architecture="resnet18"),
     "sa_quadratic_small": _PAPER.replace(**_SMALL),
     "sa_quadratic_full_small": _PAPER.replace(encoding="quadratic_full", **_SMALL),
     "sa_learned_small": _PAPER.replace(encoding="learned", **_SMALL),
     "sa_learned_content_small": _PAPER.replace(encoding="learned_content", **_SMALL),
+    "sa_sinusoidal_small": _PAPER.replace(encoding="sinusoidal", **_SMALL),
 }
 
 

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from keras import ops
 
+import sa_conv  # noqa: F401  (registers the classes the files name, as a user would import it)
+
 from tests.conftest import PROJECT_ROOT
 
 LEGACY = PROJECT_ROOT / "tests" / "fixtures" / "legacy"

@@ -182,3 +182,21 @@ def test_serving_batches_and_query_pixels(served, batch, row, col):
         assert out["attention"].shape == (batch, 1, 9, 16, 16)
     except tf.errors.InvalidArgumentError as exc:
         assert not (1 <= batch <= 8 and 0 <= row < 16 and 0 <= col < 16), exc.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=60), st.binary(max_size=60).map(lambda b: b.decode("latin-1"))),
+       st.sampled_from([".json", ".yaml"]))
+def test_config_files_of_any_text(text, suffix):
+    from trainers.config import read_config_file
+
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fuzz-{os.getpid()}{suffix}")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    try:
+        values = read_config_file(path)
+        assert isinstance(values, dict)
+    except ConfigError as exc:
+        assert path in str(exc)
+    finally:
+        os.remove(path)

@@ -6,6 +6,8 @@
 * ``quadratic``, ``quadratic_full``: `QuadraticEncoding` (paper Eq. 9, isotropic or full covariance).
 * ``learned``: `LearnedRelativeEncoding` (learned row and column tables, position only).
 * ``learned_content``: `LearnedContentEncoding` (content plus learned relative term).
+* ``sinusoidal``: `SinusoidalRelativeEncoding` (fixed sinusoidal features of each axis offset,
+  learned per-head vectors).
 """
 
 from sa_conv.encodings.base import (
@@ -16,9 +18,10 @@ from sa_conv.encodings.base import (
 from sa_conv.encodings.quadratic import QuadraticEncoding  # isort: skip
 from sa_conv.encodings.learned import LearnedRelativeEncoding  # isort: skip
 from sa_conv.encodings.content import LearnedContentEncoding  # isort: skip
+from sa_conv.encodings.sinusoidal import SinusoidalRelativeEncoding  # isort: skip
 
 __all__ = [
     "ENCODINGS", "EncodingSpec", "LearnedContentEncoding", "LearnedRelativeEncoding", "QuadraticEncoding",
-    "RelativeEncoding", "axis_offsets", "check_table_bound", "get_encoding", "register_encoding",
+    "RelativeEncoding", "SinusoidalRelativeEncoding", "axis_offsets", "check_table_bound", "get_encoding", "register_encoding",
     "relative_indices", "relative_offsets",
 ]
