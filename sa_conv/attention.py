@@ -66,6 +66,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
       kernel_initializer, bias_initializer: for the dense maps (cloned for each one).
       initializer_range: std of the learned embeddings' normal initialization.
       seed: makes the encoding's initialization and the attention dropout deterministic.
+      encoding_options: further arguments of the encoding, e.g. ``{"hidden_units": 64,
+        "depth": 3}`` for ``"mlp"``.
 
     Call arguments:
       inputs: ``(batch, H, W, D)`` with static ``H`` and ``W``.
@@ -93,10 +95,12 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         initializer_range=0.02,
         seed=None,
         fast_position_attention="auto",
+        encoding_options=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.encoding_spec = get_encoding(encoding)
+        self.encoding_options = dict(encoding_options or {})
         if int(num_heads) < 1:
             raise ValueError(f"num_heads must be positive, got {num_heads}.")
         if output_dim is not None and int(output_dim) < 1:
@@ -285,4 +289,5 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             "initializer_range": self.initializer_range,
             "seed": self.seed,
             "fast_position_attention": self.fast_position_attention,
+            "encoding_options": self.encoding_options or None,
         }

@@ -32,6 +32,8 @@ class ModelConfig:
       fast_position_attention: when to use the exact separable attention path of quadratic
         (isotropic) and learned encodings: "auto" (grids of 8x8 and up, where it pays), True
         or False (see `MultiHeadSelfAttention2D`).
+      encoding_options: further arguments of the encoding (e.g. the ``"mlp"`` encoding's
+        ``hidden_units`` and ``depth``).
       image_size: side of the square input images.
       image_channels: channels of the input images.
       num_classes: classifier outputs.
@@ -57,6 +59,7 @@ class ModelConfig:
     center_init_std: float = 2.0
     spread_init_std: float = 0.01
     fast_position_attention: object = "auto"
+    encoding_options: Optional[dict] = None
     image_size: int = 32
     image_channels: int = 3
     num_classes: int = 10
@@ -79,6 +82,8 @@ class ModelConfig:
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"Unknown architecture {self.architecture!r}; choose one of {ARCHITECTURES}.")
         spec = get_encoding(self.encoding)
+        if self.encoding_options is not None and not isinstance(self.encoding_options, dict):
+            raise ValueError(f"encoding_options must be a mapping of argument names to values, got {self.encoding_options!r}.")
         for name in ("num_layers", "num_heads", "hidden_size", "mlp_size", "pooling_width",
                      "max_grid_size", "image_size", "image_channels", "num_classes"):
             value = getattr(self, name)
@@ -128,12 +133,14 @@ PRESETS: dict[str, ModelConfig] = {
     "sa_learned": _PAPER.replace(encoding="learned"),
     "sa_learned_content": _PAPER.replace(encoding="learned_content"),
     "sa_sinusoidal": _PAPER.replace(encoding="sinusoidal"),
+    "sa_mlp": _PAPER.replace(encoding="mlp"),
     "resnet18": ModelConfig(architecture="resnet18"),
     "sa_quadratic_small": _PAPER.replace(**_SMALL),
     "sa_quadratic_full_small": _PAPER.replace(encoding="quadratic_full", **_SMALL),
     "sa_learned_small": _PAPER.replace(encoding="learned", **_SMALL),
     "sa_learned_content_small": _PAPER.replace(encoding="learned_content", **_SMALL),
     "sa_sinusoidal_small": _PAPER.replace(encoding="sinusoidal", **_SMALL),
+    "sa_mlp_small": _PAPER.replace(encoding="mlp", **_SMALL),
 }
 
 

@@ -42,6 +42,7 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier")
         spread_init_std=config.spread_init_std,
         initializer_range=config.initializer_range,
         fast_position_attention=config.fast_position_attention,
+        encoding_options=config.encoding_options,
     )
     for i in range(config.num_layers):
         x = TransformerBlock(

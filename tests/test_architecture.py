@@ -100,7 +100,7 @@ def row_only_encoding():
     del encodings_base._REGISTRY["test_rows"]
 
 
-def test_a_registered_encoding_reaches_every_consumer(row_only_encoding):
+def test_a_registered_encoding_reaches_every_consumer(row_only_encoding, tmp_path):
     assert "test_rows" in sa_conv.ENCODINGS
     config = sa_conv.get_config("sa_quadratic_small", encoding="test_rows", num_layers=1, hidden_size=16)
     model = sa_conv.build_model(config)
@@ -119,8 +119,7 @@ def test_a_registered_encoding_reaches_every_consumer(row_only_encoding):
     assert default_jit_compile(config) is False
     assert plotting.has_centers(model) is False
     # Saved and reloaded like the built-in encodings.
-    path = PROJECT_ROOT / ".pytest_cache" / "test_rows.keras"
-    path.parent.mkdir(exist_ok=True)
+    path = tmp_path / "test_rows.keras"
     model.save(path)
     images = np.random.default_rng(1).integers(0, 256, size=(2, 32, 32, 3)).astype(np.uint8)
     np.testing.assert_allclose(ops.convert_to_numpy(keras.models.load_model(path)(images)),
@@ -130,8 +129,9 @@ def test_a_registered_encoding_reaches_every_consumer(row_only_encoding):
 def test_registry_answers_for_the_built_in_encodings():
     traits = {name: (spec.position_only, spec.separable) for name, spec in sa_conv.ENCODINGS.items()}
     assert traits == {"quadratic": (True, True), "quadratic_full": (True, False),
-                      "learned": (True, True), "learned_content": (False, False), "sinusoidal": (True, True)}
-    assert [default_jit_compile(sa_conv.get_config(f"sa_{n}")) for n in traits] == [False, False, False, True, False]
+                      "learned": (True, True), "learned_content": (False, False), "sinusoidal": (True, True),
+                      "mlp": (True, False)}
+    assert [default_jit_compile(sa_conv.get_config(f"sa_{n}")) for n in traits] == [False, False, False, True, False, False]
     assert default_jit_compile(sa_conv.get_config("resnet18")) is False
 
 

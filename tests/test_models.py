@@ -32,7 +32,7 @@ def _images(n=2, seed=0):
 
 def test_preset_list():
     assert set(PAPER_PARAMETERS) <= set(sa_conv.preset_names())
-    assert len(SMALL) == 5 and {name[: -len("_small")] for name in SMALL} <= set(sa_conv.preset_names())
+    assert len(SMALL) == 6 and {name[: -len("_small")] for name in SMALL} <= set(sa_conv.preset_names())
 
 
 @pytest.mark.parametrize("name", list(PAPER_PARAMETERS))

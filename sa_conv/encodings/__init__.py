@@ -8,6 +8,7 @@
 * ``learned_content``: `LearnedContentEncoding` (content plus learned relative term).
 * ``sinusoidal``: `SinusoidalRelativeEncoding` (fixed sinusoidal features of each axis offset,
   learned per-head vectors).
+* ``mlp``: `MLPRelativeEncoding` (a small MLP of the continuous offset).
 """
 
 from sa_conv.encodings.base import (
@@ -19,9 +20,10 @@ from sa_conv.encodings.quadratic import QuadraticEncoding  # isort: skip
 from sa_conv.encodings.learned import LearnedRelativeEncoding  # isort: skip
 from sa_conv.encodings.content import LearnedContentEncoding  # isort: skip
 from sa_conv.encodings.sinusoidal import SinusoidalRelativeEncoding  # isort: skip
+from sa_conv.encodings.mlp import MLPRelativeEncoding  # isort: skip
 
 __all__ = [
-    "ENCODINGS", "EncodingSpec", "LearnedContentEncoding", "LearnedRelativeEncoding", "QuadraticEncoding",
+    "ENCODINGS", "EncodingSpec", "LearnedContentEncoding", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
     "RelativeEncoding", "SinusoidalRelativeEncoding", "axis_offsets", "check_table_bound", "get_encoding", "register_encoding",
     "relative_indices", "relative_offsets",
 ]

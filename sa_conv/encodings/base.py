@@ -76,7 +76,8 @@ class RelativeEncoding(keras.layers.Layer):
     * ``gaussian()``: ``(centers (heads, 2), precision (heads, 2, 2))`` for encodings that are
       a Gaussian around a center per head (plots draw them), else None.
     * ``from_attention(attention, input_dim, **options)`` (classmethod): the encoding for an
-      attention layer, from its hyperparameters; ``check_model(...)`` (classmethod): raises
+      attention layer, from its hyperparameters (``options``: the registered ones plus the
+      layer's ``encoding_options``); ``check_model(...)`` (classmethod): raises
       ValueError for a model configuration the encoding cannot serve.
 
     Encodings compute in float32: their ``dtype`` policy is pinned and their weights are never
@@ -143,7 +144,15 @@ class EncodingSpec:
         return self.cls.is_separable(**self.options)
 
     def create(self, attention, input_dim) -> RelativeEncoding:
-        return self.cls.from_attention(attention, input_dim, **self.options)
+        """The encoding of ``attention``, with its ``encoding_options`` (e.g. the MLP's width)."""
+        extra = dict(getattr(attention, "encoding_options", None) or {})
+        clash = sorted(set(extra) & set(self.options))
+        if clash:
+            raise ValueError(f"encoding_options {clash} are fixed by the encoding name {self.name!r}.")
+        try:
+            return self.cls.from_attention(attention, input_dim, **self.options, **extra)
+        except TypeError as exc:
+            raise ValueError(f"encoding {self.name!r} does not take encoding_options {sorted(extra)} ({exc}).") from None
 
     def check_model(self, **shape) -> None:
         self.cls.check_model(**shape, **self.options)
