@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from sa_conv.encodings import ENCODINGS, get_encoding
+from sa_conv.encodings import get_encoding
 
 
 def clone_initializer(initializer):

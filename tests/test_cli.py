@@ -2,7 +2,6 @@
 --config_file, exits 2 with `prog: error: message` and no traceback on the project's errors, and
 keeps the console to progress, results and real warnings unless --verbosity asks for more."""
 
-import json
 import os
 import subprocess
 import sys

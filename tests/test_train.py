@@ -227,7 +227,7 @@ def test_sigkill_mid_epoch_then_rerun_resumes(tmp_path):
     results = _json(tmp_path / "results.json")
     assert results["resumed_from_epoch"] == len(killed_history)
     assert results["steps"] == 3 * 90 and results["epochs"] == 3
-    assert f"Resuming from" in rerun.stdout + rerun.stderr
+    assert "Resuming from" in rerun.stdout + rerun.stderr
     history = _json(tmp_path / "history.json")
     assert [h["epoch"] for h in history] == [1, 2, 3]
     assert history[0] == killed_history[0]  # the finished epoch was not trained again
