@@ -17,7 +17,8 @@ Signatures:
   before decoding.
 * ``attention_maps`` (attention models): ``images`` as above and ``query_pixel`` int32 ``(2,)``
   (row, col on the attention grid) -> ``attention`` float32 ``(None, layers, heads, H, W)``, the
-  probabilities of every layer and head for that query.
+  probabilities of every layer and head for that query (a layer with fewer heads, after
+  `sa_conv.prune_heads`, is padded with all-zero maps).
 
 Every signature refuses batches above ``max_batch_size`` (default 256); both limits are set at
 export (``--max_image_pixels``, ``--max_batch_size``) and recorded in ``metadata.json``.
@@ -182,8 +183,10 @@ def build_archive(model: keras.Model, class_names, max_image_pixels: int = DEFAU
             tf.debugging.assert_non_negative(query_pixel, message="query_pixel must be non-negative")
             query = query_pixel[0] * gw + query_pixel[1]
             per_layer = sa_conv.attention_probabilities(model, images)
-            maps = tf.stack([tf.gather(p, query, axis=2) for p in per_layer], axis=1)  # (b, L, heads, N)
-            return {"attention": tf.reshape(maps, (-1, len(per_layer), maps.shape[2], gh, gw))}
+            rows = [tf.gather(p, query, axis=2) for p in per_layer]  # (b, heads_l, N) per layer
+            most = max(r.shape[1] for r in rows)  # pruned layers have fewer heads: zero-padded
+            maps = tf.stack([tf.pad(r, [[0, 0], [0, most - r.shape[1]], [0, 0]]) for r in rows], axis=1)
+            return {"attention": tf.reshape(maps, (-1, len(per_layer), most, gh, gw))}
 
         archive.add_endpoint(
             "attention_maps", attention_maps,

@@ -13,6 +13,7 @@ from sa_conv.encodings import (
     register_encoding,
 )
 from sa_conv.errors import DatasetError, SaConvError
+from sa_conv.heads import degenerate_heads, prune_heads, reset_heads
 from sa_conv.invertible_pooling import InvertiblePooling, InvertibleUnpooling
 from sa_conv.models import attention_blocks, attention_grid, attention_probabilities, build_attention_classifier, build_model
 from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
@@ -27,5 +28,6 @@ __all__ = [
     "MultiHeadSelfAttention2D", "PRESETS", "PixelNormalization", "QuadraticEncoding", "RelativeEncoding",
     "SaConvError", "TransformerBlock", "attention_blocks", "attention_grid", "attention_probabilities",
     "attention_to_conv", "build_attention_classifier", "build_model", "build_resnet", "conv_to_attention",
-    "convert_model", "get_config", "get_encoding", "preset_names", "register_encoding",
+    "convert_model", "degenerate_heads", "get_config", "get_encoding", "preset_names", "prune_heads",
+    "register_encoding", "reset_heads",
 ]

@@ -1,0 +1,120 @@
+"""Degenerate attention heads: find them, prune them, or re-initialize them.
+
+A Gaussian (quadratic) head is *degenerate* when its attention is not localized (the reference
+implementation's criteria, on the precision matrix ``Sigma_h^-1`` of the head):
+
+* isotropic: ``sigma^-2 = s_h^2`` below ``min_precision`` (default 1e-5);
+* full covariance: condition number above ``max_condition`` (default 1000) or largest
+  eigenvalue below ``min_precision``.
+
+Encodings without Gaussian heads (``gaussian()`` is None) have no criterion: no head of theirs is
+reported. Pruning works for every encoding: it removes the heads' slices from every weight that
+has a head axis (the value map's rows, the encoding's per-head parameters, the content queries and
+keys), found by comparing the shapes of the old and the new layer.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from sa_conv.models import attention_blocks
+from sa_conv.transformer import TransformerBlock
+
+
+def degenerate_heads(model: keras.Model, min_precision: float = 1e-5, max_condition: float = 1000.0) -> dict:
+    """``{block index: [head, ...]}`` of the degenerate heads of every attention block (only
+    blocks with at least one), by the criteria of the module docstring."""
+    found = {}
+    for index, block in enumerate(attention_blocks(model)):
+        gaussian = block.attention.position_encoding.gaussian()
+        if gaussian is None:
+            continue
+        precision = np.asarray(ops.convert_to_numpy(gaussian[1]), np.float64)  # (heads, 2, 2)
+        eigenvalues = np.linalg.eigvalsh(precision)  # ascending
+        largest, smallest = eigenvalues[:, -1], eigenvalues[:, 0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            condition = np.where(smallest > 0, largest / smallest, np.inf)
+        bad = (largest < min_precision) | (condition > max_condition)
+        if bad.any():
+            found[index] = [int(h) for h in np.flatnonzero(bad)]
+    return found
+
+
+def _check_heads(model, heads_by_layer):
+    blocks = attention_blocks(model)
+    for index, heads in heads_by_layer.items():
+        if not 0 <= index < len(blocks):
+            raise ValueError(f"Block {index} does not exist; the model has {len(blocks)} attention blocks.")
+        count = blocks[index].attention.num_heads
+        bad = [h for h in heads if not 0 <= h < count]
+        if bad:
+            raise ValueError(f"Block {index} has heads 0..{count - 1}; got {bad}.")
+        if len(set(heads)) >= count:
+            raise ValueError(f"Pruning every head of block {index} would leave no attention; keep at least one.")
+    return blocks
+
+
+def _take_heads(old: np.ndarray, new_shape: tuple, kept: list[int], heads: int) -> np.ndarray:
+    """The kept heads' slices of ``old`` along the one axis whose size changed."""
+    axes = [i for i, (a, b) in enumerate(zip(old.shape, new_shape)) if a != b]
+    if len(axes) != 1 or old.shape[axes[0]] % heads:
+        raise ValueError(f"Cannot find the head axis of a weight of shape {old.shape} (pruned: {new_shape}).")
+    axis = axes[0]
+    per_head = old.shape[axis] // heads
+    split = old.reshape(old.shape[:axis] + (heads, per_head) + old.shape[axis + 1:])
+    return np.take(split, kept, axis=axis).reshape(new_shape)
+
+
+def prune_heads(model: keras.Model, heads_by_layer: dict) -> keras.Model:
+    """A copy of ``model`` without the heads ``{block index: [head, ...]}``: it computes what
+    ``model`` computes with those heads' contributions removed (each head's rows of the value
+    map go, and so do its slices of every other per-head weight). Other weights are copied."""
+    heads_by_layer = {int(k): sorted(set(int(h) for h in v)) for k, v in heads_by_layer.items() if v}
+    blocks = _check_heads(model, heads_by_layer)
+    pruned_names = {blocks[i].name: heads for i, heads in heads_by_layer.items()}
+
+    def clone(layer):
+        config = layer.get_config()
+        if isinstance(layer, TransformerBlock) and layer.name in pruned_names:
+            attention = dict(config["attention_config"])
+            attention["num_heads"] = layer.attention.num_heads - len(pruned_names[layer.name])
+            config["attention_config"] = attention
+        return layer.__class__.from_config(config)
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    for old, new in zip(model.layers, copy.layers):
+        removed = pruned_names.get(old.name)
+        if removed is None:
+            new.set_weights(old.get_weights())
+            continue
+        heads = old.attention.num_heads
+        kept = [h for h in range(heads) if h not in removed]
+        values = []
+        for old_weight, new_weight in zip(old.weights, new.weights):
+            value = np.asarray(ops.convert_to_numpy(old_weight))
+            if tuple(new_weight.shape) != value.shape:
+                value = _take_heads(value, tuple(new_weight.shape), kept, heads)
+            values.append(value)
+        new.set_weights(values)
+    return copy
+
+
+def reset_heads(model: keras.Model, heads_by_layer: dict) -> None:
+    """Re-initializes, in place, the center and spread of the Gaussian heads
+    ``{block: [head, ...]}`` (e.g. degenerate ones) from the encoding's own initializers;
+    every other weight is kept. ``keras.utils.set_random_seed`` makes it reproducible."""
+    heads_by_layer = {int(k): sorted(set(int(h) for h in v)) for k, v in heads_by_layer.items() if v}
+    blocks = _check_heads(model, heads_by_layer) if heads_by_layer else []
+    for index, heads in heads_by_layer.items():
+        attention = blocks[index].attention
+        encoding = attention.position_encoding
+        if encoding.gaussian() is None:
+            raise ValueError(f"Block {index}'s {attention.encoding!r} encoding has no Gaussian heads to reset.")
+        fresh = attention.encoding_spec.create(attention, attention.input_dim)
+        fresh.build()
+        for weight, initial in zip(encoding.weights, fresh.weights):  # centers, spreads: heads first
+            value = np.array(ops.convert_to_numpy(weight))
+            value[heads] = np.asarray(ops.convert_to_numpy(initial))[heads]
+            weight.assign(value)

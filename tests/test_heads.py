@@ -1,0 +1,97 @@
+"""Degenerate heads: planted ones are found; pruning them is exact when their value rows are
+zero; the pruned model trains, saves, reloads and exports; reset re-draws only those heads."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import sa_conv
+
+IMAGES = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3)).astype(np.uint8)
+
+
+def _np(x):
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def _model(preset="sa_quadratic_small", **kwargs):
+    keras.utils.set_random_seed(0)
+    return sa_conv.build_model(preset, num_layers=2, hidden_size=16, mlp_size=16, **kwargs)
+
+
+def test_planted_degenerate_heads_are_found():
+    iso = _model()
+    enc = sa_conv.attention_blocks(iso)[1].attention.position_encoding
+    spreads = _np(enc.spreads)
+    spreads[[2, 7]] = [1e-3, 0.0]  # s^2 = 1e-6 and 0 < 1e-5
+    enc.spreads.assign(spreads)
+    assert sa_conv.degenerate_heads(iso) == {1: [2, 7]}
+    full = _model("sa_quadratic_full_small")
+    enc = sa_conv.attention_blocks(full)[0].attention.position_encoding
+    a = _np(enc.spreads)
+    a[4] = np.diag([1.0, 0.01])  # precision diag(1, 1e-4): condition 1e4 > 1000
+    a[5] = np.diag([1e-3, 1e-3])  # largest eigenvalue 1e-6 < 1e-5
+    enc.spreads.assign(a)
+    assert sa_conv.degenerate_heads(full) == {0: [4, 5]}
+    assert sa_conv.degenerate_heads(full, max_condition=1e5) == {0: [5]}
+    assert sa_conv.degenerate_heads(_model("sa_learned_small")) == {}  # no Gaussian heads
+
+
+@pytest.mark.parametrize("preset", ["sa_quadratic_small", "sa_learned_content_small", "sa_mlp_small"])
+def test_pruning_heads_with_zero_value_rows_leaves_the_outputs(preset):
+    model = _model(preset)
+    attention = sa_conv.attention_blocks(model)[0].attention
+    kernel = _np(attention.value_kernel_per_head())
+    kernel[[1, 5]] = 0.0
+    attention.set_value_map(kernel, _np(attention.value_dense.bias))
+    pruned = sa_conv.prune_heads(model, {0: [1, 5]})
+    assert sa_conv.attention_blocks(pruned)[0].attention.num_heads == 7
+    assert sa_conv.attention_blocks(pruned)[1].attention.num_heads == 9
+    np.testing.assert_allclose(_np(pruned(IMAGES)), _np(model(IMAGES)), atol=1e-6)
+    count = lambda m: sum(int(np.prod(w.shape)) for w in m.trainable_weights)  # noqa: E731
+    assert count(pruned) < count(model)
+
+
+def test_pruned_model_trains_saves_reloads_and_exports(tmp_path):
+    import tensorflow as tf
+
+    from export.export import export
+
+    pruned = sa_conv.prune_heads(_model(), {0: [0, 1, 2], 1: [8]})
+    pruned.compile(optimizer=keras.optimizers.SGD(0.05),
+                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    labels = np.array([0, 1, 2, 3])
+    first = pruned.evaluate(IMAGES, labels, verbose=0)
+    pruned.fit(IMAGES, labels, epochs=5, verbose=0)
+    assert pruned.evaluate(IMAGES, labels, verbose=0) < first
+    pruned.save(tmp_path / "pruned.keras")
+    reloaded = keras.models.load_model(tmp_path / "pruned.keras")
+    np.testing.assert_allclose(_np(reloaded(IMAGES)), _np(pruned(IMAGES)), atol=1e-6)
+    version = export(model_path=str(tmp_path / "pruned.keras"), export_dir=str(tmp_path / "exp"), log=lambda s: None)
+    served = tf.saved_model.load(version).signatures["serving_default"](images=tf.constant(IMAGES))
+    np.testing.assert_allclose(served["probabilities"].numpy(), _np(ops.softmax(pruned(IMAGES))), atol=1e-5)
+
+
+def test_reset_redraws_only_the_named_heads():
+    model = _model()
+    enc = sa_conv.attention_blocks(model)[0].attention.position_encoding
+    centers, spreads = _np(enc.centers).copy(), _np(enc.spreads).copy()
+    sa_conv.reset_heads(model, {0: [3]})
+    new_centers, new_spreads = _np(enc.centers), _np(enc.spreads)
+    keep = [h for h in range(9) if h != 3]
+    np.testing.assert_array_equal(new_centers[keep], centers[keep])
+    np.testing.assert_array_equal(new_spreads[keep], spreads[keep])
+    assert not np.array_equal(new_centers[3], centers[3])
+
+
+def test_head_errors():
+    model = _model()
+    with pytest.raises(ValueError, match="Block 5 does not exist"):
+        sa_conv.prune_heads(model, {5: [0]})
+    with pytest.raises(ValueError, match="heads 0..8; got \\[9\\]"):
+        sa_conv.prune_heads(model, {0: [9]})
+    with pytest.raises(ValueError, match="keep at least one"):
+        sa_conv.prune_heads(model, {0: list(range(9))})
+    with pytest.raises(ValueError, match="no Gaussian heads"):
+        sa_conv.reset_heads(_model("sa_learned_small"), {0: [1]})
