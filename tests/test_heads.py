@@ -95,3 +95,24 @@ def test_head_errors():
         sa_conv.prune_heads(model, {0: list(range(9))})
     with pytest.raises(ValueError, match="no Gaussian heads"):
         sa_conv.reset_heads(_model("sa_learned_small"), {0: [1]})
+
+
+def test_trainer_resets_degenerate_heads_after_an_epoch(tmp_path):
+    from trainers.config import make_config
+    from trainers.train import Trainer
+
+    config = make_config(overrides=dict(
+        model="sa_quadratic_small", num_layers=1, hidden_size=16, mlp_size=16, dataset="synthetic", epochs=1,
+        global_batch_size=100, eval_batch_size=100, validation_size=100, model_dir=str(tmp_path),
+        strategy="one_device", reset_degenerate_heads=True, learning_rate=0.01))
+    logs = []
+    trainer = Trainer(config, log=logs.append)
+    trainer.prepare()
+    encoding = sa_conv.attention_blocks(trainer.model)[0].attention.position_encoding
+    spreads = _np(encoding.spreads)
+    spreads[6] = 0.0  # s = 0 has zero gradient: it stays degenerate through training
+    encoding.spreads.assign(spreads)
+    history, _ = trainer.train_epochs(0, [], save=False)
+    assert history[-1]["reset_heads"] == {"0": [6]}
+    assert any("Re-initialized degenerate heads (block: heads): 0: [6]" in line for line in logs)
+    assert sa_conv.degenerate_heads(trainer.model) == {}

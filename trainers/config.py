@@ -73,6 +73,11 @@ class TrainConfig:
         "(batch, heads, N, N) attention tensors of learned_content fit in 24 GB at batch 100 only "
         "with XLA's buffer reuse (benchmarks/results/throughput.json).",
     )
+    reset_degenerate_heads: bool = _field(
+        False,
+        "After every epoch, re-initialize the center and spread of Gaussian heads whose attention is no "
+        "longer localized (sa_conv.degenerate_heads: precision below 1e-5 or condition number above 1000).",
+    )
     keep_freed_memory: bool = _field(
         True,
         "Keep memory freed by a training step in the process (glibc mallopt) instead of returning it "

@@ -351,6 +351,8 @@ class Trainer:
             best = max((h["val_accuracy"] for h in history), default=-1.0)
             history.append(record)
             self._log_epoch(record, seconds)
+            if self.config.reset_degenerate_heads:
+                self._reset_degenerate_heads(record)
             logs = {"loss": record["train_loss"], "accuracy": record["train_accuracy"],
                     "val_loss": record["val_loss"], "val_accuracy": record["val_accuracy"]}
             for callback in callbacks:
@@ -422,6 +424,14 @@ class Trainer:
             f"steps; results in {os.path.join(self.output_dir, 'results.json')}."
         )
         return results
+
+    def _reset_degenerate_heads(self, record):
+        found = sa_conv.degenerate_heads(self.model)
+        record["reset_heads"] = {str(k): v for k, v in found.items()}
+        if found:
+            sa_conv.reset_heads(self.model, found)
+            self.log("Re-initialized degenerate heads (block: heads): "
+                     + ", ".join(f"{k}: {v}" for k, v in found.items()))
 
     # ----------------------------------------------------------------------------- logging
 
