@@ -32,7 +32,8 @@ setup(
     extras_require={
         "cpu": [f"tensorflow-cpu=={TENSORFLOW_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TENSORFLOW_VERSION}"],
-        "test": ["pytest", "pytest-xdist", "hypothesis"],
+        "onnx": ["tf2onnx", "onnxruntime"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "tf2onnx", "onnxruntime"],
     },
     entry_points={
         "console_scripts": [

@@ -1,8 +1,17 @@
 """The post-LayerNorm transformer block of the paper's classifier (BERT's layer on a 2-D grid)."""
 
+import math
+
 import keras
+from keras import ops
 
 from sa_conv.attention import MultiHeadSelfAttention2D, clone_initializer
+
+
+def exact_gelu(x):
+    """The exact GELU of the reference, ``x Phi(x) = x (1 + erf(x / sqrt(2))) / 2``, written with
+    ``erf`` (TensorFlow's own GELU uses ``erfc``, which ONNX has no operator for)."""
+    return 0.5 * x * (1.0 + ops.erf(x * ops.cast(1.0 / math.sqrt(2.0), x.dtype)))
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
@@ -47,8 +56,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_output = self._sublayer(dense, "attention_output", units=hidden)
         self.attention_dropout = self._sublayer(keras.layers.Dropout, "attention_output_dropout", rate=self.dropout_rate)
         self.attention_norm = self._sublayer(norm, "attention_norm", epsilon=self.layer_norm_epsilon)
-        # Exact (erf) GELU, as the reference.
-        self.intermediate = self._sublayer(dense, "intermediate", units=self.mlp_size, activation="gelu")
+        self.intermediate = self._sublayer(dense, "intermediate", units=self.mlp_size)
         self.output_dense = self._sublayer(dense, "output", units=hidden)
         self.output_dropout = self._sublayer(keras.layers.Dropout, "output_dropout", rate=self.dropout_rate)
         self.output_norm = self._sublayer(norm, "output_norm", epsilon=self.layer_norm_epsilon)
@@ -66,7 +74,7 @@ class TransformerBlock(keras.layers.Layer):
             attended, probs = attended
         x = self.attention_dropout(self.attention_output(attended), training=training)
         x = self.attention_norm(inputs + x)
-        y = self.output_dropout(self.output_dense(self.intermediate(x)), training=training)
+        y = self.output_dropout(self.output_dense(exact_gelu(self.intermediate(x))), training=training)
         y = self.output_norm(x + y)
         return (y, probs) if return_attention_scores else y
 
