@@ -91,11 +91,6 @@ def row_only_encoding():
             row = ops.transpose(ops.take(self.table, idx, axis=0), (2, 0, 1))
             return row, ops.zeros((self.num_heads, width, width))
 
-        def logits(self, height, width, queries=None, keys=None):
-            row, col = self.factor_logits(height, width)
-            n = height * width
-            return ops.reshape(row[:, :, None, :, None] + col[:, None, :, None, :], (self.num_heads, n, n))
-
     yield RowOffsetEncoding
     del encodings_base._REGISTRY["test_rows"]
 

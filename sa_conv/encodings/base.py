@@ -18,6 +18,7 @@ from typing import Mapping
 
 import keras
 import numpy as np
+from keras import ops
 
 
 def relative_offsets(height, width):
@@ -66,7 +67,8 @@ class RelativeEncoding(keras.layers.Layer):
       return ``(heads, H*W, H*W)``, shared by the batch. Content-based encodings take the
       per-head queries and keys ``(batch, heads, H*W, d)`` that the attention layer computes
       (it builds its ``query`` and ``key`` maps only for them) and return
-      ``(batch, heads, H*W, H*W)``, content term and scaling included.
+      ``(batch, heads, H*W, H*W)``, content term and scaling included. Separable encodings
+      may leave it out: the default builds it from ``factor_logits``.
     * ``separable`` and ``factor_logits(height, width)``: whether the logits are a row term
       plus a column term, ``logit(q, k) = row[h, qi, ki] + col[h, qj, kj]``, and those terms
       ``(heads, H, H)``, ``(heads, W, W)``. The exact separable attention path uses them.
@@ -118,7 +120,13 @@ class RelativeEncoding(keras.layers.Layer):
         return {}
 
     def logits(self, height, width, queries=None, keys=None):
-        raise NotImplementedError
+        """Separable encodings get their dense logits from their factors:
+        ``logit(q, k) = row[qi, ki] + col[qj, kj]``, ``(heads, H*W, H*W)``."""
+        if not self.separable:
+            raise NotImplementedError(f"{type(self).__name__} must define logits().")
+        row, col = self.factor_logits(height, width)
+        n = height * width
+        return ops.reshape(row[:, :, None, :, None] + col[:, None, :, None, :], (-1, n, n))
 
     def factor_logits(self, height, width):
         raise ValueError(f"{type(self).__name__} logits do not separate into row and column terms.")

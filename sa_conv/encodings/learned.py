@@ -70,12 +70,6 @@ class LearnedRelativeEncoding(RelativeEncoding):
         col = ops.take(ops.matmul(self.col_embeddings, self.col_head_keys), relative_indices(width, p), axis=0)
         return ops.transpose(row, (2, 0, 1)), ops.transpose(col, (2, 0, 1))
 
-    def logits(self, height, width, queries=None, keys=None):
-        """Attention logits ``(heads, H*W, H*W)`` for an ``H x W`` grid."""
-        row, col = self.factor_logits(height, width)
-        n = height * width
-        return ops.reshape(row[:, :, None, :, None] + col[:, None, :, None, :], (self.num_heads, n, n))
-
     def get_config(self):
         return {
             **super().get_config(),

@@ -60,11 +60,6 @@ class SinusoidalRelativeEncoding(RelativeEncoding):
         col = ops.matmul(sinusoid_features(axis_offsets(width), self.feature_dim), self.col_head_keys)
         return ops.transpose(row, (2, 0, 1)), ops.transpose(col, (2, 0, 1))
 
-    def logits(self, height, width, queries=None, keys=None):
-        row, col = self.factor_logits(height, width)
-        n = height * width
-        return ops.reshape(row[:, :, None, :, None] + col[:, None, :, None, :], (self.num_heads, n, n))
-
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "feature_dim": self.feature_dim,
                 "initializer_range": self.initializer_range, "seed": self.seed}
