@@ -22,15 +22,18 @@ import typing
 from sa_conv.errors import ConfigError, SaConvError
 
 
+def _hint(field):
+    return field.type if not isinstance(field.type, str) else eval(field.type, vars(typing))  # noqa: S307
+
+
 def _kind(field):
-    hint = field.type if not isinstance(field.type, str) else eval(field.type, vars(typing))  # noqa: S307
+    hint = _hint(field)
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
 
 
 def _optional(field) -> bool:
-    hint = field.type if not isinstance(field.type, str) else eval(field.type, vars(typing))  # noqa: S307
-    return type(None) in typing.get_args(hint)
+    return type(None) in typing.get_args(_hint(field))
 
 
 def config_field(default, help, choices=None):

@@ -30,6 +30,7 @@ The test split is only for the final evaluation: model selection uses the valida
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
 import pickle
@@ -70,11 +71,17 @@ class Split:
         return int(self.labels.shape[0])
 
 
-def channel_statistics(images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and standard deviation of uint8 ``images`` scaled to ``[0, 1]``."""
-    x = np.asarray(images, np.float64).reshape(-1, images.shape[-1]) / 255.0
-    std = np.maximum(x.std(axis=0), 1e-3)  # a constant channel must not divide by zero
-    return tuple(float(m) for m in x.mean(axis=0)), tuple(float(s) for s in std)
+def channel_statistics(images: np.ndarray, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and standard deviation of uint8 ``images`` scaled to ``[0, 1]``, summed
+    in chunks of images (a float64 copy of all of CIFAR-10 would take 1.2 GB)."""
+    channels = images.shape[-1]
+    count, total, squares = 0, np.zeros(channels), np.zeros(channels)
+    for start in range(0, len(images), chunk):
+        x = np.asarray(images[start: start + chunk], np.float64).reshape(-1, channels) / 255.0
+        count, total, squares = count + len(x), total + x.sum(axis=0), squares + np.square(x).sum(axis=0)
+    mean = total / count
+    std = np.maximum(np.sqrt(np.maximum(squares / count - np.square(mean), 0.0)), 1e-3)  # no zero division
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,16 +100,20 @@ class ImageData:
     def num_classes(self) -> int:
         return len(self.label_names)
 
-    def model_fields(self, train: Split | None = None) -> dict:
+    @functools.cached_property
+    def _statistics(self):
+        return channel_statistics(self.train.images)
+
+    def model_fields(self) -> dict:
         """The `sa_conv.ModelConfig` fields the data decides: image size and channels, number of
-        classes, and the normalization statistics of ``train`` (default: the training split)."""
+        classes, and the normalization statistics of the training split (computed once)."""
         height, width, channels = self.image_shape
         if height != width:
             raise DatasetError(
                 f"The images are {height}x{width}; the models take square images. Crop or resize "
                 "the data to a square size first."
             )
-        mean, std = channel_statistics((train or self.train).images)
+        mean, std = self._statistics
         return dict(image_size=height, image_channels=channels, num_classes=self.num_classes,
                     pixel_mean=mean, pixel_std=std)
 

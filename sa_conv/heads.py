@@ -43,6 +43,9 @@ def degenerate_heads(model: keras.Model, min_precision: float = 1e-5, max_condit
 
 
 def _check_heads(model, heads_by_layer):
+    """``(blocks, {block: sorted distinct heads})`` after checking that every head exists and
+    that every block keeps one."""
+    heads_by_layer = {int(k): sorted(set(int(h) for h in v)) for k, v in heads_by_layer.items() if v}
     blocks = attention_blocks(model)
     for index, heads in heads_by_layer.items():
         if not 0 <= index < len(blocks):
@@ -53,7 +56,7 @@ def _check_heads(model, heads_by_layer):
             raise ValueError(f"Block {index} has heads 0..{count - 1}; got {bad}.")
         if len(set(heads)) >= count:
             raise ValueError(f"Pruning every head of block {index} would leave no attention; keep at least one.")
-    return blocks
+    return blocks, heads_by_layer
 
 
 def _take_heads(old: np.ndarray, new_shape: tuple, kept: list[int], heads: int) -> np.ndarray:
@@ -71,8 +74,7 @@ def prune_heads(model: keras.Model, heads_by_layer: dict) -> keras.Model:
     """A copy of ``model`` without the heads ``{block index: [head, ...]}``: it computes what
     ``model`` computes with those heads' contributions removed (each head's rows of the value
     map go, and so do its slices of every other per-head weight). Other weights are copied."""
-    heads_by_layer = {int(k): sorted(set(int(h) for h in v)) for k, v in heads_by_layer.items() if v}
-    blocks = _check_heads(model, heads_by_layer)
+    blocks, heads_by_layer = _check_heads(model, heads_by_layer)
     pruned_names = {blocks[i].name: heads for i, heads in heads_by_layer.items()}
 
     def clone(layer):
@@ -105,8 +107,7 @@ def reset_heads(model: keras.Model, heads_by_layer: dict) -> None:
     """Re-initializes, in place, the center and spread of the Gaussian heads
     ``{block: [head, ...]}`` (e.g. degenerate ones) from the encoding's own initializers;
     every other weight is kept. ``keras.utils.set_random_seed`` makes it reproducible."""
-    heads_by_layer = {int(k): sorted(set(int(h) for h in v)) for k, v in heads_by_layer.items() if v}
-    blocks = _check_heads(model, heads_by_layer) if heads_by_layer else []
+    blocks, heads_by_layer = _check_heads(model, heads_by_layer)
     for index, heads in heads_by_layer.items():
         attention = blocks[index].attention
         encoding = attention.position_encoding
