@@ -70,10 +70,34 @@ def _take_heads(old: np.ndarray, new_shape: tuple, kept: list[int], heads: int) 
     return np.take(split, kept, axis=axis).reshape(new_shape)
 
 
+def head_slicer(model: keras.Model, heads_by_layer: dict):
+    """A function ``(variable, value, new_shape) -> value`` that takes, from ``value`` (the value
+    of ``variable`` of ``model``, or of anything shaped like it such as an optimizer's momentum),
+    the slices of the heads that `prune_heads` keeps: unchanged when ``new_shape`` is its shape."""
+    blocks, heads_by_layer = _check_heads(model, heads_by_layer)
+    selection = {}
+    for index, removed in heads_by_layer.items():
+        heads = blocks[index].attention.num_heads
+        kept = [h for h in range(heads) if h not in removed]
+        for weight in blocks[index].weights:
+            selection[id(weight)] = (kept, heads)
+
+    def take(variable, value, new_shape):
+        value = np.asarray(value)
+        if tuple(new_shape) == value.shape:
+            return value
+        if id(variable) not in selection:
+            raise ValueError(f"{variable.path} of shape {value.shape} is not in a pruned block (asked for {tuple(new_shape)}).")
+        return _take_heads(value, tuple(new_shape), *selection[id(variable)])
+
+    return take
+
+
 def prune_heads(model: keras.Model, heads_by_layer: dict) -> keras.Model:
     """A copy of ``model`` without the heads ``{block index: [head, ...]}``: it computes what
     ``model`` computes with those heads' contributions removed (each head's rows of the value
     map go, and so do its slices of every other per-head weight). Other weights are copied."""
+    take = head_slicer(model, heads_by_layer)
     blocks, heads_by_layer = _check_heads(model, heads_by_layer)
     pruned_names = {blocks[i].name: heads for i, heads in heads_by_layer.items()}
 
@@ -87,20 +111,26 @@ def prune_heads(model: keras.Model, heads_by_layer: dict) -> keras.Model:
 
     copy = keras.models.clone_model(model, clone_function=clone)
     for old, new in zip(model.layers, copy.layers):
-        removed = pruned_names.get(old.name)
-        if removed is None:
-            new.set_weights(old.get_weights())
-            continue
-        heads = old.attention.num_heads
-        kept = [h for h in range(heads) if h not in removed]
-        values = []
-        for old_weight, new_weight in zip(old.weights, new.weights):
-            value = np.asarray(ops.convert_to_numpy(old_weight))
-            if tuple(new_weight.shape) != value.shape:
-                value = _take_heads(value, tuple(new_weight.shape), kept, heads)
-            values.append(value)
-        new.set_weights(values)
+        new.set_weights([
+            take(old_weight, ops.convert_to_numpy(old_weight), new_weight.shape)
+            for old_weight, new_weight in zip(old.weights, new.weights)
+        ])
     return copy
+
+
+def heads_per_block(model: keras.Model) -> list[int]:
+    """The number of heads of every attention block, in order."""
+    return [block.attention.num_heads for block in attention_blocks(model)]
+
+
+def prune_to(model: keras.Model, counts: list[int]) -> keras.Model:
+    """``model`` with its blocks' last heads pruned so that block ``i`` has ``counts[i]`` heads:
+    the architecture of a model pruned to those counts (e.g. to restore its checkpoint into)."""
+    current = heads_per_block(model)
+    if len(counts) != len(current) or any(c < 1 or c > n for c, n in zip(counts, current)):
+        raise ValueError(f"Cannot prune a model with heads {current} to {list(counts)}.")
+    removed = {i: list(range(c, n)) for i, (c, n) in enumerate(zip(counts, current)) if c < n}
+    return prune_heads(model, removed) if removed else model
 
 
 def reset_heads(model: keras.Model, heads_by_layer: dict) -> None:

@@ -116,3 +116,69 @@ def test_trainer_resets_degenerate_heads_after_an_epoch(tmp_path):
     assert history[-1]["reset_heads"] == {"0": [6]}
     assert any("Re-initialized degenerate heads (block: heads): 0: [6]" in line for line in logs)
     assert sa_conv.degenerate_heads(trainer.model) == {}
+
+
+def _prune_config(tmp_path, epochs, **kwargs):
+    from trainers.config import make_config
+
+    return make_config(overrides={**dict(
+        model="sa_quadratic_small", num_layers=2, hidden_size=16, mlp_size=16, dataset="synthetic",
+        epochs=epochs, global_batch_size=100, eval_batch_size=100, validation_size=100,
+        model_dir=str(tmp_path), strategy="one_device", prune_degenerate_heads=True, learning_rate=0.01,
+    ), **kwargs})
+
+
+def test_trainer_prunes_degenerate_heads_and_resumes_the_pruned_model(tmp_path):
+    from trainers.train import Trainer
+
+    logs = []
+    trainer = Trainer(_prune_config(tmp_path, epochs=1), log=logs.append)
+    trainer.prepare()
+    full_parameters = sum(int(np.prod(v.shape)) for v in trainer.model.trainable_variables)
+    encoding = sa_conv.attention_blocks(trainer.model)[1].attention.position_encoding
+    spreads = _np(encoding.spreads)
+    spreads[[2, 5]] = 0.0  # s = 0 has zero gradient: these heads stay degenerate
+    encoding.spreads.assign(spreads)
+    history, _ = trainer.train_epochs(0, [], save=True)
+
+    assert history[-1]["pruned_heads"] == {"1": [2, 5]}
+    assert history[-1]["num_heads"] == [9, 7]
+    assert any("Pruned degenerate heads (block: heads): 1: [2, 5]" in line for line in logs)
+    pruned_parameters = sum(int(np.prod(v.shape)) for v in trainer.model.trainable_variables)
+    assert history[-1]["parameters"] == pruned_parameters < full_parameters
+    # The momentum of a kept head survives pruning: head 6 of block 1 is now head 4.
+    inner = trainer.optimizer
+    spreads_index = inner._get_variable_index(sa_conv.attention_blocks(trainer.model)[1].attention.position_encoding.spreads)
+    assert np.any(_np(inner.momentums[spreads_index]) != 0)
+    assert int(trainer.optimizer.iterations.numpy()) == history[-1]["step"]
+
+    # A rerun with more epochs restores the pruned architecture from the checkpoint, then trains on.
+    resumed = Trainer(_prune_config(tmp_path, epochs=2), log=logs.append)
+    resumed.prepare()
+    epoch, restored_history = resumed._restore()
+    assert epoch == 1 and restored_history[-1]["num_heads"] == [9, 7]
+    for a, b in zip(resumed.model.get_weights(), trainer.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(resumed.optimizer.variables, trainer.optimizer.variables):
+        np.testing.assert_array_equal(_np(a), _np(b))
+
+    results = Trainer(_prune_config(tmp_path, epochs=2), log=logs.append).run()
+    assert results["epochs"] == 2 and results["parameters"] == pruned_parameters
+    reloaded = keras.models.load_model(tmp_path / "model.keras")
+    assert [b.attention.num_heads for b in sa_conv.attention_blocks(reloaded)] == [9, 7]
+    assert np.isfinite(_np(reloaded(IMAGES))).all()
+
+
+def test_pruning_flags_are_checked(tmp_path):
+    from sa_conv.errors import ConfigError
+    from trainers.train import Trainer
+
+    with pytest.raises(ConfigError, match="choose one"):
+        _prune_config(tmp_path, epochs=1, reset_degenerate_heads=True)
+    trainer = Trainer(_prune_config(tmp_path, epochs=1, model="sa_learned_small"))
+    with pytest.raises(ConfigError, match="--prune_degenerate_heads needs a model whose heads are Gaussian"):
+        trainer.prepare()
+    from trainers.tune import SaConvHyperModel
+
+    with pytest.raises(ConfigError, match="keras-tuner cannot reload"):
+        SaConvHyperModel({}, _prune_config(tmp_path, epochs=1), strategy=None, dataset=None)

@@ -78,6 +78,12 @@ class TrainConfig:
         "After every epoch, re-initialize the center and spread of Gaussian heads whose attention is no "
         "longer localized (sa_conv.degenerate_heads: precision below 1e-5 or condition number above 1000).",
     )
+    prune_degenerate_heads: bool = _field(
+        False,
+        "After every epoch, remove the Gaussian heads whose attention is no longer localized (same "
+        "criteria; sa_conv.prune_heads): the model shrinks, training goes on with the rest, and the "
+        "per-block head counts are recorded so a resumed run restores the pruned architecture.",
+    )
     keep_freed_memory: bool = _field(
         True,
         "Keep memory freed by a training step in the process (glibc mallopt) instead of returning it "
@@ -134,6 +140,11 @@ class TrainConfig:
             raise ConfigError(
                 f"--validation_size must be positive, got {self.validation_size}: model selection "
                 "needs a validation split (the test split is only for the final evaluation)."
+            )
+        if self.reset_degenerate_heads and self.prune_degenerate_heads:
+            raise ConfigError(
+                "--reset_degenerate_heads and --prune_degenerate_heads both act on degenerate heads; "
+                "choose one."
             )
         self.milestone_epochs()
         try:

@@ -33,10 +33,12 @@ from typing import Callable
 import keras
 import numpy as np
 import tensorflow as tf
+from keras import ops
 
 import sa_conv
 from sa_conv import cli, files
 from sa_conv import data as data_lib
+from sa_conv import heads as heads_lib
 from sa_conv.errors import ConfigError, SaConvError
 from trainers import distribute, memory
 from trainers.config import TrainConfig, default_jit_compile, make_config
@@ -62,6 +64,10 @@ def weights_checksum(model: keras.Model) -> str:
     for w in model.get_weights():
         digest.update(np.ascontiguousarray(w).tobytes())
     return digest.hexdigest()
+
+
+def _count_parameters(model: keras.Model) -> int:
+    return int(sum(np.prod(v.shape) for v in model.trainable_variables))
 
 
 def _write_json(path: str, value) -> None:
@@ -286,8 +292,13 @@ class Trainer:
         candidates = list(reversed(self.manager.checkpoints))
         if not candidates:
             return 0, []
+        recorded = []
+        if os.path.isfile(history_path):
+            with open(history_path) as f:
+                recorded = json.load(f)
         for path in candidates:
             try:
+                self._match_architecture(path, recorded)
                 self.checkpoint.restore(path).assert_existing_objects_matched()
                 break
             except Exception as exc:  # a damaged file raises OpError, IndexError, ValueError, ...
@@ -301,12 +312,24 @@ class Trainer:
             )
         latest = path
         epoch = int(self.epoch.numpy())
-        history = []
-        if os.path.isfile(history_path):
-            with open(history_path) as f:
-                history = [h for h in json.load(f) if h["epoch"] <= epoch]
+        history = [h for h in recorded if h["epoch"] <= epoch]
         self.log(f"Resuming from {latest}: {epoch} epoch(s), step {int(self.optimizer.iterations.numpy())} done.")
         return epoch, history
+
+    def _match_architecture(self, path: str, recorded: list) -> None:
+        """Rebuilds the model with the head counts it had when checkpoint ``path`` (``ckpt-<epoch>``)
+        was written, as recorded in the history by --prune_degenerate_heads."""
+        epoch = int(path.rsplit("-", 1)[1])
+        current = heads_lib.heads_per_block(self.model)
+        counts = next((h["num_heads"] for h in reversed(recorded) if h["epoch"] <= epoch and "num_heads" in h),
+                      [self.model_config.num_heads] * len(current))
+        if counts == current:
+            return
+        with self.strategy.scope():
+            model = heads_lib.prune_to(sa_conv.build_model(self.model_config, name=self.config.model), counts)
+        self._build(model)
+        self._compile_functions()
+        self.log(f"Checkpoint {path} holds a pruned model: heads per block {counts}.")
 
     def _write_config(self):
         resolved = {**self.config.to_dict(), "resolved_model": self.model_config.to_dict(),
@@ -319,6 +342,7 @@ class Trainer:
         the optimizer with its schedule, and the step functions."""
         self._load_data()
         self._build(model)
+        self._check_gaussian_heads()
         self._compile_functions()
 
     def train_epochs(self, start_epoch: int, history: list, callbacks=(), save=True) -> tuple[list, float]:
@@ -353,6 +377,10 @@ class Trainer:
             self._log_epoch(record, seconds)
             if self.config.reset_degenerate_heads:
                 self._reset_degenerate_heads(record)
+            if self.config.prune_degenerate_heads:
+                self._prune_degenerate_heads(record)
+                for callback in callbacks:
+                    callback.set_model(self.model)
             logs = {"loss": record["train_loss"], "accuracy": record["train_accuracy"],
                     "val_loss": record["val_loss"], "val_accuracy": record["val_accuracy"]}
             for callback in callbacks:
@@ -379,7 +407,7 @@ class Trainer:
         self._write_config()
         start_epoch, history = self._restore()
         resumed_from = start_epoch if start_epoch else None
-        params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
+        params = _count_parameters(self.model)
         self.log(
             f"Training {self.config.model} ({params:,} parameters) on {len(self.train_split)} images "
             f"({len(self.val_split)} held out for validation), {self.replicas} replica(s), "
@@ -432,6 +460,57 @@ class Trainer:
             sa_conv.reset_heads(self.model, found)
             self.log("Re-initialized degenerate heads (block: heads): "
                      + ", ".join(f"{k}: {v}" for k, v in found.items()))
+
+    def _check_gaussian_heads(self):
+        flag = ("--reset_degenerate_heads" if self.config.reset_degenerate_heads
+                else "--prune_degenerate_heads" if self.config.prune_degenerate_heads else None)
+        if flag is None:
+            return
+        blocks = sa_conv.attention_blocks(self.model)
+        if not blocks or any(b.attention.position_encoding.gaussian() is None for b in blocks):
+            raise ConfigError(
+                f"{flag} needs a model whose heads are Gaussian (a quadratic encoding); "
+                f"{self.config.model} with encoding {self.model_config.encoding!r} has none."
+            )
+
+    def _prune_degenerate_heads(self, record):
+        found = sa_conv.degenerate_heads(self.model)
+        counts = heads_lib.heads_per_block(self.model)
+        for block, heads in found.items():
+            if len(heads) == counts[block]:
+                # A block needs one head: keep its first and say so.
+                self.log(f"Block {block}: all {counts[block]} heads are degenerate; head {heads[0]} is kept.")
+                heads.pop(0)
+        found = {block: heads for block, heads in found.items() if heads}
+        record["pruned_heads"] = {str(k): v for k, v in found.items()}
+        if found:
+            old_model, old_optimizer = self.model, self.optimizer
+            take = heads_lib.head_slicer(old_model, found)
+            with self.strategy.scope():
+                model = sa_conv.prune_heads(old_model, found)
+            before = _count_parameters(old_model)
+            self._build(model)
+            self._transfer_optimizer_state(old_optimizer, old_model, take)
+            self._compile_functions()
+            self.log("Pruned degenerate heads (block: heads): "
+                     + ", ".join(f"{k}: {v}" for k, v in found.items())
+                     + f"; {before:,} -> {_count_parameters(self.model):,} parameters.")
+        record["num_heads"] = heads_lib.heads_per_block(self.model)
+        record["parameters"] = _count_parameters(self.model)
+
+    def _transfer_optimizer_state(self, old_optimizer, old_model, take):
+        """Copies the optimizer's step and momentums into the pruned model's new optimizer,
+        keeping the momentum slices of the kept heads: training goes on as if the pruned heads'
+        weights had never existed."""
+        shadowed = {}  # id(optimizer variable) -> the model variable it shadows
+        inner = getattr(old_optimizer, "inner_optimizer", old_optimizer)
+        for variable, momentum in zip(old_model.trainable_variables, getattr(inner, "momentums", [])):
+            shadowed[id(momentum)] = variable
+        for old, new in zip(old_optimizer.variables, self.optimizer.variables):
+            value = ops.convert_to_numpy(old)
+            if tuple(new.shape) != value.shape:
+                value = take(shadowed[id(old)], value, new.shape)
+            new.assign(value)
 
     # ----------------------------------------------------------------------------- logging
 

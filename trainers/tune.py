@@ -224,6 +224,12 @@ class SaConvHyperModel(kt.HyperModel):
 
     def __init__(self, space: dict, base: TrainConfig, strategy, dataset: data_lib.ImageData, log=print):
         super().__init__(name="sa_conv")
+        if base.prune_degenerate_heads:
+            raise ConfigError(
+                "--prune_degenerate_heads changes a model's architecture during a trial, which "
+                "keras-tuner cannot reload; search without it, then train the chosen configuration "
+                "with sa-conv-train --prune_degenerate_heads."
+            )
         self.space, self.base, self.strategy, self.dataset, self.log = space, base, strategy, dataset, log
 
     def build(self, hp):
