@@ -33,6 +33,8 @@ setup(
         "cpu": [f"tensorflow-cpu=={TENSORFLOW_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TENSORFLOW_VERSION}"],
         "onnx": ["tf2onnx", "onnxruntime"],
+        # Reading the reference implementation's PyTorch checkpoints (sa-conv-import-reference).
+        "reference": ["torch"],
         "test": ["pytest", "pytest-xdist", "hypothesis", "tf2onnx", "onnxruntime"],
     },
     entry_points={
@@ -41,6 +43,7 @@ setup(
             "sa-conv-tune=trainers.tune:run",
             "sa-conv-export=export.export:run",
             "sa-conv-visualize=trainers.visualize:run",
+            "sa-conv-import-reference=export.import_reference:run",
         ],
     },
 )

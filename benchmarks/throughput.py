@@ -7,7 +7,7 @@ Every case runs in its own process (so peak resident memory is its own) and repo
 images/s (forward + backward + SGD update, batch 100 unless stated, the fastest of
 ``--train_steps`` steps, XLA as the trainer's default or as the case says), inference images/s at
 batch 1 and 100, peak RSS, parameters, analytic FLOPs per image (`benchmarks.flops`: a
-multiply-add is 2 FLOPs, attention aggregation included, training = 3 x forward), achieved
+multiply-add is 2 FLOPs, attention aggregation included, training = 3 x forward), with the trainer's default allocator setting (`--keep_freed_memory`), achieved
 GFLOP/s and its fraction of the fp32 matmul GFLOP/s measured in the same run. Ratios: the exact
 separable path against the dense path at 16x16 and 32x32 grids, Keras's MultiHeadAttention in
 the same architecture, XLA against the default graph step, and the exported SavedModel against
@@ -31,9 +31,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_learned_content", "sa_sinusoidal", "resnet18"]
+PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_learned_content", "sa_sinusoidal", "sa_mlp",
+         "resnet18"]
 SMALL = ["sa_quadratic_small", "sa_quadratic_full_small", "sa_learned_small", "sa_learned_content_small",
-         "sa_sinusoidal_small"]
+         "sa_sinusoidal_small", "sa_mlp_small"]
 NO_ATTENTION_DROPOUT = {"attention_dropout": 0.0}
 GRID_32 = {**NO_ATTENTION_DROPOUT, "pooling_width": 1, "max_grid_size": 32}
 DENSE = {"fast_position_attention": False}
@@ -139,8 +140,10 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
 
     import sa_conv
     from benchmarks import flops
+    from trainers import memory
     from trainers.config import default_jit_compile
 
+    memory.keep_freed_memory()  # as the trainer does by default (--keep_freed_memory)
     preset, overrides, batch, jit = CASES[case]
     if preset == "keras_mha":
         config = sa_conv.get_config("sa_quadratic")

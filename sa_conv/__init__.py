@@ -18,6 +18,7 @@ from sa_conv.invertible_pooling import InvertiblePooling, InvertibleUnpooling
 from sa_conv.models import attention_blocks, attention_grid, attention_probabilities, build_attention_classifier, build_model
 from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
+from sa_conv import reference  # noqa: E402  (sa_conv.reference.load_reference_weights)
 from sa_conv.transformer import TransformerBlock
 
 __version__ = "0.2.0"

@@ -13,7 +13,14 @@ _BN = dict(momentum=0.9, epsilon=1e-5)
 
 
 def _conv_bn(x, filters, kernel, stride, name, relu=True):
-    x = keras.layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False,
+    padding = "same"
+    if stride > 1 and kernel > 1:
+        # PyTorch's padding=1 on both sides: Keras's "same" pads a strided 3x3 convolution on the
+        # bottom and right only, which samples every window one pixel further (a different
+        # function from the reference's, and from its imported weights).
+        x = keras.layers.ZeroPadding2D(kernel // 2, name=f"{name}_pad")(x)
+        padding = "valid"
+    x = keras.layers.Conv2D(filters, kernel, strides=stride, padding=padding, use_bias=False,
                             kernel_initializer="he_normal", name=f"{name}_conv")(x)
     x = keras.layers.BatchNormalization(name=f"{name}_bn", **_BN)(x)
     return keras.layers.ReLU(name=f"{name}_relu")(x) if relu else x

@@ -5,7 +5,8 @@
 
 * ``quadratic``, ``quadratic_full``: `QuadraticEncoding` (paper Eq. 9, isotropic or full covariance).
 * ``learned``: `LearnedRelativeEncoding` (learned row and column tables, position only).
-* ``learned_content``: `LearnedContentEncoding` (content plus learned relative term).
+* ``learned_plus_content`` (the reference's, the paper presets') and ``learned_content``
+  (Ramachandran et al.'s): `LearnedContentEncoding`, content plus a learned relative term.
 * ``sinusoidal``: `SinusoidalRelativeEncoding` (fixed sinusoidal features of each axis offset,
   learned per-head vectors).
 * ``mlp``: `MLPRelativeEncoding` (a small MLP of the continuous offset).

@@ -1,5 +1,6 @@
 """Content-based attention with learned 2-D relative embeddings (the paper's "SA learned
-embedding w/ content", after Ramachandran et al., 2019)."""
+embedding w/ content"), in two variants: the reference implementation's and Ramachandran et
+al.'s (2019)."""
 
 import math
 
@@ -7,45 +8,71 @@ import keras
 from keras import ops
 
 from sa_conv.encodings.base import RelativeEncoding, check_table_bound, register_encoding, relative_indices
+from sa_conv.encodings.learned import LearnedRelativeEncoding
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
-@register_encoding("learned_content")
+@register_encoding("learned_plus_content", relative="head_keys")
+@register_encoding("learned_content", relative="query")
 class LearnedContentEncoding(RelativeEncoding):
-    """Content plus relative logits ``(q . k + q . r_delta) / sqrt(d)``.
+    """Content logits ``q . k / sqrt(d)`` plus a learned relative term, two variants:
+
+    * ``relative="head_keys"`` (``"learned_plus_content"``, the reference implementation's
+      ``Learned2DRelativeSelfAttention`` with ``use_attention_data``, from which the paper's
+      Table 1 row comes): ``q . k / sqrt(d) + logit_h(delta)``, the position-only logits of the
+      ``learned`` encoding (`LearnedRelativeEncoding`: tables ``(2P - 1, E)`` and per-head keys
+      ``(E, heads)``), unscaled, added to every example's content logits.
+    * ``relative="query"`` (``"learned_content"``, after Ramachandran et al., 2019):
+      ``(q . k + q . r_delta) / sqrt(d)``, the query of each head (size ``d``) split in a row
+      half and a column half, ``q . r_delta = q[:d/2] . e_row[dy] + q[d/2:] . e_col[dx]``, with
+      row and column tables ``(2P - 1, d / 2)`` shared by all heads.
 
     The queries and keys ``(batch, heads, N, d)`` come from the attention layer's ``query`` and
-    ``key`` maps. The query of each head, of size ``d``, is split in a row half and a column
-    half for the relative term::
-
-        q . r_delta = q[:d/2] . e_row[dy] + q[d/2:] . e_col[dx],
-
-    with row and column tables ``(2P - 1, d / 2)`` shared by all heads. Not position-only: the
-    logits are ``(batch, heads, N, N)``.
+    ``key`` maps. Not position-only: the logits are ``(batch, heads, N, N)``.
     """
 
     position_only = False
+    RELATIVE = ("query", "head_keys")
 
-    def __init__(self, max_grid_size, query_dim, initializer_range=0.02, seed=None, **kwargs):
+    def __init__(self, max_grid_size, query_dim, initializer_range=0.02, seed=None, relative="query",
+                 num_heads=None, embedding_dim=None, **kwargs):
         super().__init__(**kwargs)
+        if relative not in self.RELATIVE:
+            raise ValueError(f"relative must be one of {self.RELATIVE}, got {relative!r}.")
         self.max_grid_size = int(max_grid_size)
         self.query_dim = int(query_dim)
         self.initializer_range = float(initializer_range)
         self.seed = seed
-        if self.query_dim % 2:
+        self.relative = relative
+        self.num_heads = None if num_heads is None else int(num_heads)
+        self.embedding_dim = None if embedding_dim is None else int(embedding_dim)
+        if relative == "head_keys":
+            if self.num_heads is None or self.embedding_dim is None:
+                raise ValueError('relative="head_keys" needs num_heads and embedding_dim.')
+            self.position = LearnedRelativeEncoding(
+                self.num_heads, self.max_grid_size, self.embedding_dim, initializer_range=self.initializer_range,
+                seed=seed, name="position")
+        elif self.query_dim % 2:
             raise ValueError(
                 f"learned_content splits each query in a row half and a column half, so the "
                 f"query size (the layer's input channels) must be even, got {self.query_dim}."
             )
 
-    @classmethod
-    def from_attention(cls, attention, input_dim):
-        return cls(attention.max_grid_size, input_dim, initializer_range=attention.initializer_range,
-                   seed=attention.sublayer_seed(0), name="position_encoding")
+    @property
+    def options(self):
+        return {"relative": self.relative}
 
     @classmethod
-    def check_model(cls, *, grid_size, hidden_size, max_grid_size):
-        if hidden_size % 2:
+    def from_attention(cls, attention, input_dim, relative="query"):
+        extra = {}
+        if relative == "head_keys":
+            extra = dict(num_heads=attention.num_heads, embedding_dim=attention.position_embedding_dim or input_dim)
+        return cls(attention.max_grid_size, input_dim, initializer_range=attention.initializer_range,
+                   seed=attention.sublayer_seed(0), relative=relative, name="position_encoding", **extra)
+
+    @classmethod
+    def check_model(cls, *, grid_size, hidden_size, max_grid_size, relative="query"):
+        if hidden_size % 2 and relative == "query":
             raise ValueError(
                 f"learned_content splits each head's query in row and column halves: hidden_size "
                 f"must be even, got {hidden_size}."
@@ -57,12 +84,17 @@ class LearnedContentEncoding(RelativeEncoding):
             )
 
     @classmethod
-    def logits_flops(cls, height, width, num_heads, input_dim):
+    def logits_flops(cls, height, width, num_heads, input_dim, relative="query"):
         n, d = height * width, input_dim
         query_key = 2 * (2 * n * d * num_heads * d)  # the two maps D -> heads * D
+        if relative == "head_keys":  # the content logits; the position term is input-independent
+            return query_key + 2 * num_heads * n * n * d
         return query_key + 2 * num_heads * n * n * d + 2 * num_heads * n * (height + width) * (d // 2)
 
     def build(self, input_shape=None):
+        if self.relative == "head_keys":
+            self.position.build()
+            return
         n, e = 2 * self.max_grid_size - 1, self.query_dim // 2
         for i, name in enumerate(("row_embeddings", "col_embeddings")):
             seed = None if self.seed is None else self.seed + i
@@ -91,6 +123,8 @@ class LearnedContentEncoding(RelativeEncoding):
             raise ValueError("learned_content logits depend on the input: pass queries and keys.")
         d = queries.shape[-1]
         content = ops.cast(ops.einsum("bhqd,bhkd->bhqk", queries, keys), "float32")
+        if self.relative == "head_keys":
+            return content / math.sqrt(d) + self.position.logits(height, width)[None]
         relative = self.relative_logits(ops.reshape(queries, (-1, queries.shape[1], height, width, d)))
         return (content + relative) / math.sqrt(d)
 
@@ -101,4 +135,7 @@ class LearnedContentEncoding(RelativeEncoding):
             "query_dim": self.query_dim,
             "initializer_range": self.initializer_range,
             "seed": self.seed,
+            "relative": self.relative,
+            "num_heads": self.num_heads,
+            "embedding_dim": self.embedding_dim,
         }

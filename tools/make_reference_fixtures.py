@@ -1,0 +1,113 @@
+"""Writes the reference-parity fixtures of ``tests/fixtures/reference/`` from the reference
+implementation (GitHub ``epfml/attention-cnn``, PyTorch).
+
+    python tools/make_reference_fixtures.py --reference_dir=PATH [--output_dir=tests/fixtures/reference]
+
+``PATH`` is a local clone of the reference repository: its ``models`` package is imported from
+there, never copied into this project. Its ``models/bert_utils.py`` is not in the repository
+(only used for pretrained downloads): create a stub with ``cached_path = None``,
+``WEIGHTS_NAME = CONFIG_NAME = ""``. Needs torch (``pip install .[reference]``).
+
+For each encoding (quadratic isotropic, quadratic full covariance, learned 2-D, learned 2-D with
+content) it builds the reference's ``BertImage`` at the small size (3 layers, 9 heads, hidden 64,
+MLP 128, 2x2 pooling) with a fixed seed, and writes ``<encoding>.npz`` holding:
+
+* ``state/<key>``: the state dict (``R``, the 125 MB Gaussian offset table, left out: the import
+  recomputes what it derives from the config). Weights are rounded to bfloat16-representable
+  float32 values (exact float32 numbers whose low bytes are zero) so the files compress; the
+  reference's outputs are computed with the rounded weights. LayerNorm scales and offsets get
+  noise, so a swapped or ignored LayerNorm cannot pass.
+* ``config``: the reference's config (JSON), ``images``: 8 uint8 images ``(8, 32, 32, 3)``,
+  ``logits``: the reference's eval-mode logits ``(8, 10)`` for them (normalized as its
+  ``train.py`` does), ``probabilities``: layer 0's attention probabilities in the reference's
+  layout, for the query pixels whose row and column are in ``query_positions`` (a 4x4 subgrid,
+  to keep the files small): ``(4, 4, heads, H, W)``, or with content ``(2, 4, 4, heads, H, W)``
+  for the first 2 images.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+# The reference train.py's defaults, at the small size.
+BASE = dict(
+    dataset="Cifar10", model="bert", vocab_size_or_config_json_file=-1, hidden_size=64,
+    position_encoding_size=-1, num_hidden_layers=3, num_attention_heads=9, intermediate_size=128,
+    hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+    max_position_embeddings=16, type_vocab_size=2, initializer_range=0.02, layer_norm_eps=1e-12,
+    add_positional_encoding_to_input=False, use_learned_2d_encoding=False, share_position_encoding=False,
+    use_attention_data=False, use_gaussian_attention=True, attention_isotropic_gaussian=False,
+    gaussian_init_sigma_std=0.01, gaussian_init_mu_std=2.0, attention_gaussian_blur_trick=False,
+    pooling_concatenate_size=2, pooling_use_resnet=False,
+)
+ENCODINGS = {
+    "quadratic": dict(attention_isotropic_gaussian=True),
+    "quadratic_full": dict(attention_isotropic_gaussian=False),
+    "learned": dict(use_gaussian_attention=False, use_learned_2d_encoding=True),
+    "learned_content": dict(use_gaussian_attention=False, use_learned_2d_encoding=True, use_attention_data=True),
+}
+QUERY_POSITIONS = np.array([0, 5, 10, 15])
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)  # the reference train.py's
+
+
+def to_bfloat16_grid(array):
+    """``array`` rounded to the nearest float32 whose low 16 bits are zero."""
+    bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
+    rounded = ((bits.astype(np.uint64) + 0x8000) & 0xFFFF0000).astype(np.uint32)
+    return rounded.view(np.float32)
+
+
+def make_fixture(models, torch, encoding, seed=0):
+    config = {**BASE, **ENCODINGS[encoding]}
+    torch.manual_seed(seed)
+    model = models.BertImage(config, num_classes=10).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "LayerNorm" in name:
+                parameter.add_(0.1 * torch.randn(parameter.shape, generator=generator))
+            parameter.copy_(torch.from_numpy(to_bfloat16_grid(parameter.numpy())))
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
+    x = (images.astype(np.float32) / 255.0 - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
+    captured = []
+    attention = model.encoder.layer[0].attention.self
+    # The probabilities are the input of the attention's dropout (identity in eval mode).
+    hook = attention.dropout.register_forward_hook(lambda module, inputs, output: captured.append(inputs[0]))
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous())
+    hook.remove()
+    state = {f"state/{k}": v.numpy() for k, v in model.state_dict().items() if not k.endswith(".R")}
+    probabilities = captured[0].numpy()
+    if probabilities.ndim == 6:  # content: per image
+        probabilities = probabilities[:2]
+    q = QUERY_POSITIONS
+    probabilities = probabilities[..., q[:, None], q[None, :], :, :, :]
+    return dict(state, config=np.array(json.dumps(config)), images=images, logits=logits.numpy(),
+                probabilities=probabilities, query_positions=q)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference_dir", required=True)
+    parser.add_argument("--output_dir", default=os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                                             "tests", "fixtures", "reference"))
+    args = parser.parse_args()
+    import torch
+
+    sys.path.insert(0, os.path.abspath(args.reference_dir))
+    import models
+
+    os.makedirs(args.output_dir, exist_ok=True)
+    for encoding in ENCODINGS:
+        fixture = make_fixture(models, torch, encoding)
+        path = os.path.join(args.output_dir, f"{encoding}.npz")
+        np.savez_compressed(path, **fixture)
+        print(f"{path}: {os.path.getsize(path) / 1e6:.2f} MB, logits {fixture['logits'][0, :3]}")
+
+
+if __name__ == "__main__":
+    main()
