@@ -187,7 +187,7 @@ def test_attention_probabilities_are_normalized_and_output_shape(encoding):
     probs = _np(probs)
     assert probs.shape == (3, 4, 60, 60) and probs.dtype == np.float32
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
-    if encoding != "learned_content":
+    if sa_conv.get_encoding(encoding).position_only:
         # Position only: identical for every example of the batch.
         np.testing.assert_array_equal(probs[0], probs[1])
         np.testing.assert_array_equal(probs[0], probs[2])
