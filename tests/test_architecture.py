@@ -124,9 +124,10 @@ def test_a_registered_encoding_reaches_every_consumer(row_only_encoding, tmp_pat
 def test_registry_answers_for_the_built_in_encodings():
     traits = {name: (spec.position_only, spec.separable) for name, spec in sa_conv.ENCODINGS.items()}
     assert traits == {"quadratic": (True, True), "quadratic_full": (True, False),
-                      "learned": (True, True), "learned_content": (False, False), "learned_plus_content": (False, False), "sinusoidal": (True, True),
-                      "mlp": (True, False)}
-    assert [default_jit_compile(sa_conv.get_config(f"sa_{n}")) for n in traits] == [False, False, False, True, False, False]
+                      "learned": (True, True), "learned_content": (False, False),
+                      "learned_plus_content": (False, False), "sinusoidal": (True, True), "mlp": (True, False)}
+    assert [default_jit_compile(sa_conv.get_config("sa_quadratic", encoding=n)) for n in traits] == [
+        False, False, False, True, True, False, False]
     assert default_jit_compile(sa_conv.get_config("resnet18")) is False
 
 
