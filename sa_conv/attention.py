@@ -4,12 +4,9 @@ import keras
 from keras import ops
 
 from sa_conv.encodings import get_encoding
+from sa_conv.initializers import INITIALIZATIONS, bias_for, clone_initializer, dense_initializers
 
-
-def clone_initializer(initializer):
-    """A fresh copy of a Keras initializer: an unseeded initializer object returns the same
-    values on every call, so every sublayer gets its own (as `keras.layers.MultiHeadAttention`)."""
-    return initializer.__class__.from_config(initializer.get_config())
+__all__ = ["MultiHeadSelfAttention2D", "clone_initializer", "separable_pays"]
 
 
 def separable_pays(height, width):
@@ -68,6 +65,10 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
       seed: makes the encoding's initialization and the attention dropout deterministic.
       encoding_options: further arguments of the encoding, e.g. ``{"hidden_units": 64,
         "depth": 3}`` for ``"mlp"``.
+      initialization: None (the initializer arguments decide), ``"reference"`` (the reference
+        implementation's PyTorch defaults: dense weights and biases ``U(+-1/sqrt(fan_in))``,
+        learned tables ``N(0, 1)``) or ``"bert"`` (``N(0, initializer_range)``, zero biases);
+        see `sa_conv.initializers`. When set, it overrides the initializer arguments.
 
     Call arguments:
       inputs: ``(batch, H, W, D)`` with static ``H`` and ``W``.
@@ -96,9 +97,16 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         seed=None,
         fast_position_attention="auto",
         encoding_options=None,
+        initialization=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if initialization is not None and initialization not in INITIALIZATIONS:
+            raise ValueError(f"initialization must be None or one of {INITIALIZATIONS}, got {initialization!r}.")
+        self.initialization = initialization
+        if initialization is not None:  # it decides every initializer of the layer
+            initializers = dense_initializers(initialization, initializer_range)
+            kernel_initializer, bias_initializer = initializers["kernel_initializer"], initializers["bias_initializer"]
         self.encoding_spec = get_encoding(encoding)
         self.encoding_options = dict(encoding_options or {})
         if int(num_heads) < 1:
@@ -133,10 +141,10 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         """A seed for the ``index``-th seeded sublayer, or None when the layer is unseeded."""
         return None if self.seed is None else int(self.seed) * 1009 + 17 * (index + 1)
 
-    def _dense(self, units, name):
+    def _dense(self, units, name, fan_in):
         return keras.layers.Dense(
             units, name=name, kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer), dtype=self.dtype_policy,
+            bias_initializer=bias_for(self.bias_initializer, fan_in), dtype=self.dtype_policy,
         )
 
     def build(self, input_shape):
@@ -153,13 +161,13 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         heads = self.num_heads
         self.position_encoding = self.encoding_spec.create(self, self.input_dim)
         if not self.position_only:
-            self.query_dense = self._dense(heads * self.input_dim, "query")
-            self.key_dense = self._dense(heads * self.input_dim, "key")
+            self.query_dense = self._dense(heads * self.input_dim, "query", self.input_dim)
+            self.key_dense = self._dense(heads * self.input_dim, "key", self.input_dim)
             self.query_dense.build(input_shape)
             self.key_dense.build(input_shape)
         self.position_encoding.build()
         # The heads' W^(h) stacked: (heads * D, output_dim), rows ordered [head, channel].
-        self.value_dense = self._dense(out, "value")
+        self.value_dense = self._dense(out, "value", heads * self.input_dim)
         self.value_dense.build(tuple(input_shape[:-1]) + (heads * self.input_dim,))
 
     def value_kernel_per_head(self):
@@ -290,4 +298,5 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             "seed": self.seed,
             "fast_position_attention": self.fast_position_attention,
             "encoding_options": self.encoding_options or None,
+            "initialization": self.initialization,
         }

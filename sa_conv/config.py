@@ -6,6 +6,7 @@ import dataclasses
 from typing import Optional
 
 from sa_conv.encodings import get_encoding
+from sa_conv.initializers import INITIALIZATIONS
 
 ARCHITECTURES = ("attention", "resnet18")
 
@@ -27,7 +28,11 @@ class ModelConfig:
       layer_norm_epsilon: LayerNorm epsilon.
       max_grid_size: largest grid side of the learned encodings' tables (P).
       position_embedding_dim: embedding size of ``"learned"``; None = hidden_size.
-      initializer_range: std of the normal initialization of dense kernels and embeddings.
+      initializer_range: std of the normal initialization of dense kernels and embeddings under
+        ``initialization="bert"``.
+      initialization: ``"reference"`` (default: the reference implementation's PyTorch defaults,
+        dense weights and biases ``U(+-1/sqrt(fan_in))``, learned tables ``N(0, 1)``) or
+        ``"bert"`` (BERT's ``N(0, initializer_range)`` and zero biases); `sa_conv.initializers`.
       center_init_std, spread_init_std: initialization of the quadratic encodings.
       fast_position_attention: when to use the exact separable attention path of quadratic
         (isotropic) and learned encodings: "auto" (grids of 8x8 and up, where it pays), True
@@ -56,6 +61,7 @@ class ModelConfig:
     max_grid_size: int = 16
     position_embedding_dim: Optional[int] = None
     initializer_range: float = 0.02
+    initialization: str = "reference"
     center_init_std: float = 2.0
     spread_init_std: float = 0.01
     fast_position_attention: object = "auto"
@@ -92,6 +98,8 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+        if self.initialization not in INITIALIZATIONS:
+            raise ValueError(f"initialization must be one of {INITIALIZATIONS}, got {self.initialization!r}.")
         if self.fast_position_attention not in ("auto", True, False):
             raise ValueError(
                 f"fast_position_attention must be 'auto', True or False, got {self.fast_position_attention!r}."

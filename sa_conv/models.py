@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from sa_conv.config import ModelConfig, get_config
+from sa_conv.initializers import bias_for, dense_initializers
 from sa_conv.invertible_pooling import InvertiblePooling
 from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
@@ -24,14 +25,16 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier")
     ``(S/w) x (S/w)`` grid -> mean over all positions -> dense ``logits (batch, classes)``
     (``S = image_size``, 32 for CIFAR).
     """
-    def init():  # a new initializer object for each layer: one object repeats its values
-        return keras.initializers.RandomNormal(stddev=config.initializer_range)
+    def dense(units, fan_in, name, **kwargs):  # new initializer objects per layer: one object repeats its values
+        init = dense_initializers(config.initialization, config.initializer_range)
+        return keras.layers.Dense(units, kernel_initializer=init["kernel_initializer"],
+                                  bias_initializer=bias_for(init["bias_initializer"], fan_in), name=name, **kwargs)
 
     inputs = keras.Input((config.image_size, config.image_size, config.image_channels), name="image")
     x = PixelNormalization(*_statistics(config), name="normalize")(inputs)
     if config.pooling_width > 1:
         x = InvertiblePooling(config.pooling_width, name="invertible_pooling")(x)
-    x = keras.layers.Dense(config.hidden_size, kernel_initializer=init(), name="embedding")(x)
+    x = dense(config.hidden_size, config.image_channels * config.pooling_width ** 2, "embedding")(x)
     attention_config = dict(
         num_heads=config.num_heads,
         encoding=config.encoding,
@@ -43,18 +46,18 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier")
         initializer_range=config.initializer_range,
         fast_position_attention=config.fast_position_attention,
         encoding_options=config.encoding_options,
+        initialization=config.initialization,
     )
     for i in range(config.num_layers):
         x = TransformerBlock(
             config.mlp_size,
             dropout=config.dropout,
             layer_norm_epsilon=config.layer_norm_epsilon,
-            kernel_initializer=init(),
             attention_config=attention_config,
             name=f"block_{i}",
         )(x)
     x = keras.layers.GlobalAveragePooling2D(name="mean_over_positions")(x)
-    logits = keras.layers.Dense(config.num_classes, kernel_initializer=init(), name="logits", dtype="float32")(x)
+    logits = dense(config.num_classes, config.hidden_size, "logits", dtype="float32")(x)
     return keras.Model(inputs, logits, name=name)
 
 
@@ -74,7 +77,7 @@ def build_model(name_or_config: str | ModelConfig = "sa_quadratic_small", name: 
     if config.architecture == "resnet18":
         mean, std = _statistics(config)
         return build_resnet(config.image_size, config.num_classes, name=name, image_channels=config.image_channels,
-                            pixel_mean=mean, pixel_std=std)
+                            pixel_mean=mean, pixel_std=std, initialization=config.initialization)
     return build_attention_classifier(config, name=name)
 
 

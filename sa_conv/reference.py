@@ -199,7 +199,7 @@ def _learned(prefix, encoding: LearnedRelativeEncoding):
     ]
 
 
-def _attention_plan(model):
+def _attention_map(model):
     plan = _linear("features_upscale", model.get_layer("embedding"))
     for i, block in enumerate(attention_blocks(model)):
         p = f"encoder.layer.{i}"
@@ -238,7 +238,7 @@ def _conv_bn(prefix, conv_bn_name, model, conv_key="conv", bn_key="bn"):
     ]
 
 
-def _resnet_plan(model):
+def _resnet_map(model):
     plan = _conv_bn("", "stem", model, "conv1", "bn1")
     for stage in range(1, 5):
         for block in range(2):
@@ -254,13 +254,19 @@ def _is_resnet(model) -> bool:
     return any(layer.name == "stem_conv" for layer in model.layers)
 
 
+def weight_map(model: keras.Model) -> list:
+    """``[(reference tensor name, sa-conv variable, transform or None), ...]`` for ``model``:
+    the table of the module docstring, one entry per sa-conv weight."""
+    return _resnet_map(model) if _is_resnet(model) else _attention_map(model)
+
+
 def load_reference_weights(model: keras.Model, state_dict: dict) -> keras.Model:
     """Sets every weight of ``model`` (an sa-conv attention classifier or ResNet18 built from
     `model_config` of the reference's config) from the reference's ``state_dict`` (name ->
     array or torch tensor). Raises `ReferenceImportError` naming every tensor left unused,
     missing or of the wrong shape, and every sa-conv weight left unset. Returns ``model``."""
     state = {k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v) for k, v in state_dict.items()}
-    plan = _resnet_plan(model) if _is_resnet(model) else _attention_plan(model)
+    plan = weight_map(model)
     problems, values = [], {}
     for key, variable, transform in plan:
         if key not in state:

@@ -5,7 +5,8 @@ import math
 import keras
 from keras import ops
 
-from sa_conv.attention import MultiHeadSelfAttention2D, clone_initializer
+from sa_conv.attention import MultiHeadSelfAttention2D
+from sa_conv.initializers import bias_for, clone_initializer, dense_initializers
 
 
 def exact_gelu(x):
@@ -31,33 +32,40 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon=1e-12,
         kernel_initializer="glorot_uniform",
         attention_config=None,
+        bias_initializer="zeros",
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.mlp_size = int(mlp_size)
         self.dropout_rate = float(dropout)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.attention_config = dict(attention_config or {})
+        initialization = self.attention_config.get("initialization")
+        if initialization is not None:  # as the attention layer: it decides the dense maps too
+            initializers = dense_initializers(initialization, self.attention_config.get("initializer_range", 0.02))
+            kernel_initializer, bias_initializer = initializers["kernel_initializer"], initializers["bias_initializer"]
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
         self.attention = MultiHeadSelfAttention2D(
             kernel_initializer=self.kernel_initializer, name="attention", dtype=self.dtype_policy,
             **self.attention_config,
         )
 
-    def _sublayer(self, cls, name, **kwargs):
+    def _sublayer(self, cls, name, fan_in=None, **kwargs):
         if cls is keras.layers.Dense:
             kwargs["kernel_initializer"] = clone_initializer(self.kernel_initializer)
+            kwargs["bias_initializer"] = bias_for(self.bias_initializer, fan_in)
         return cls(name=name, dtype=self.dtype_policy, **kwargs)
 
     def build(self, input_shape):
         hidden = input_shape[-1]
         dense, norm = keras.layers.Dense, keras.layers.LayerNormalization
         self.attention.build(input_shape)
-        self.attention_output = self._sublayer(dense, "attention_output", units=hidden)
+        self.attention_output = self._sublayer(dense, "attention_output", hidden, units=hidden)
         self.attention_dropout = self._sublayer(keras.layers.Dropout, "attention_output_dropout", rate=self.dropout_rate)
         self.attention_norm = self._sublayer(norm, "attention_norm", epsilon=self.layer_norm_epsilon)
-        self.intermediate = self._sublayer(dense, "intermediate", units=self.mlp_size)
-        self.output_dense = self._sublayer(dense, "output", units=hidden)
+        self.intermediate = self._sublayer(dense, "intermediate", hidden, units=self.mlp_size)
+        self.output_dense = self._sublayer(dense, "output", self.mlp_size, units=hidden)
         self.output_dropout = self._sublayer(keras.layers.Dropout, "output_dropout", rate=self.dropout_rate)
         self.output_norm = self._sublayer(norm, "output_norm", epsilon=self.layer_norm_epsilon)
         mlp_shape = tuple(input_shape[:-1]) + (self.mlp_size,)
@@ -88,5 +96,6 @@ class TransformerBlock(keras.layers.Layer):
             "dropout": self.dropout_rate,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "attention_config": self.attention_config,
         }

@@ -247,3 +247,34 @@ def test_resnet18_layout_matches_a_numpy_forward_of_the_reference_architecture()
     logits = np.asarray(model(images, training=False))
     np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-3 * np.abs(expected).max())
     assert not any(k.endswith("num_batches_tracked") for k in [w.path for w in model.weights])
+
+
+@pytest.mark.parametrize("name", ["quadratic", "learned_content"])
+def test_initialization_draws_from_the_reference_distributions(name):
+    """Every weight starts from the distribution of its reference counterpart: the same bound
+    (PyTorch's U(+-1/sqrt(fan_in)) for Linear weights and biases, N(0, 1) tables) and, for
+    tensors large enough to tell, the same spread. The fixture's weights are the reference's
+    initial draws (rounded; LayerNorm perturbed, so LayerNorm is checked for ones and zeros)."""
+    fixture = _fixture(name)
+    state = _state(fixture)
+    keras.utils.set_random_seed(0)
+    model = sa_conv.build_model(reference.model_config(_config(fixture)))
+    checked = 0
+    for key, variable, transform in reference.weight_map(model):
+        ours = np.asarray(keras.ops.convert_to_numpy(variable))
+        if "LayerNorm" in key:
+            assert np.all(ours == (1.0 if key.endswith("weight") else 0.0)), key
+            continue
+        theirs = state[key]
+        if "attention_centers" in key or "attention_spreads" in key:
+            continue  # N(0, 2) and 1 + N(0, 0.01) in both: too few values to compare
+        if "embeddings" in key:  # N(0, 1)
+            assert 0.9 < ours.std() / theirs.std() < 1.1, key
+        else:  # PyTorch's Linear: U(+-1/sqrt(fan_in)), fan_in of the layer's weight (out, in)
+            bound = 1 / np.sqrt(state[key.replace(".bias", ".weight")].shape[1])
+            assert np.abs(theirs).max() <= bound * 1.01, key
+            assert 0.8 * bound < np.abs(ours).max() <= bound, key
+            if theirs.size >= 500:
+                assert 0.93 < ours.std() / theirs.std() < 1.07, key
+        checked += 1
+    assert checked >= 20

@@ -35,7 +35,7 @@ class LearnedContentEncoding(RelativeEncoding):
     RELATIVE = ("query", "head_keys")
 
     def __init__(self, max_grid_size, query_dim, initializer_range=0.02, seed=None, relative="query",
-                 num_heads=None, embedding_dim=None, **kwargs):
+                 num_heads=None, embedding_dim=None, initialization=None, **kwargs):
         super().__init__(**kwargs)
         if relative not in self.RELATIVE:
             raise ValueError(f"relative must be one of {self.RELATIVE}, got {relative!r}.")
@@ -46,12 +46,13 @@ class LearnedContentEncoding(RelativeEncoding):
         self.relative = relative
         self.num_heads = None if num_heads is None else int(num_heads)
         self.embedding_dim = None if embedding_dim is None else int(embedding_dim)
+        self.initialization = initialization
         if relative == "head_keys":
             if self.num_heads is None or self.embedding_dim is None:
                 raise ValueError('relative="head_keys" needs num_heads and embedding_dim.')
             self.position = LearnedRelativeEncoding(
                 self.num_heads, self.max_grid_size, self.embedding_dim, initializer_range=self.initializer_range,
-                seed=seed, name="position")
+                seed=seed, initialization=initialization, name="position")
         elif self.query_dim % 2:
             raise ValueError(
                 f"learned_content splits each query in a row half and a column half, so the "
@@ -64,9 +65,9 @@ class LearnedContentEncoding(RelativeEncoding):
 
     @classmethod
     def from_attention(cls, attention, input_dim, relative="query"):
-        extra = {}
+        extra = {"initialization": getattr(attention, "initialization", None)}
         if relative == "head_keys":
-            extra = dict(num_heads=attention.num_heads, embedding_dim=attention.position_embedding_dim or input_dim)
+            extra.update(num_heads=attention.num_heads, embedding_dim=attention.position_embedding_dim or input_dim)
         return cls(attention.max_grid_size, input_dim, initializer_range=attention.initializer_range,
                    seed=attention.sublayer_seed(0), relative=relative, name="position_encoding", **extra)
 
@@ -138,4 +139,5 @@ class LearnedContentEncoding(RelativeEncoding):
             "relative": self.relative,
             "num_heads": self.num_heads,
             "embedding_dim": self.embedding_dim,
+            "initialization": self.initialization,
         }

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from sa_conv.encodings.base import RelativeEncoding, check_table_bound, register_encoding, relative_indices
+from sa_conv.initializers import FanInUniform
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
@@ -18,11 +19,16 @@ class LearnedRelativeEncoding(RelativeEncoding):
         logit_h(q, k) = w_h^row . e_row[dy] + w_h^col . e_col[dx].
 
     Weights: ``row_embeddings``, ``col_embeddings`` ``(2P-1, E)``; ``row_head_keys``,
-    ``col_head_keys`` ``(E, heads)``. Separable: a row term plus a column term.
+    ``col_head_keys`` ``(E, heads)``. Separable: a row term plus a column term. Initialization:
+    ``N(0, initializer_range)`` for all four, or with ``initialization="reference"`` the reference
+    implementation's (PyTorch's ``Embedding`` and ``Linear``): tables ``N(0, 1)``, keys
+    ``U(+-1/sqrt(E))``, which makes the initial logits about 100 times larger.
     """
 
-    def __init__(self, num_heads, max_grid_size, embedding_dim, initializer_range=0.02, seed=None, **kwargs):
+    def __init__(self, num_heads, max_grid_size, embedding_dim, initializer_range=0.02, seed=None,
+                 initialization=None, **kwargs):
         super().__init__(**kwargs)
+        self.initialization = initialization
         self.num_heads = int(num_heads)
         self.max_grid_size = int(max_grid_size)
         self.embedding_dim = int(embedding_dim)
@@ -35,7 +41,7 @@ class LearnedRelativeEncoding(RelativeEncoding):
     def from_attention(cls, attention, input_dim):
         return cls(attention.num_heads, attention.max_grid_size, attention.position_embedding_dim or input_dim,
                    initializer_range=attention.initializer_range, seed=attention.sublayer_seed(0),
-                   name="position_encoding")
+                   initialization=getattr(attention, "initialization", None), name="position_encoding")
 
     @classmethod
     def check_model(cls, *, grid_size, hidden_size, max_grid_size):
@@ -57,7 +63,10 @@ class LearnedRelativeEncoding(RelativeEncoding):
             # A fresh initializer per weight: one unseeded object returns the same values on
             # every call.
             seed = None if self.seed is None else self.seed + i
-            init = keras.initializers.RandomNormal(0.0, self.initializer_range, seed=seed)
+            if self.initialization == "reference":
+                init = keras.initializers.RandomNormal(0.0, 1.0, seed=seed) if i < 2 else FanInUniform(seed=seed)
+            else:
+                init = keras.initializers.RandomNormal(0.0, self.initializer_range, seed=seed)
             setattr(self, name, self.add_weight(name=name, shape=shape, initializer=init, autocast=False))
 
     def factor_logits(self, height, width):
@@ -78,4 +87,5 @@ class LearnedRelativeEncoding(RelativeEncoding):
             "embedding_dim": self.embedding_dim,
             "initializer_range": self.initializer_range,
             "seed": self.seed,
+            "initialization": self.initialization,
         }
