@@ -111,3 +111,22 @@ def test_paper_configs_are_valid():
         else:
             assert cfg.lr_schedule == "cosine" and cfg.warmup_ratio == 0.05 and cfg.learning_rate == 0.1
     np.testing.assert_equal(len(files), 5)
+
+
+def test_per_epoch_updates_follow_the_reference_train_py():
+    """--lr_update=epoch: the reference's LambdaLR evaluated at each epoch's first global step
+    (utils/learning_rate.py: warm-up ``step / T_warmup``, then cosine over the rest)."""
+    steps_per_epoch, epochs, base = 38, 8, 0.1
+    total = steps_per_epoch * epochs
+    schedule = make_schedule("cosine", base, total, warmup_ratio=0.05, steps_per_update=steps_per_epoch)
+    warmup = int(round(0.05 * total))
+
+    def reference(step):
+        if step < warmup:
+            return step / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+    for step in range(total):
+        start = step // steps_per_epoch * steps_per_epoch
+        assert float(schedule(step)) == pytest.approx(base * reference(start), abs=1e-6), step
+    assert float(schedule(steps_per_epoch - 1)) == 0.0  # the reference's first epoch: lr 0

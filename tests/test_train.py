@@ -103,7 +103,10 @@ def test_weight_decay_applies_to_exactly_the_listed_variables(tmp_path):
     trainer = train_lib.Trainer(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
     trainer._load_data()
     trainer._build()
-    names = {v.path: train_lib.decays(v) for v in trainer.model.trainable_variables}
+    trainer.config.no_weight_decay = "centers,spreads,gamma,beta,bias"  # BERT's convention
+    trainer._build()
+    excluded = trainer.config.weight_decay_exclusions()
+    names = {v.path: train_lib.decays(v, excluded) for v in trainer.model.trainable_variables}
     assert not any(ok for path, ok in names.items() if path.endswith(("/bias", "/gamma", "/beta")))
     assert all(ok for path, ok in names.items() if path.endswith(("/kernel", "_embeddings")))
     images = trainer.train_split.images[:8]
@@ -112,15 +115,16 @@ def test_weight_decay_applies_to_exactly_the_listed_variables(tmp_path):
     trainer.config.weight_decay = 0.0
     without, _ = trainer._replica_gradients(images, labels)
     for v, g1, g0 in zip(trainer.model.trainable_variables, with_decay, without):
-        expected = 0.01 * v.numpy() if train_lib.decays(v) else np.zeros(v.shape)
+        expected = 0.01 * v.numpy() if train_lib.decays(v, excluded) else np.zeros(v.shape)
         diff = tf.convert_to_tensor(g1) - tf.convert_to_tensor(g0)
         np.testing.assert_allclose(diff.numpy(), expected, atol=1e-6, err_msg=v.path)
 
     quadratic = make_config(overrides=dict(model="sa_quadratic_full_small", model_dir=str(tmp_path)))
     t2 = train_lib.Trainer(quadratic, strategy=tf.distribute.get_strategy(), log=lambda s: None)
     model = sa_conv.build_model(t2.config.model)
-    skipped = sorted({v.name for v in model.trainable_variables if not train_lib.decays(v)})
-    assert skipped == ["beta", "bias", "centers", "gamma", "spreads"]
+    skipped = sorted({v.name for v in model.trainable_variables
+                      if not train_lib.decays(v, t2.config.weight_decay_exclusions())})
+    assert skipped == ["centers", "spreads"]  # the reference's default: everything else decays
 
 
 # ------------------------------------------------------------------------------ replicas
@@ -241,7 +245,8 @@ def test_sigkill_mid_epoch_then_rerun_resumes(tmp_path):
     [
         (["--model=vit"], "--model"),
         (["--global_batch_size=-5"], "global_batch_size must be a positive integer"),
-        (["--model=sa_learned_content_small", "--hidden_size=63"], "hidden_size must be even, got 63"),
+        (["--model=sa_learned_content_small", "--encoding=learned_content", "--hidden_size=63"],
+         "hidden_size must be even, got 63"),
         (["--dataset=cifar10_files", "--data_dir=/nonexistent/cifar"], "does not exist"),
         (["--dataset=cifar10_files"], "needs --data_dir"),
         (["--strategy=multi_worker"], "needs TF_CONFIG"),

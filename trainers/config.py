@@ -55,11 +55,21 @@ class TrainConfig:
     momentum: float = _field(0.9, "SGD momentum.")
     weight_decay: float = _field(
         1e-4,
-        "L2 weight decay (added to the gradient, as PyTorch's SGD) on dense and conv kernels and "
-        "learned position embeddings; not on attention centers and spreads, LayerNorm and "
-        "BatchNorm scales and offsets, or biases.",
+        "L2 weight decay (added to the gradient, as PyTorch's SGD) on every variable not named in "
+        "--no_weight_decay.",
+    )
+    no_weight_decay: str = _field(
+        "centers,spreads",
+        "Comma-separated short variable names without weight decay. Default: the attention centers and "
+        "spreads only, as the reference implementation; BERT's convention adds gamma,beta,bias.",
     )
     warmup_ratio: float = _field(0.05, "Fraction of all steps with linear learning-rate warm-up.")
+    lr_update: str = _field(
+        "step",
+        "When the learning rate follows the schedule: every step, or once per epoch (its value at the "
+        "epoch's first step, as the reference's train.py; its warm-up then starts at lr 0 for a whole epoch).",
+        ("step", "epoch"),
+    )
     lr_schedule: str = _field("cosine", "Per-step schedule after warm-up.", SCHEDULES)
     lr_milestones: str = _field("80,150,250", "Epochs at which the step schedule divides the lr.")
     lr_decay_factor: float = _field(10.0, "Divisor of the lr at each milestone (step schedule).")
@@ -104,6 +114,9 @@ class TrainConfig:
 
     def model_overrides(self) -> dict:
         return {name: getattr(self, name) for name in MODEL_OVERRIDES if getattr(self, name) is not None}
+
+    def weight_decay_exclusions(self) -> tuple[str, ...]:
+        return tuple(name.strip() for name in self.no_weight_decay.split(",") if name.strip())
 
     def milestone_epochs(self) -> tuple[int, ...]:
         try:

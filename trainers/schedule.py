@@ -74,16 +74,42 @@ class WarmupStepDecay(_Warmup):
         return {**super().get_config(), "milestones": self.milestones, "decay_factor": self.decay_factor}
 
 
+class Piecewise(keras.optimizers.schedules.LearningRateSchedule):
+    """``schedule`` held constant over blocks of ``steps_per_update`` steps (its value at each
+    block's first step): the reference's ``train.py`` evaluates its schedule once per epoch, at
+    that epoch's first global step, with the raw warm-up ``lr = base * step / warmup_steps``."""
+
+    def __init__(self, schedule, steps_per_update):
+        self.schedule = schedule
+        self.steps_per_update = int(steps_per_update)
+
+    def __call__(self, step):
+        start = ops.floor(ops.cast(step, "float32") / self.steps_per_update) * self.steps_per_update
+        if isinstance(self.schedule, _Warmup) and self.schedule.warmup_steps:
+            warmup = self.schedule.warmup_steps
+            warm = self.schedule.base_learning_rate * start / warmup
+            return ops.where(start < warmup, warm, self.schedule(start))
+        return self.schedule(start)
+
+    def get_config(self):
+        return {"schedule": keras.optimizers.schedules.serialize(self.schedule),
+                "steps_per_update": self.steps_per_update}
+
+
 def make_schedule(
-    kind, base_learning_rate, total_steps, warmup_ratio=0.0, milestone_steps=(), decay_factor=10.0
+    kind, base_learning_rate, total_steps, warmup_ratio=0.0, milestone_steps=(), decay_factor=10.0,
+    steps_per_update=1,
 ):
     """The schedule ``kind`` (one of `SCHEDULES`) over ``total_steps`` optimizer steps, with
-    ``round(warmup_ratio * total_steps)`` warm-up steps."""
+    ``round(warmup_ratio * total_steps)`` warm-up steps; with ``steps_per_update > 1``, updated
+    once per that many steps as the reference does per epoch (`Piecewise`)."""
     if not 0.0 <= warmup_ratio < 1.0:
         raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}.")
     warmup = int(round(warmup_ratio * total_steps))
     if kind == "cosine":
-        return WarmupCosineDecay(base_learning_rate, total_steps, warmup)
-    if kind == "step":
-        return WarmupStepDecay(base_learning_rate, total_steps, warmup, milestone_steps, decay_factor)
-    raise ValueError(f"Unknown lr_schedule {kind!r}; choose one of {', '.join(SCHEDULES)}.")
+        schedule = WarmupCosineDecay(base_learning_rate, total_steps, warmup)
+    elif kind == "step":
+        schedule = WarmupStepDecay(base_learning_rate, total_steps, warmup, milestone_steps, decay_factor)
+    else:
+        raise ValueError(f"Unknown lr_schedule {kind!r}; choose one of {', '.join(SCHEDULES)}.")
+    return Piecewise(schedule, steps_per_update) if steps_per_update > 1 else schedule

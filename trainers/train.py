@@ -44,18 +44,19 @@ from trainers import distribute, memory
 from trainers.config import TrainConfig, default_jit_compile, make_config
 from trainers.schedule import make_schedule
 
-# Variables (by their short name) that get no weight decay: attention centers and spreads,
-# LayerNorm/BatchNorm scales (gamma) and offsets (beta), and biases.
-NO_WEIGHT_DECAY = ("centers", "spreads", "gamma", "beta", "bias")
+# Variables (by their short name) that get no weight decay by default: the attention centers and
+# spreads, as in the reference implementation (which decays everything else, biases and
+# LayerNorm included; --no_weight_decay).
+NO_WEIGHT_DECAY = ("centers", "spreads")
 
 
 class TrainingError(SaConvError):
     """Training cannot go on (e.g. the loss diverged); the message says what to change."""
 
 
-def decays(variable) -> bool:
-    """Whether weight decay applies to ``variable`` (see `NO_WEIGHT_DECAY`)."""
-    return variable.name.split("/")[-1].split(":")[0] not in NO_WEIGHT_DECAY
+def decays(variable, excluded=NO_WEIGHT_DECAY) -> bool:
+    """Whether weight decay applies to ``variable``: its short name is not in ``excluded``."""
+    return variable.name.split("/")[-1].split(":")[0] not in excluded
 
 
 def weights_checksum(model: keras.Model) -> str:
@@ -160,6 +161,7 @@ class Trainer:
                 c.warmup_ratio,
                 [e * self.steps_per_epoch for e in c.milestone_epochs()],
                 c.lr_decay_factor,
+                steps_per_update=self.steps_per_epoch if c.lr_update == "epoch" else 1,
             )
             optimizer = keras.optimizers.SGD(self.schedule, momentum=c.momentum)
             if c.mixed_precision == "mixed_float16":
@@ -168,7 +170,8 @@ class Trainer:
             self.optimizer.build(self.model.trainable_variables)
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
             self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch=self.epoch)
-        self.decayed = [v for v in self.model.trainable_variables if decays(v)]
+        excluded = self.config.weight_decay_exclusions()
+        self.decayed = [v for v in self.model.trainable_variables if decays(v, excluded)]
         self.loss_fn = keras.losses.CategoricalCrossentropy(
             from_logits=True, label_smoothing=c.label_smoothing, reduction=None
         )

@@ -1,0 +1,220 @@
+"""sa-conv and the reference implementation trained side by side on the same data.
+
+    .venv/bin/python benchmarks/vs_reference_training.py --reference_dir=PATH \\
+        --reference_python=PYTHON_WITH_TORCH [--encodings=quadratic,learned] [--seeds=0]
+
+``PATH`` is a local clone of ``epfml/attention-cnn`` (its ``models`` package is imported, never
+copied; see ``tools/make_reference_fixtures.py`` for the ``bert_utils`` stub); the reference runs
+in ``PYTHON_WITH_TORCH`` (an interpreter with torch and numpy, e.g. ``pip install .[reference]``).
+
+Both sides get the same images: the training split that ``sa-conv-train`` keeps after holding
+out its validation images (seeded), and the test split. sa-conv trains with ``sa-conv-train``
+(the ``_small`` preset); the reference with its ``train.py`` loop, transcribed in
+`reference_main` (its ``BertImage`` at the same size, ``SGD`` with weight decay on all but the
+Gaussian centers and spreads, its ``linear_warmup_cosine_lr_scheduler`` stepped once per epoch,
+random crop with 4-pixel zero padding and horizontal flips, cross-entropy). Both: the paper's
+optimizer and schedule, attention dropout 0, batch 100, the same epochs. Results (final test
+accuracy per side, encoding and seed, and their means) go to JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+REFERENCE_ENCODINGS = {
+    "quadratic": dict(use_gaussian_attention=True, attention_isotropic_gaussian=True),
+    "quadratic_full": dict(use_gaussian_attention=True, attention_isotropic_gaussian=False),
+    "learned": dict(use_gaussian_attention=False, use_learned_2d_encoding=True),
+    "learned_content": dict(use_gaussian_attention=False, use_learned_2d_encoding=True, use_attention_data=True),
+}
+PRESETS = {"quadratic": "sa_quadratic_small", "quadratic_full": "sa_quadratic_full_small",
+           "learned": "sa_learned_small", "learned_content": "sa_learned_content_small"}
+
+
+# ------------------------------------------------------------------------------ reference side
+
+
+def reference_main(args):
+    """Trains the reference's BertImage as its train.py does; prints ``RESULT {json}``."""
+    import torch
+
+    sys.path.insert(0, os.path.abspath(args.reference_dir))
+    import models
+
+    import runpy
+
+    BASE = runpy.run_path(os.path.join(ROOT, "tools", "make_reference_fixtures.py"))["BASE"]  # its train.py defaults
+
+    torch.set_num_threads(os.cpu_count())
+    data = np.load(args.data)
+    mean, std = np.array((0.4914, 0.4822, 0.4465), np.float32), np.array((0.2023, 0.1994, 0.2010), np.float32)
+    config = {**BASE, **REFERENCE_ENCODINGS[args.encoding], "attention_probs_dropout_prob": 0.0,
+              "optimizer_warmup_ratio": 0.05, "seed": args.seed}
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    model = models.BertImage(config, num_classes=10)
+    named = dict(model.named_parameters())
+    no_decay = [p for n, p in named.items() if "attention_spreads" in n or "attention_centers" in n]
+    decay = [p for n, p in named.items() if not ("attention_spreads" in n or "attention_centers" in n)]
+    optimizer = torch.optim.SGD([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
+                                lr=0.1, momentum=0.9, weight_decay=1e-4)
+    images, labels = data["train_images"], data["train_labels"]
+    batch = 100
+    batches_per_epoch = -(-len(images) // batch)  # DataLoader without drop_last
+    max_steps = args.epochs * (len(images) // batch + 1)  # train.py's T_max
+    warmup = int(max_steps * 0.05)
+
+    def lr_lambda(step):  # utils/learning_rate.py
+        if step < warmup:
+            return step / warmup
+        progress = (step - warmup) / (max_steps - warmup)
+        return 0.5 * (1 + np.cos(np.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda)
+    criterion = torch.nn.CrossEntropyLoss()
+    rng = np.random.default_rng(args.seed)
+
+    def normalize(x):
+        return torch.from_numpy(((x.astype(np.float32) / 255.0 - mean) / std).transpose(0, 3, 1, 2).copy())
+
+    def augment(x):  # RandomCrop(32, padding=4) on zero-padded pixels, RandomHorizontalFlip
+        padded = np.pad(x, ((0, 0), (4, 4), (4, 4), (0, 0)))
+        out = np.empty_like(x)
+        for i in range(len(x)):
+            dy, dx = rng.integers(0, 9, 2)
+            crop = padded[i, dy:dy + 32, dx:dx + 32]
+            out[i] = crop[:, ::-1] if rng.random() < 0.5 else crop
+        return out
+
+    global_step, start = 0, time.perf_counter()
+    for _ in range(args.epochs):
+        scheduler.step(global_step)  # once per epoch, as train.py
+        model.train()
+        order = rng.permutation(len(images))
+        for b in range(batches_per_epoch):
+            index = order[b * batch:(b + 1) * batch]
+            x, y = normalize(augment(images[index])), torch.from_numpy(labels[index].astype(np.int64))
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            global_step += 1
+    seconds = time.perf_counter() - start
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for b in range(0, len(data["test_images"]), 500):
+            logits = model(normalize(data["test_images"][b:b + 500]))
+            correct += int((logits.argmax(1).numpy() == data["test_labels"][b:b + 500]).sum())
+    print("RESULT " + json.dumps({"test_accuracy": correct / len(data["test_images"]), "steps": global_step,
+                                  "train_seconds": seconds}))
+
+
+# ------------------------------------------------------------------------------ driver
+
+
+def _result(proc, what):
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def run_sa_conv(encoding, seed, args, workdir):
+    model_dir = os.path.join(workdir, f"sa_conv_{encoding}_{seed}")
+    cmd = [sys.executable, "-m", "trainers.train", f"--model={PRESETS[encoding]}", "--dataset=cifar10",
+           f"--data_dir={args.data_dir}", f"--epochs={args.epochs}", "--global_batch_size=100",
+           "--attention_dropout=0", f"--seed={seed}", f"--model_dir={model_dir}", "--strategy=one_device",
+           f"--lr_update={args.sa_conv_lr_update}"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"sa-conv {encoding} seed {seed} failed:\n{proc.stderr[-3000:]}")
+    with open(os.path.join(model_dir, "results.json")) as f:
+        results = json.load(f)
+    return {"test_accuracy": results["test_accuracy"], "steps": results["steps"],
+            "wall_seconds": time.perf_counter() - start}
+
+
+def run_reference(encoding, seed, args, data_path):
+    cmd = [args.reference_python, os.path.abspath(__file__), "--_reference", f"--encoding={encoding}",
+           f"--seed={seed}", f"--epochs={args.epochs}", f"--reference_dir={args.reference_dir}", f"--data={data_path}"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    return {**_result(proc, f"reference {encoding} seed {seed}"), "wall_seconds": time.perf_counter() - start}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference_dir")
+    parser.add_argument("--reference_python", default=sys.executable)
+    parser.add_argument("--data_dir", default=os.path.join(ROOT, "..", "shared", "datasets", "cifar10-mini"))
+    parser.add_argument("--encodings", default="quadratic,learned")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--sa_conv_lr_update", default="epoch", choices=("step", "epoch"),
+                        help="sa-conv's --lr_update; 'epoch' steps the schedule as the reference does.")
+    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "vs_reference_training.json"))
+    parser.add_argument("--_reference", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--encoding", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._reference:
+        reference_main(args)
+        return
+    if not args.reference_dir:
+        parser.error("--reference_dir (a local clone of epfml/attention-cnn) is required.")
+    from sa_conv import data as data_lib
+    from sa_conv import files
+
+    encodings = [e for e in args.encodings.split(",") if e]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for seed in seeds:
+            dataset = data_lib.load_dataset("cifar10", args.data_dir, seed=seed)
+            train, _ = data_lib.split_train_validation(dataset.train, None, seed=seed)  # as sa-conv-train
+            data_path = os.path.join(workdir, f"data_{seed}.npz")
+            np.savez(data_path, train_images=train.images, train_labels=train.labels,
+                     test_images=dataset.test.images, test_labels=dataset.test.labels)
+            for encoding in encodings:
+                # Alternate the order so that neither side always runs on a warmer machine.
+                sides = [("reference", lambda: run_reference(encoding, seed, args, data_path)),
+                         ("sa_conv", lambda: run_sa_conv(encoding, seed, args, workdir))]
+                row = {"encoding": encoding, "seed": seed, "train_images": len(train),
+                       "test_images": len(dataset.test)}
+                for side, run in (sides if (seed + encodings.index(encoding)) % 2 == 0 else sides[::-1]):
+                    row[side] = run()
+                    print(f"{encoding} seed {seed} {side}: {row[side]}", flush=True)
+                rows.append(row)
+    table = {}
+    for encoding in encodings:
+        mine = [r for r in rows if r["encoding"] == encoding]
+        ref = float(np.mean([r["reference"]["test_accuracy"] for r in mine]))
+        ours = float(np.mean([r["sa_conv"]["test_accuracy"] for r in mine]))
+        table[encoding] = {"reference": ref, "sa_conv": ours, "difference_points": 100 * (ours - ref),
+                           "seeds": seeds}
+    report = {"date": datetime.date.today().isoformat(), "epochs": args.epochs, "batch_size": 100,
+              "attention_dropout": 0.0, "sa_conv_lr_update": args.sa_conv_lr_update,
+              "data": os.path.relpath(args.data_dir, ROOT), "table": table, "runs": rows}
+    os.makedirs(os.path.dirname(args.output), exist_ok=True)
+    files.write_json(args.output, report)
+    print(json.dumps(table, indent=2))
+    print(f"Wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
