@@ -102,7 +102,8 @@ def test_sigkill_then_rerun_reuses_finished_trials(tmp_path):
         ({"hyperparameters": [{"name": "num_layers", "type": "choice"}]}, "needs \\['values'\\]"),
         ({"base_model": "vit", "hyperparameters": []}, "base_model 'vit'"),
         ({"base_model": "sa_learned_content_small",
-          "hyperparameters": [{"name": "hidden_size", "type": "choice", "values": [64, 63]}]}, "value 63 is invalid"),
+          "hyperparameters": [{"name": "encoding", "type": "choice", "values": ["learned", "nope"]}]},
+         "value 'nope' is invalid"),
     ],
 )
 def test_invalid_search_space(space, message):
