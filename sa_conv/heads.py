@@ -70,11 +70,7 @@ def _take_heads(old: np.ndarray, new_shape: tuple, kept: list[int], heads: int) 
     return np.take(split, kept, axis=axis).reshape(new_shape)
 
 
-def head_slicer(model: keras.Model, heads_by_layer: dict):
-    """A function ``(variable, value, new_shape) -> value`` that takes, from ``value`` (the value
-    of ``variable`` of ``model``, or of anything shaped like it such as an optimizer's momentum),
-    the slices of the heads that `prune_heads` keeps: unchanged when ``new_shape`` is its shape."""
-    blocks, heads_by_layer = _check_heads(model, heads_by_layer)
+def _slicer(blocks, heads_by_layer):
     selection = {}
     for index, removed in heads_by_layer.items():
         heads = blocks[index].attention.num_heads
@@ -93,12 +89,19 @@ def head_slicer(model: keras.Model, heads_by_layer: dict):
     return take
 
 
+def head_slicer(model: keras.Model, heads_by_layer: dict):
+    """A function ``(variable, value, new_shape) -> value`` that takes, from ``value`` (the value
+    of ``variable`` of ``model``, or of anything shaped like it such as an optimizer's momentum),
+    the slices of the heads that `prune_heads` keeps: unchanged when ``new_shape`` is its shape."""
+    return _slicer(*_check_heads(model, heads_by_layer))
+
+
 def prune_heads(model: keras.Model, heads_by_layer: dict) -> keras.Model:
     """A copy of ``model`` without the heads ``{block index: [head, ...]}``: it computes what
     ``model`` computes with those heads' contributions removed (each head's rows of the value
     map go, and so do its slices of every other per-head weight). Other weights are copied."""
-    take = head_slicer(model, heads_by_layer)
     blocks, heads_by_layer = _check_heads(model, heads_by_layer)
+    take = _slicer(blocks, heads_by_layer)
     pruned_names = {blocks[i].name: heads for i, heads in heads_by_layer.items()}
 
     def clone(layer):
