@@ -418,9 +418,10 @@ class Trainer:
         )
         earlier_seconds = sum(h.get("train_seconds", 0.0) for h in history)
         history, seconds = self.train_epochs(start_epoch, history)
-        return self._finish(history, params, resumed_from, earlier_seconds + seconds, wall_start)
+        return self._finish(history, resumed_from, earlier_seconds + seconds, wall_start)
 
-    def _finish(self, history, params, resumed_from, train_seconds, wall_start) -> dict:
+    def _finish(self, history, resumed_from, train_seconds, wall_start) -> dict:
+        params = _count_parameters(self.model)  # after any --prune_degenerate_heads
         test = self.evaluate(self.test_split)
         last = history[-1] if history else {}
         best = max(history, key=lambda h: h["val_accuracy"]) if history else {}
