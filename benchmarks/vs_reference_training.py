@@ -98,11 +98,12 @@ def reference_main(args):
             out[i] = crop[:, ::-1] if rng.random() < 0.5 else crop
         return out
 
-    global_step, start = 0, time.perf_counter()
+    global_step, start, curve = 0, time.perf_counter(), []
     for _ in range(args.epochs):
         scheduler.step(global_step)  # once per epoch, as train.py
         model.train()
         order = rng.permutation(len(images))
+        losses = []
         for b in range(batches_per_epoch):
             index = order[b * batch:(b + 1) * batch]
             x, y = normalize(augment(images[index])), torch.from_numpy(labels[index].astype(np.int64))
@@ -111,6 +112,9 @@ def reference_main(args):
             loss.backward()
             optimizer.step()
             global_step += 1
+            losses.append((float(loss), len(index)))
+        curve.append({"learning_rate": optimizer.param_groups[0]["lr"],
+                      "train_loss": sum(l * n for l, n in losses) / sum(n for _, n in losses)})
     seconds = time.perf_counter() - start
     model.eval()
     correct = 0
@@ -119,7 +123,7 @@ def reference_main(args):
             logits = model(normalize(data["test_images"][b:b + 500]))
             correct += int((logits.argmax(1).numpy() == data["test_labels"][b:b + 500]).sum())
     print("RESULT " + json.dumps({"test_accuracy": correct / len(data["test_images"]), "steps": global_step,
-                                  "train_seconds": seconds}))
+                                  "train_seconds": seconds, "epochs": curve}))
 
 
 # ------------------------------------------------------------------------------ driver
@@ -144,8 +148,10 @@ def run_sa_conv(encoding, seed, args, workdir):
         raise RuntimeError(f"sa-conv {encoding} seed {seed} failed:\n{proc.stderr[-3000:]}")
     with open(os.path.join(model_dir, "results.json")) as f:
         results = json.load(f)
+    with open(os.path.join(model_dir, "history.json")) as f:
+        curve = [{"learning_rate": e["learning_rate"], "train_loss": e["train_loss"]} for e in json.load(f)]
     return {"test_accuracy": results["test_accuracy"], "steps": results["steps"],
-            "wall_seconds": time.perf_counter() - start}
+            "wall_seconds": time.perf_counter() - start, "epochs": curve}
 
 
 def run_reference(encoding, seed, args, data_path):
@@ -166,6 +172,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--sa_conv_lr_update", default="epoch", choices=("step", "epoch"),
                         help="sa-conv's --lr_update; 'epoch' steps the schedule as the reference does.")
+    parser.add_argument("--merge", action="store_true",
+                        help="Keep the runs already in --output (other seeds) and add these.")
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "vs_reference_training.json"))
     parser.add_argument("--_reference", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--encoding", help=argparse.SUPPRESS)
@@ -200,13 +208,17 @@ def main():
                     row[side] = run()
                     print(f"{encoding} seed {seed} {side}: {row[side]}", flush=True)
                 rows.append(row)
+    if args.merge and os.path.exists(args.output):
+        with open(args.output) as f:
+            done = {(r["encoding"], r["seed"]) for r in rows}
+            rows = [r for r in json.load(f)["runs"] if (r["encoding"], r["seed"]) not in done] + rows
     table = {}
-    for encoding in encodings:
+    for encoding in sorted({r["encoding"] for r in rows}):
         mine = [r for r in rows if r["encoding"] == encoding]
         ref = float(np.mean([r["reference"]["test_accuracy"] for r in mine]))
         ours = float(np.mean([r["sa_conv"]["test_accuracy"] for r in mine]))
         table[encoding] = {"reference": ref, "sa_conv": ours, "difference_points": 100 * (ours - ref),
-                           "seeds": seeds}
+                           "seeds": sorted(r["seed"] for r in mine)}
     report = {"date": datetime.date.today().isoformat(), "epochs": args.epochs, "batch_size": 100,
               "attention_dropout": 0.0, "sa_conv_lr_update": args.sa_conv_lr_update,
               "data": os.path.relpath(args.data_dir, ROOT), "table": table, "runs": rows}

@@ -39,6 +39,9 @@ class ModelConfig:
         or False (see `MultiHeadSelfAttention2D`).
       encoding_options: further arguments of the encoding (e.g. the ``"mlp"`` encoding's
         ``hidden_units`` and ``depth``).
+      remat: rematerialize each transformer block in training (`TransformerBlock`): a training
+        step keeps one block's activations instead of all of them, for one more forward pass
+        per block. Same gradients. Execution only: no effect on weights or inference.
       image_size: side of the square input images.
       image_channels: channels of the input images.
       num_classes: classifier outputs.
@@ -66,6 +69,7 @@ class ModelConfig:
     spread_init_std: float = 0.01
     fast_position_attention: object = "auto"
     encoding_options: Optional[dict] = None
+    remat: bool = False
     image_size: int = 32
     image_channels: int = 3
     num_classes: int = 10
@@ -98,6 +102,8 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+        if not isinstance(self.remat, bool):
+            raise ValueError(f"remat must be True or False, got {self.remat!r}.")
         if self.initialization not in INITIALIZATIONS:
             raise ValueError(f"initialization must be one of {INITIALIZATIONS}, got {self.initialization!r}.")
         if self.fast_position_attention not in ("auto", True, False):

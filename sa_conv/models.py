@@ -54,6 +54,7 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier")
             dropout=config.dropout,
             layer_norm_epsilon=config.layer_norm_epsilon,
             attention_config=attention_config,
+            remat=config.remat,
             name=f"block_{i}",
         )(x)
     x = keras.layers.GlobalAveragePooling2D(name="mean_over_positions")(x)

@@ -1,5 +1,6 @@
 """The post-LayerNorm transformer block of the paper's classifier (BERT's layer on a 2-D grid)."""
 
+import contextlib
 import math
 
 import keras
@@ -15,6 +16,33 @@ def exact_gelu(x):
     return 0.5 * x * (1.0 + ops.erf(x * ops.cast(1.0 / math.sqrt(2.0), x.dtype)))
 
 
+class _ReplayedSeed(keras.random.SeedGenerator):
+    """A seed drawn once and handed out on every draw. Deliberately skips
+    ``SeedGenerator.__init__``: it owns no state variable."""
+
+    def __init__(self, seed):  # pylint: disable=super-init-not-called
+        self._seed = seed
+
+    def next(self, ordered=True):
+        return self._seed
+
+
+@contextlib.contextmanager
+def _replayed_seeds(dropouts, seeds):
+    """Makes each of ``dropouts`` draw its seed from ``seeds`` while the context lasts.
+
+    ``object.__setattr__`` bypasses the layer's tracking: the swap must not add a seed generator
+    to the layer's variables (it would change what is saved)."""
+    originals = [d.seed_generator for d in dropouts]
+    try:
+        for dropout, seed in zip(dropouts, seeds):
+            object.__setattr__(dropout, "seed_generator", _ReplayedSeed(seed))
+        yield
+    finally:
+        for dropout, original in zip(dropouts, originals):
+            object.__setattr__(dropout, "seed_generator", original)
+
+
 @keras.saving.register_keras_serializable(package="sa_conv")
 class TransformerBlock(keras.layers.Layer):
     """Attention, dropout, residual, LayerNorm; GELU MLP, dropout, residual, LayerNorm.
@@ -23,6 +51,12 @@ class TransformerBlock(keras.layers.Layer):
 
     Input and output shape: ``(batch, H, W, hidden)``. Keyword arguments not listed are passed
     to `MultiHeadSelfAttention2D` through ``attention_config``.
+
+    ``remat=True`` rematerializes the block in training (`keras.remat`): the backward pass keeps
+    only the block's input and recomputes its activations (attention probabilities, dropout
+    masks, the MLP) from it, so a step holds one block's activations instead of all blocks'.
+    Gradients are unchanged: each dropout draws its seed once per step, outside the recomputed
+    function, and the recomputation replays it (same masks).
     """
 
     def __init__(
@@ -33,9 +67,11 @@ class TransformerBlock(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         attention_config=None,
         bias_initializer="zeros",
+        remat=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.remat = bool(remat)
         self.mlp_size = int(mlp_size)
         self.dropout_rate = float(dropout)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
@@ -76,7 +112,24 @@ class TransformerBlock(keras.layers.Layer):
         ):
             layer.build(shape)
 
+    def _dropouts(self):
+        """The block's dropout layers that draw random numbers in training."""
+        layers = (self.attention.dropout, self.attention_dropout, self.output_dropout)
+        return [layer for layer in layers if layer.rate > 0]
+
     def call(self, inputs, training=None, return_attention_scores=False):
+        if self.remat and training and not return_attention_scores:
+            dropouts = self._dropouts()
+            seeds = [dropout.seed_generator.next() for dropout in dropouts]
+
+            def block(x, *step_seeds):
+                with _replayed_seeds(dropouts, step_seeds):
+                    return self._forward(x, training)
+
+            return keras.remat(block)(inputs, *seeds)
+        return self._forward(inputs, training, return_attention_scores)
+
+    def _forward(self, inputs, training=None, return_attention_scores=False):
         attended = self.attention(inputs, training=training, return_attention_scores=return_attention_scores)
         if return_attention_scores:
             attended, probs = attended
@@ -98,4 +151,5 @@ class TransformerBlock(keras.layers.Layer):
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "attention_config": self.attention_config,
+            "remat": self.remat,
         }

@@ -38,6 +38,7 @@ from keras import ops
 import sa_conv
 from sa_conv import cli, files
 from sa_conv import data as data_lib
+from sa_conv import footprint
 from sa_conv import heads as heads_lib
 from sa_conv.errors import ConfigError, SaConvError
 from trainers import distribute, memory
@@ -48,6 +49,22 @@ from trainers.schedule import make_schedule
 # spreads, as in the reference implementation (which decays everything else, biases and
 # LayerNorm included; --no_weight_decay).
 NO_WEIGHT_DECAY = ("centers", "spreads")
+
+
+def remat_blocks(config: TrainConfig, model_config, replica_batch: int, log=print) -> bool:
+    """Whether the transformer blocks rematerialize (``--remat``; for ``auto``, whether the
+    estimated activations of a ``replica_batch`` step exceed ``--memory_budget_gb``)."""
+    attention = model_config.architecture == "attention"
+    if config.remat == "blocks" and not attention:
+        raise ConfigError(f"--remat=blocks: {config.model} has no transformer blocks; use --remat=none or auto.")
+    if config.remat != "auto":
+        return config.remat == "blocks"
+    estimate = footprint.training_activation_bytes(model_config, replica_batch, remat=False)
+    remat = estimate > config.memory_budget_gb * 2**30
+    if remat:
+        log(f"Rematerializing the transformer blocks (--remat=auto): a step's activations are estimated at "
+            f"{estimate / 2**30:.1f} GB per replica, above --memory_budget_gb={config.memory_budget_gb:g}.")
+    return remat
 
 
 class TrainingError(SaConvError):
@@ -146,6 +163,8 @@ class Trainer:
                 f"{len(self.train_split)} training images make no full batch of "
                 f"--global_batch_size={c.global_batch_size}; lower the batch size."
             )
+        self.model_config = self.model_config.replace(
+            remat=remat_blocks(c, self.model_config, c.global_batch_size // self.replicas, self.log))
         total = c.epochs * self.steps_per_epoch
         self.total_steps = min(total, c.max_steps) if c.max_steps else total
         self.total_epochs = math.ceil(self.total_steps / self.steps_per_epoch)

@@ -43,7 +43,7 @@ from sa_conv import data as data_lib
 from sa_conv.errors import ConfigError
 from trainers import distribute
 from trainers.config import TrainConfig, make_config
-from trainers.train import TrainingError, Trainer, train
+from trainers.train import TrainingError, Trainer, remat_blocks, train
 
 MODEL_HYPERPARAMETERS = ("encoding", "num_heads", "num_layers", "hidden_size", "mlp_size", "dropout",
                          "attention_dropout")
@@ -236,7 +236,10 @@ class SaConvHyperModel(kt.HyperModel):
         values = define_hyperparameters(hp, self.space)
         model_values = {k: v for k, v in values.items() if k in MODEL_HYPERPARAMETERS}
         base_model = self.space.get("base_model", self.base.model)
-        return sa_conv.build_model(base_model, **model_values, **self.dataset.model_fields())
+        config = sa_conv.get_config(base_model, **model_values, **self.dataset.model_fields())
+        replica_batch = self.base.global_batch_size // self.strategy.num_replicas_in_sync
+        remat = remat_blocks(self.base, config, replica_batch, self.log)
+        return sa_conv.build_model(config.replace(remat=remat), name=base_model)
 
     def fit(self, hp, model, *args, epochs=1, initial_epoch=0, callbacks=(), trial_dir=None, **kwargs):
         values = {entry["name"]: hp.get(entry["name"]) for entry in self.space["hyperparameters"]}

@@ -1,0 +1,60 @@
+"""Estimated activation memory of a training step: what the backward pass keeps alive.
+
+`training_activation_bytes` decides ``--remat=auto`` in the trainer. It counts the tensors a
+transformer block saves for its gradient, per example, in float32 (4 bytes; mixed precision
+saves some in 16 bits, which the estimate ignores, erring high):
+
+- attention probabilities ``(heads, N, N)``, when they are per example: content logits
+  (``queries``/``keys`` depend on the input) or attention dropout in training (the shared
+  probabilities are broadcast to the batch; the dropout keeps its mask and its output, 3 tensors);
+  content encodings also keep their queries and keys ``2 x (N, heads * D)``;
+- the heads' mixed values ``(N, heads * D)`` before the value map (the separable path keeps
+  three tensors of that size: the value-mapped input, its transpose and the column pass);
+- ``N x D`` tensors: block input, attention output, its dropout, the residual sums and the two
+  LayerNorms' inputs and outputs (about 10), and ``N x M`` ones for the MLP (its input and GELU's
+  intermediates, about 4).
+
+With ``remat``, one block's activations are alive at a time, plus every block's input. The
+figure is an estimate for deciding, not a measurement: measured peaks are in
+``benchmarks/results/vs_reference.json``.
+"""
+
+from __future__ import annotations
+
+from sa_conv.attention import separable_pays
+from sa_conv.config import ModelConfig
+from sa_conv.encodings import get_encoding
+
+_FLOAT_BYTES = 4
+
+
+def block_activation_floats(config: ModelConfig) -> int:
+    """Floats one transformer block keeps for its backward pass, per example (see module doc)."""
+    g = config.grid_size
+    n, h, d, m = g * g, config.num_heads, config.hidden_size, config.mlp_size
+    encoding = get_encoding(config.encoding)
+    dropout = config.attention_dropout > 0
+    floats = 10 * n * d + 4 * n * m
+    if not encoding.position_only:
+        floats += 2 * n * h * d + (3 if dropout else 2) * h * n * n
+    elif dropout:
+        floats += 3 * h * n * n
+    separable = (encoding.position_only and encoding.separable and not dropout
+                 and (config.fast_position_attention is True
+                      or (config.fast_position_attention == "auto" and separable_pays(g, g))))
+    floats += (3 if separable else 1) * n * h * d
+    return floats
+
+
+def training_activation_bytes(config: ModelConfig, batch_size: int, remat: bool | None = None) -> int:
+    """Estimated bytes of activations a training step of ``batch_size`` examples keeps for its
+    backward pass (``remat``: None = ``config.remat``). ResNet18 is not estimated (0)."""
+    if config.architecture != "attention":
+        return 0
+    remat = config.remat if remat is None else remat
+    g = config.grid_size
+    block = block_activation_floats(config)
+    block_input = g * g * config.hidden_size
+    layers = config.num_layers
+    per_example = (block + layers * block_input) if remat else layers * block
+    return int(per_example * batch_size * _FLOAT_BYTES)

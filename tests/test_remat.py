@@ -1,0 +1,183 @@
+"""Rematerialized transformer blocks: same gradients, recomputed activations, the trainer's --remat."""
+
+import json
+
+import keras
+from keras.src import testing
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sa_conv
+from sa_conv import footprint
+from sa_conv.transformer import TransformerBlock
+from trainers import train as train_lib
+from trainers.config import ConfigError, make_config
+
+
+class TestTransformerBlockRemat(testing.TestCase):
+    def test_layer(self):
+        self.run_layer_test(
+            TransformerBlock,
+            init_kwargs={"mlp_size": 16, "dropout": 0.1, "remat": True,
+                         "attention_config": {"num_heads": 4, "encoding": "quadratic", "attention_dropout": 0.1}},
+            input_shape=(2, 4, 4, 8),
+            expected_output_shape=(2, 4, 4, 8),
+            expected_num_trainable_weights=14,
+            expected_num_non_trainable_weights=0,
+            expected_num_seed_generators=3,
+            supports_masking=False,
+            run_training_check=False,  # keras.remat needs a traced training call (tested below)
+        )
+
+
+def _models(**overrides):
+    config = sa_conv.get_config("sa_quadratic_small", num_layers=2, **overrides)
+    plain = sa_conv.build_model(config)
+    remat = sa_conv.build_model(config.replace(remat=True))
+    assert len(plain.variables) == len(remat.variables)  # remat adds no variable (nor seed state)
+    for a, b in zip(plain.variables, remat.variables):
+        b.assign(a)  # weights and dropout seed states
+    return plain, remat
+
+
+def _step(model, images):
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(images, training=True)))
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    return step
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(dropout=0.1, attention_dropout=0.1),  # dense path, three dropouts per block
+    dict(dropout=0.0, attention_dropout=0.0),  # separable path
+    dict(encoding="learned_plus_content", dropout=0.1, attention_dropout=0.1),
+])
+def test_remat_gives_the_same_gradients(overrides):
+    """Two consecutive steps (the dropout seeds advance): loss and every gradient equal to float32
+    rounding. A recomputation that drew new dropout masks would differ by far more."""
+    keras.utils.set_random_seed(3)
+    plain, remat = _models(**overrides)
+    images = tf.constant(np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3)), tf.float32)
+    steps = _step(plain, images), _step(remat, images)
+    previous = None
+    for _ in range(2):
+        (loss_a, grads_a), (loss_b, grads_b) = steps[0](), steps[1]()
+        assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-6)
+        for variable, a, b in zip(plain.trainable_variables, grads_a, grads_b):
+            a, b = tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()
+            scale = np.abs(a).max() + 1e-12
+            np.testing.assert_allclose(b / scale, a / scale, atol=1e-5, err_msg=variable.path)
+        if previous is not None and overrides["dropout"]:
+            assert float(loss_a) != previous  # new masks each step: the seeds did advance
+        previous = float(loss_a)
+
+
+def test_remat_recomputes_the_block_in_the_backward_pass():
+    """The backward pass runs each rematerialized block's forward again (and only then)."""
+    plain, remat = _models(dropout=0.1, attention_dropout=0.1)
+    images = tf.constant(np.zeros((2, 32, 32, 3)), tf.float32)
+    for model, expected in ((plain, 1), (remat, 2)):
+        block = model.get_layer("block_0")
+        calls = []
+        forward = block._forward
+        block._forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+        try:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(images, training=True))
+            tape.gradient(loss, model.trainable_variables)
+            assert len(calls) == expected, model.name
+            calls.clear()
+            model(images, training=False)  # inference never rematerializes
+            assert len(calls) == 1
+        finally:
+            del block._forward
+
+
+def test_remat_is_saved_and_reloaded(tmp_path):
+    model = sa_conv.build_model("sa_quadratic_small", remat=True)
+    path = tmp_path / "m.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert all(b.remat for b in sa_conv.attention_blocks(loaded))
+    x = np.random.default_rng(1).integers(0, 256, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(loaded(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ estimate
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 512), layers=st.integers(1, 8), dropout=st.sampled_from([0.0, 0.1]))
+def test_activation_estimate_scales_and_remat_keeps_one_block(batch, layers, dropout):
+    config = sa_conv.get_config("sa_quadratic", num_layers=layers, attention_dropout=dropout)
+    full = footprint.training_activation_bytes(config, batch)
+    assert full == batch * footprint.training_activation_bytes(config, 1)
+    block = footprint.block_activation_floats(config) * 4 * batch
+    assert full == layers * block
+    kept = footprint.training_activation_bytes(config, batch, remat=True)
+    assert kept == block + layers * batch * 4 * 16 * 16 * 400  # one block + every block's input
+    if layers > 1:
+        assert kept < full
+
+
+def test_activation_estimate_counts_per_example_attention():
+    """With attention dropout (or content logits) the (heads, N, N) probabilities exist per example."""
+    base = sa_conv.get_config("sa_quadratic")
+    n, heads = 256, 9
+    with_dropout = footprint.block_activation_floats(base)
+    without = footprint.block_activation_floats(base.replace(attention_dropout=0.0))
+    # Without dropout the separable path keeps 2 more (N, heads * D) tensors instead.
+    assert with_dropout - without == 3 * heads * n * n - 2 * n * heads * 400
+    assert footprint.training_activation_bytes(sa_conv.get_config("resnet18"), 100) == 0
+
+
+# ------------------------------------------------------------------------------ trainer
+
+
+def _trainer(tmp_path, **overrides):
+    config = make_config(overrides=dict(
+        model="sa_quadratic_small", num_layers=2, dataset="synthetic", global_batch_size=8, eval_batch_size=50,
+        validation_size=50, epochs=1, max_steps=3, strategy="one_device", model_dir=str(tmp_path), **overrides))
+    logs = []
+    trainer = train_lib.Trainer(config, log=logs.append)
+    return trainer, logs
+
+
+def test_auto_remat_follows_the_memory_budget(tmp_path):
+    trainer, logs = _trainer(tmp_path / "a", remat="auto", memory_budget_gb=1e-3)
+    trainer.prepare()
+    assert trainer.model_config.remat and all(b.remat for b in sa_conv.attention_blocks(trainer.model))
+    assert any("Rematerializing" in line and "--memory_budget_gb=0.001" in line for line in logs)
+    trainer, _ = _trainer(tmp_path / "b", remat="auto")  # default 4 GB: small presets do not need it
+    trainer.prepare()
+    assert not trainer.model_config.remat
+    config = sa_conv.get_config("sa_quadratic")
+    assert train_lib.remat_blocks(make_config(), config, 100, log=lambda s: None)  # the paper presets do
+    assert not train_lib.remat_blocks(make_config(overrides={"remat": "none"}), config, 100, log=lambda s: None)
+    with pytest.raises(ConfigError, match="no transformer blocks"):
+        train_lib.remat_blocks(make_config(overrides={"remat": "blocks", "model": "resnet18"}),
+                               sa_conv.get_config("resnet18"), 100)
+    with pytest.raises(ConfigError, match="memory_budget_gb must be positive"):
+        make_config(overrides={"memory_budget_gb": 0})
+
+
+def test_trainer_with_remat_trains_the_same_weights(tmp_path):
+    """Three SGD steps with dropout through the trainer's strategy loop, --remat=blocks against
+    --remat=none: the same weights and loss."""
+    runs = {}
+    for mode in ("none", "blocks"):
+        trainer, _ = _trainer(tmp_path / mode, remat=mode, dropout=0.1, attention_dropout=0.1)
+        results = trainer.run()
+        runs[mode] = (trainer.model, results)
+        with open(tmp_path / mode / "config.json") as f:
+            assert json.load(f)["resolved_model"]["remat"] is (mode == "blocks")
+    (plain, a), (remat, b) = runs["none"], runs["blocks"]
+    assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+    for u, v in zip(plain.trainable_variables, remat.trainable_variables):
+        np.testing.assert_allclose(v.numpy(), u.numpy(), rtol=1e-4, atol=1e-6, err_msg=u.path)
