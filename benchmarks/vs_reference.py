@@ -1,0 +1,267 @@
+"""sa-conv against the reference implementation: speed and memory side by side, as ratios.
+
+    .venv/bin/python benchmarks/vs_reference.py --reference_dir=PATH --reference_python=PYTHON_WITH_TORCH \\
+        [--cases=paper,small] [--rounds=2]
+
+``PATH`` is a local clone of ``epfml/attention-cnn`` (its ``models`` package is imported, never
+copied; see ``tools/make_reference_fixtures.py`` for the ``bert_utils`` stub); the reference runs
+in ``PYTHON_WITH_TORCH`` (e.g. ``pip install .[reference]``).
+
+Each case (a preset, and the same model in the reference) runs its sides in separate processes,
+alternating (A B A B for ``--rounds=2``; the order flips from case to case), each process alone on
+the machine. A side measures, at batch 100 unless stated:
+
+* inference images/s at batch 1 and 100 (eval mode, no gradients; the fastest of
+  ``--infer_steps`` calls after a warm-up);
+* training images/s: one optimizer step (forward, backward, SGD with momentum 0.9 and weight
+  decay 1e-4) after a warm-up step, the fastest of ``--train_steps``. sa-conv's is the trainer's
+  own step (`trainers.train.Trainer`: ``strategy.run``, its XLA default, its ``--remat``);
+  the reference's is its ``train.py`` step (``zero_grad``, forward, cross-entropy, ``backward``,
+  ``SGD.step``) in training mode;
+* peak RSS of the process after training (inference runs first and needs less).
+
+sa-conv sides: ``sa_conv`` (the trainer's defaults, so ``--remat=auto``) and, where auto turns
+remat on, ``sa_conv_no_remat`` too, to show remat's cost. The machine's fp32 matmul GFLOP/s is
+measured before and after. Ratios are sa-conv / reference (speed: higher is better; memory: lower
+is better). Results go to JSON; nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+# The reference's BertImage settings per encoding (its train.py flags).
+REFERENCE_ENCODINGS = {
+    "quadratic": dict(use_gaussian_attention=True, attention_isotropic_gaussian=True),
+    "quadratic_full": dict(use_gaussian_attention=True, attention_isotropic_gaussian=False),
+    "learned": dict(use_gaussian_attention=False, use_learned_2d_encoding=True),
+    "learned_plus_content": dict(use_gaussian_attention=False, use_learned_2d_encoding=True,
+                                 use_attention_data=True),
+}
+PAPER = ["sa_quadratic", "sa_learned", "resnet18", "sa_quadratic_full", "sa_learned_content"]
+SMALL = ["sa_quadratic_small", "sa_learned_small", "sa_quadratic_full_small", "sa_learned_content_small"]
+GROUPS = {"paper": PAPER, "small": SMALL}
+
+
+def _peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _fastest(fn, steps):
+    fn()  # warm-up (tracing, allocation)
+    best = float("inf")
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+# ------------------------------------------------------------------------------ sa-conv side
+
+
+def sa_conv_side(args):
+    import numpy as np
+    import tensorflow as tf
+
+    import sa_conv
+    from trainers import memory
+    from trainers.config import make_config
+    from trainers.train import Trainer
+
+    config = make_config(overrides=dict(
+        model=args.preset, dataset="synthetic", global_batch_size=args.batch, eval_batch_size=args.batch,
+        validation_size=100, epochs=1, strategy="one_device", model_dir=os.path.join(args.workdir, "run"),
+        remat=args.remat))
+    trainer = Trainer(config, log=lambda s: None)
+    trainer.prepare()
+    model = trainer.model
+    rng = np.random.default_rng(0)
+    infer = tf.function(lambda x: model(x, training=False), jit_compile=trainer._use_xla())
+    result = {"parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
+              "remat": bool(trainer.model_config.remat), "xla": trainer._use_xla()}
+    for b in (1, args.batch):
+        x = tf.constant(rng.integers(0, 256, (b, 32, 32, 3), dtype=np.uint8))
+        result[f"inference_images_per_second_batch{b}"] = b / _fastest(lambda: infer(x).numpy(), args.infer_steps)
+    result["inference_peak_rss_mb"] = _peak_rss_mb()
+    iterator = iter(trainer._train_dataset(0))
+    memory.keep_freed_memory()  # as the trainer does after its input pipeline starts
+    one = tf.constant(1)
+    result["train_images_per_second"] = args.batch / _fastest(
+        lambda: trainer.train_steps(iterator, one).numpy(), args.train_steps)
+    result["peak_rss_mb"] = _peak_rss_mb()
+    return result
+
+
+# ------------------------------------------------------------------------------ reference side
+
+
+def reference_side(args):
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, os.path.abspath(args.reference_dir))
+    import models
+    import runpy
+
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(0)
+    preset = json.loads(args.preset_config)  # the sa-conv preset's fields (this process has no sa_conv)
+    if preset["architecture"] == "resnet18":
+        model = models.ResNet18(num_classes=10)
+    else:
+        base = runpy.run_path(os.path.join(ROOT, "tools", "make_reference_fixtures.py"))["BASE"]
+        config = {**base, **REFERENCE_ENCODINGS[preset["encoding"]], "hidden_size": preset["hidden_size"],
+                  "num_hidden_layers": preset["num_layers"], "num_attention_heads": preset["num_heads"],
+                  "intermediate_size": preset["mlp_size"], "hidden_dropout_prob": preset["dropout"],
+                  "attention_probs_dropout_prob": preset["attention_dropout"],
+                  "pooling_concatenate_size": preset["pooling_width"]}
+        model = models.BertImage(config, num_classes=10)
+    rng = np.random.default_rng(0)
+    result = {"parameters": int(sum(p.numel() for p in model.parameters() if p.requires_grad))}
+    model.eval()
+    with torch.no_grad():
+        for b in (1, args.batch):
+            x = torch.from_numpy(rng.standard_normal((b, 3, 32, 32)).astype(np.float32))
+            result[f"inference_images_per_second_batch{b}"] = b / _fastest(lambda: model(x), args.infer_steps)
+    result["inference_peak_rss_mb"] = _peak_rss_mb()
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    criterion = torch.nn.CrossEntropyLoss()
+    x = torch.from_numpy(rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, args.batch))
+
+    def step():
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+    result["train_images_per_second"] = args.batch / _fastest(step, args.train_steps)
+    result["peak_rss_mb"] = _peak_rss_mb()
+    return result
+
+
+# ------------------------------------------------------------------------------ driver
+
+
+def _run_side(side, preset, args, workdir):
+    python = args.reference_python if side == "reference" else sys.executable
+    cmd = [python, os.path.abspath(__file__), f"--_side={side}", f"--preset={preset}", f"--batch={args.batch}",
+           f"--train_steps={args.train_steps}", f"--infer_steps={args.infer_steps}", f"--workdir={workdir}"]
+    if side == "reference":
+        from sa_conv import get_config
+
+        cmd += [f"--reference_dir={args.reference_dir}", f"--preset_config={json.dumps(get_config(preset).to_dict())}"]
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        # A side killed for memory (exit -9) is a result too: it does not fit on this machine.
+        return {"failed": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-1500:]}
+    return {**json.loads(line[len("RESULT "):]), "wall_seconds": time.perf_counter() - start}
+
+
+def _best(runs):
+    """Across rounds: the fastest speeds (other load only slows a run) and the highest peak RSS."""
+    ok = [r for r in runs if "failed" not in r]
+    if not ok:
+        return runs[-1]
+    best = dict(ok[0])
+    for r in ok[1:]:
+        for key, value in r.items():
+            if key.endswith("per_second"):
+                best[key] = max(best[key], value)
+            elif key.endswith("rss_mb"):
+                best[key] = max(best[key], value)
+    best["rounds"] = len(ok)
+    return best
+
+
+def _ratios(mine, reference):
+    if "failed" in mine or "failed" in reference:
+        return {}
+    keys = ("train_images_per_second", "inference_images_per_second_batch1", "inference_images_per_second_batch100")
+    ratios = {k.replace("_images_per_second", "_speed"): mine[k] / reference[k] for k in keys if k in reference}
+    ratios["peak_rss"] = mine["peak_rss_mb"] / reference["peak_rss_mb"]
+    return ratios
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference_dir")
+    parser.add_argument("--reference_python", default=sys.executable)
+    parser.add_argument("--cases", default="paper,small", help="Presets or groups (paper, small), comma-separated.")
+    parser.add_argument("--rounds", type=int, default=2, help="Runs per side, alternating with the other sides.")
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--train_steps", type=int, default=2)
+    parser.add_argument("--infer_steps", type=int, default=3)
+    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "vs_reference.json"))
+    parser.add_argument("--merge", action="store_true", help="Keep the cases already in --output.")
+    parser.add_argument("--_side", help=argparse.SUPPRESS)
+    parser.add_argument("--preset", help=argparse.SUPPRESS)
+    parser.add_argument("--remat", default="auto", help=argparse.SUPPRESS)
+    parser.add_argument("--preset_config", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._side:
+        if args._side.startswith("sa_conv"):
+            args.remat = "none" if args._side == "sa_conv_no_remat" else "auto"
+            result = sa_conv_side(args)
+        else:
+            result = reference_side(args)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    if not args.reference_dir:
+        parser.error("--reference_dir (a local clone of epfml/attention-cnn) is required.")
+    import tempfile
+
+    from benchmarks.throughput import matmul_gflops
+    from sa_conv import files
+    from sa_conv import get_config
+    from sa_conv.footprint import training_activation_bytes
+
+    presets = [p for c in args.cases.split(",") if c for p in GROUPS.get(c, [c])]
+    report = {"date": datetime.date.today().isoformat(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+              "batch": args.batch, "rounds": args.rounds, "cases": {}}
+    if args.merge and os.path.exists(args.output):
+        with open(args.output) as f:
+            report["cases"] = json.load(f)["cases"]
+    report["matmul_gflops_before"] = matmul_gflops()
+    with tempfile.TemporaryDirectory() as workdir:
+        for index, preset in enumerate(presets):
+            config = get_config(preset)
+            sides = ["sa_conv", "reference"]
+            if config.architecture == "attention" and training_activation_bytes(config, args.batch) > 4 * 2**30:
+                sides.insert(1, "sa_conv_no_remat")  # the trainer's auto turns remat on: show its cost
+            if index % 2:
+                sides.reverse()
+            runs = {side: [] for side in sides}
+            for round_ in range(args.rounds):
+                for side in (sides if round_ % 2 == 0 else sides[::-1]):
+                    runs[side].append(_run_side(side, preset, args, workdir))
+                    print(f"{preset} {side} round {round_ + 1}: {runs[side][-1]}", flush=True)
+            case = {side: _best(r) for side, r in runs.items()}
+            case["ratios"] = {side: _ratios(case[side], case["reference"]) for side in sides if side != "reference"}
+            report["cases"][preset] = case
+            report["matmul_gflops_after"] = matmul_gflops()
+            os.makedirs(os.path.dirname(args.output), exist_ok=True)
+            files.write_json(args.output, report)  # after every case: an interrupted run keeps what it measured
+    print(json.dumps({p: c["ratios"] for p, c in report["cases"].items()}, indent=1))
+    print(f"Wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
