@@ -90,6 +90,90 @@ def test_sigkill_then_rerun_reuses_finished_trials(tmp_path):
     assert float(rows[0]["objective"]) == score
 
 
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_distributed_search_chief_and_two_workers_survives_a_killed_worker(tmp_path):
+    """keras-tuner's distributed mode, the unchanged command in three local processes: the chief
+    serves the oracle, two workers run the trials. Worker tuner1 is killed mid-trial and restarted
+    with the same id: it gets its unfinished trial back. Every trial completes; the others ran
+    exactly once; the count equals a single-process search's (--max_trials); the chief alone
+    writes the reports."""
+    max_trials = 4
+    args = [sys.executable, "-m", "trainers.tune", "--search_space=tiny", "--tuner=random",
+            f"--max_trials={max_trials}", "--max_epochs=2", f"--directory={tmp_path}", "--project_name=p",
+            "--dataset=synthetic", "--global_batch_size=50", "--strategy=one_device"]
+    port = _free_port()
+
+    def start(tuner_id):
+        env = {**ENV, "KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": str(port),
+               "KERASTUNER_TUNER_ID": tuner_id}
+        log = open(tmp_path / f"{tuner_id}.log", "a")
+        return subprocess.Popen(args, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def records():
+        found = {}
+        for trial_dir in (tmp_path / "p").glob("trial_*"):
+            path = trial_dir / "sa_conv_trial.json"
+            if path.exists():
+                try:
+                    found[trial_dir.name] = json.loads(path.read_text())
+                except json.JSONDecodeError:  # being written
+                    pass
+        return found
+
+    chief = start("chief")
+    workers = {name: start(name) for name in ("tuner0", "tuner1")}
+    try:
+        deadline = time.time() + 300
+        victim = None
+        while time.time() < deadline and victim is None:
+            victim = next((t for t, r in records().items() if r["tuner_id"] == "tuner1" and r["status"] == "running"),
+                          None)
+            time.sleep(0.2)
+        assert victim, "worker tuner1 never started a trial:\n" + (tmp_path / "tuner1.log").read_text()[-3000:]
+        os.kill(workers["tuner1"].pid, signal.SIGKILL)
+        workers["tuner1"].wait()
+        workers["tuner1"] = start("tuner1")
+        for name, proc in workers.items():
+            assert proc.wait(timeout=600) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+        assert chief.wait(timeout=120) == 0, (tmp_path / "chief.log").read_text()[-3000:]
+    finally:
+        for proc in (chief, *workers.values()):
+            if proc.poll() is None:
+                proc.kill()
+    final = records()
+    assert len(final) == max_trials
+    assert all(r["status"] == "completed" for r in final.values()), final
+    assert final[victim]["attempts"] == 2 and final[victim]["tuner_id"] == "tuner1"
+    assert all(r["attempts"] == 1 for t, r in final.items() if t != victim)
+    assert {r["tuner_id"] for r in final.values()} == {"tuner0", "tuner1"}  # trials ran on both workers
+    rows = _rows(tmp_path / "p")
+    assert sorted(r["trial_id"] for r in rows) == sorted(t.split("_", 1)[1] for t in final)
+    assert all(float(r["objective"]) >= 0 for r in rows)
+    assert "the chief writes the reports" in (tmp_path / "tuner0.log").read_text()
+
+
+def test_distributed_search_names_a_missing_variable(monkeypatch):
+    monkeypatch.setenv("KERASTUNER_ORACLE_IP", "127.0.0.1")
+    monkeypatch.delenv("KERASTUNER_ORACLE_PORT", raising=False)
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "tuner0")
+    with pytest.raises(ConfigError, match="KERASTUNER_ORACLE_PORT is not"):
+        tune_lib.search_role()
+    monkeypatch.setenv("KERASTUNER_ORACLE_PORT", "8000")
+    assert tune_lib.search_role() == "worker"
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "chief")
+    assert tune_lib.search_role() == "chief"
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "tuner0")
+    with pytest.raises(ConfigError, match="only the chief may start over"):
+        tune_lib.tune(tune_lib.TuneConfig(overwrite=True, search_space="tiny"), make_config())
+
+
 @pytest.mark.parametrize(
     "space,message",
     [

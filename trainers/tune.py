@@ -19,6 +19,14 @@ Search spaces are lists of hyperparameters in one JSON form (``--search_space`` 
 Names are model fields (`MODEL_HYPERPARAMETERS`) or optimizer settings
 (`OPTIMIZER_HYPERPARAMETERS`). The space is checked before any trial starts.
 
+Distributed search uses keras-tuner's own mode, the same command on every process: a chief holds
+the oracle and workers run trials in parallel, each with the trainer's loop and its own
+``--strategy``. Set ``KERASTUNER_ORACLE_IP`` and ``KERASTUNER_ORACLE_PORT`` (the chief's address)
+on all, and ``KERASTUNER_TUNER_ID`` to ``chief`` on the chief and a distinct name (``tuner0``,
+``tuner1``, ...) on each worker; all share ``--directory`` (a shared filesystem across hosts).
+The chief writes the reports once every trial has ended. A worker that dies mid-trial is
+restarted with the same ``KERASTUNER_TUNER_ID``: the oracle hands it its unfinished trial again.
+
 Outputs in ``directory/project_name``: keras-tuner's state (a rerun of the same command resumes
 the search; finished trials are not run again), ``trials.csv`` (one row per trial:
 hyperparameters, objective, epochs, wall time), ``best_hyperparameters.json`` and, with
@@ -249,19 +257,54 @@ class SaConvHyperModel(kt.HyperModel):
         start = time.perf_counter()
         history, _ = trainer.train_epochs(initial_epoch, [], callbacks=callbacks, save=False)
         if trial_dir:
-            files.write_json(os.path.join(trial_dir, "sa_conv_trial.json"),
-                             {"epochs": epochs, "initial_epoch": initial_epoch, "history": history,
+            files.write_json(_record_path(trial_dir),
+                             {**_read_record(trial_dir), "status": "completed", "epochs": epochs,
+                              "initial_epoch": initial_epoch, "history": history,
                               "wall_time_seconds": time.perf_counter() - start})
         best = max(history, key=lambda h: h["val_accuracy"])
         return {"val_accuracy": best["val_accuracy"], "val_loss": best["val_loss"]}
 
 
+ORACLE_ENVIRONMENT = ("KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT", "KERASTUNER_TUNER_ID")
+
+
+def search_role() -> str:
+    """``"single"``, or in keras-tuner's distributed mode ``"chief"`` or ``"worker"``, from its
+    environment variables (checked here so that a missing one is named before any work)."""
+    if "KERASTUNER_ORACLE_IP" not in os.environ:
+        return "single"
+    missing = [name for name in ORACLE_ENVIRONMENT if not os.environ.get(name)]
+    if missing:
+        raise ConfigError(
+            f"KERASTUNER_ORACLE_IP is set (distributed search) but {', '.join(missing)} is not: set "
+            "KERASTUNER_ORACLE_PORT to the chief's port and KERASTUNER_TUNER_ID to 'chief' on the chief "
+            "and to a distinct name (tuner0, tuner1, ...) on each worker."
+        )
+    return "chief" if "chief" in os.environ["KERASTUNER_TUNER_ID"] else "worker"
+
+
+def _record_path(trial_dir):
+    return os.path.join(trial_dir, "sa_conv_trial.json")
+
+
+def _read_record(trial_dir) -> dict:
+    path = _record_path(trial_dir)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
 class _Tuner:
-    """Adds the trial directory to ``fit``'s arguments, for per-trial records."""
+    """Adds the trial directory to ``fit``'s arguments and records who ran each trial how often
+    (``tuner_id``, ``attempts`` in ``sa_conv_trial.json``)."""
 
     def run_trial(self, trial, *args, **kwargs):
         trial_dir = self.get_trial_dir(trial.trial_id)
         os.makedirs(trial_dir, exist_ok=True)
+        attempts = _read_record(trial_dir).get("attempts", 0) + 1
+        files.write_json(_record_path(trial_dir), {"tuner_id": self.tuner_id, "attempts": attempts,
+                                                   "status": "running"})
         return super().run_trial(trial, *args, trial_dir=trial_dir, **kwargs)
 
 
@@ -340,6 +383,9 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
     """Flag-free entry point: runs (or resumes) the search, writes the reports, optionally
     retrains the best configuration. Returns a summary."""
     config.validate()
+    role = search_role()
+    if role == "worker" and config.overwrite:
+        raise ConfigError("--overwrite on a worker would delete the shared search; only the chief may start over.")
     space = load_search_space(config.search_space)  # before any trial
     strategy = strategy or distribute.create_strategy(base.strategy)
     dataset = data_lib.load_dataset(base.dataset, base.data_dir, seed=base.seed)
@@ -347,10 +393,13 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
     tuner = make_tuner(config, hypermodel, strategy)
     project_dir = os.path.join(config.directory, config.project_name)
     kwargs = {} if config.tuner == "hyperband" else {"epochs": config.max_epochs}
-    tuner.search(**kwargs)
+    tuner.search(**kwargs)  # on the chief: serves the oracle until every trial has ended
+    if role == "worker":
+        log(f"Worker {os.environ['KERASTUNER_TUNER_ID']}: no trials left; the chief writes the reports.")
+        return {"project_dir": project_dir, "role": role}
     rows = write_reports(tuner, space, project_dir)
     log(format_table(rows))
-    summary = {"project_dir": project_dir, "trials": rows}
+    summary = {"project_dir": project_dir, "role": role, "trials": rows}
     best_path = os.path.join(project_dir, "best_hyperparameters.json")
     if os.path.isfile(best_path):
         summary["best"] = json.load(open(best_path))
