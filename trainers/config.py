@@ -15,6 +15,7 @@ from sa_conv.config import PRESETS
 from sa_conv.data import DATASETS, get_source
 from sa_conv.encodings import get_encoding
 from sa_conv.errors import ConfigError, SaConvError
+from trainers.optimizers import MOMENTUM_FORMS
 from trainers.schedule import SCHEDULES
 
 REMAT = ("none", "blocks", "auto")
@@ -54,6 +55,13 @@ class TrainConfig:
     eval_batch_size: int = _field(500, "Global batch size for validation and test.")
     learning_rate: float = _field(0.1, "Peak learning rate (SGD).")
     momentum: float = _field(0.9, "SGD momentum.")
+    momentum_form: str = _field(
+        "keras",
+        "How SGD applies momentum: keras (m = mu m - lr g; w += m) or pytorch (b = mu b + g; w -= lr b, as "
+        "torch.optim.SGD and the reference's train.py). The same at a constant learning rate; they differ "
+        "where it changes, most after --lr_update=epoch's warm-up epoch at lr 0 (trainers.optimizers).",
+        MOMENTUM_FORMS,
+    )
     weight_decay: float = _field(
         1e-4,
         "L2 weight decay (added to the gradient, as PyTorch's SGD) on every variable not named in "

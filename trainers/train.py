@@ -43,6 +43,7 @@ from sa_conv import heads as heads_lib
 from sa_conv.errors import ConfigError, SaConvError
 from trainers import distribute, memory
 from trainers.config import TrainConfig, default_jit_compile, make_config
+from trainers.optimizers import PyTorchSGD
 from trainers.schedule import make_schedule
 
 # Variables (by their short name) that get no weight decay by default: the attention centers and
@@ -182,7 +183,8 @@ class Trainer:
                 c.lr_decay_factor,
                 steps_per_update=self.steps_per_epoch if c.lr_update == "epoch" else 1,
             )
-            optimizer = keras.optimizers.SGD(self.schedule, momentum=c.momentum)
+            sgd = PyTorchSGD if c.momentum_form == "pytorch" else keras.optimizers.SGD
+            optimizer = sgd(self.schedule, momentum=c.momentum)
             if c.mixed_precision == "mixed_float16":
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             self.optimizer = optimizer
