@@ -14,7 +14,7 @@ python="$(pwd)/.venv/bin/python"
 [ -x "$python" ] || { echo "missing $python: run 'make venv' first" >&2; exit 1; }
 # Bazel needs an absolute interpreter path.
 printf 'build --python_path=%s\n' "$python" > .bazelrc.user
-targets=${BAZEL_TARGETS:-"//:test_data //:test_layers //:test_fast_attention //:test_schedule //:test_flops //:test_conversion //:test_architecture //:test_compat //:test_reference //:train //:demo //:import_reference"}
+targets=${BAZEL_TARGETS:-"//:test_data //:test_layers //:test_fast_attention //:test_schedule //:test_flops //:test_conversion //:test_architecture //:test_compat //:test_reference //:test_optimizers //:train //:demo //:import_reference"}
 # Bazel runs whatever python3 is first on PATH for its own helpers: put the venv's first.
 export PATH="$(pwd)/.venv/bin:$PATH"
 bazel test $targets
