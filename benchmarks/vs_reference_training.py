@@ -224,7 +224,7 @@ def main():
                         raise SystemExit(f"--reuse_reference: {args.output} has no {encoding} seed {seed} run.")
                     row["reference"] = {**old["reference"], "reused": True}
                     sides = [sides[1]]
-                if old and old.get("sa_conv_momentum_form", "keras") != args.sa_conv_momentum_form:
+                if old and "sa_conv" in old and old.get("sa_conv_momentum_form", "keras") != args.sa_conv_momentum_form:
                     row[f"sa_conv_{old.get('sa_conv_momentum_form', 'keras')}_momentum"] = old["sa_conv"]
                 for side, run in (sides if (seed + encodings.index(encoding)) % 2 == 0 else sides[::-1]):
                     row[side] = run()

@@ -250,9 +250,14 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             outputs = outputs + ops.cast(self.value_dense.bias, self.compute_dtype)
         return outputs
 
-    def call(self, inputs, training=None, return_attention_scores=False):
+    def call(self, inputs, training=None, return_attention_scores=False, dropout_keep=None):
+        """``dropout_keep``: optional boolean keep-mask of the attention dropout, ``(batch, heads, N,
+        N)``, used in place of the layer's own draw (`TransformerBlock` draws its masks once per
+        step, so a rematerialized block applies the same ones when it recomputes)."""
         height, width = self._check_grid(inputs)
         n = height * width
+        if dropout_keep is not None and training:
+            return self._masked_attention(inputs, dropout_keep)
         if self.uses_fast_path(training, (height, width)):
             outputs = self._separable_attention(inputs)
             if not return_attention_scores:
@@ -277,6 +282,18 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         if len(probs.shape) == 3:
             probs = ops.broadcast_to(probs[None], (ops.shape(x)[0],) + tuple(probs.shape))
         return outputs, probs
+
+    def _masked_attention(self, inputs, keep):
+        """The dense path with attention dropout from a given keep-mask: ``where`` keeps only the
+        boolean mask for the backward pass, and position-only probabilities ``(heads, N, N)``
+        broadcast against it without a per-example copy."""
+        height, width = self._check_grid(inputs)
+        x = ops.reshape(inputs, (-1, height * width, self.input_dim))
+        probs = self.attention_probabilities(inputs)
+        scaled = probs * ops.cast(1.0 / (1.0 - self.attention_dropout), probs.dtype)
+        weights = ops.cast(ops.where(keep, scaled, ops.zeros((), scaled.dtype)), self.compute_dtype)
+        mixed = ops.einsum("bhqk,bkd->bqhd", weights, x)
+        return self.value_dense(ops.reshape(mixed, (-1, height, width, self.num_heads * self.input_dim)))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)

@@ -1,6 +1,5 @@
 """The post-LayerNorm transformer block of the paper's classifier (BERT's layer on a 2-D grid)."""
 
-import contextlib
 import math
 
 import keras
@@ -16,31 +15,15 @@ def exact_gelu(x):
     return 0.5 * x * (1.0 + ops.erf(x * ops.cast(1.0 / math.sqrt(2.0), x.dtype)))
 
 
-class _ReplayedSeed(keras.random.SeedGenerator):
-    """A seed drawn once and handed out on every draw. Deliberately skips
-    ``SeedGenerator.__init__``: it owns no state variable."""
+class _GivenSeed(keras.random.SeedGenerator):
+    """A seed tensor handed to `keras.random` functions (which accept only seed generators and
+    ints). Deliberately skips ``SeedGenerator.__init__``: it owns no state variable."""
 
     def __init__(self, seed):  # pylint: disable=super-init-not-called
         self._seed = seed
 
     def next(self, ordered=True):
         return self._seed
-
-
-@contextlib.contextmanager
-def _replayed_seeds(dropouts, seeds):
-    """Makes each of ``dropouts`` draw its seed from ``seeds`` while the context lasts.
-
-    ``object.__setattr__`` bypasses the layer's tracking: the swap must not add a seed generator
-    to the layer's variables (it would change what is saved)."""
-    originals = [d.seed_generator for d in dropouts]
-    try:
-        for dropout, seed in zip(dropouts, seeds):
-            object.__setattr__(dropout, "seed_generator", _ReplayedSeed(seed))
-        yield
-    finally:
-        for dropout, original in zip(dropouts, originals):
-            object.__setattr__(dropout, "seed_generator", original)
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
@@ -52,11 +35,15 @@ class TransformerBlock(keras.layers.Layer):
     Input and output shape: ``(batch, H, W, hidden)``. Keyword arguments not listed are passed
     to `MultiHeadSelfAttention2D` through ``attention_config``.
 
+    In training, the block draws its dropout keep-masks once per call (booleans, from its
+    dropout layers' seed generators) and applies them with ``where``: the backward pass keeps
+    the booleans rather than float masks.
+
     ``remat=True`` rematerializes the block in training (`keras.remat`): the backward pass keeps
-    only the block's input and recomputes its activations (attention probabilities, dropout
-    masks, the MLP) from it, so a step holds one block's activations instead of all blocks'.
-    Gradients are unchanged: each dropout draws its seed once per step, outside the recomputed
-    function, and the recomputation replays it (same masks).
+    only the block's input (and its keep-masks, one byte per element) and recomputes its
+    activations from it, so a step holds one block's activations instead of all blocks'. The
+    recomputation applies the same masks, so the gradients are those without remat, to float32
+    rounding.
     """
 
     def __init__(
@@ -112,22 +99,58 @@ class TransformerBlock(keras.layers.Layer):
         ):
             layer.build(shape)
 
-    def _dropouts(self):
-        """The block's dropout layers that draw random numbers in training."""
-        layers = (self.attention.dropout, self.attention_dropout, self.output_dropout)
-        return [layer for layer in layers if layer.rate > 0]
+    def _keep_masks(self, inputs):
+        """Boolean keep-masks of the block's three dropouts for ``inputs`` (None where the rate is 0)."""
+        batch = ops.shape(inputs)[0]
+        height, width, channels = inputs.shape[1:]
+        n = height * width
+        # A data dependency on the input: the masks' shapes are static, so without it the
+        # runtime draws every block's masks at the start of the step, all alive at once.
+        first = ops.reshape(inputs, (-1,))[:1]
+        after_input = ops.cast(ops.where(ops.isnan(first), 0.0, 0.0)[0], "int32")
+
+        def keep(layer, shape):
+            if layer.rate <= 0:
+                return None
+            seed = layer.seed_generator.next()
+            seed = _GivenSeed(seed + ops.cast(after_input, seed.dtype))
+            return keras.random.uniform(shape, seed=seed) >= layer.rate
+
+        return (keep(self.attention.dropout, (batch, self.attention.num_heads, n, n)),
+                keep(self.attention_dropout, (batch, height, width, channels)),
+                keep(self.output_dropout, (batch, height, width, channels)))
+
+    @staticmethod
+    def _drop(x, keep, rate):
+        if keep is None:
+            return x
+        return ops.where(keep, x * ops.cast(1.0 / (1.0 - rate), x.dtype), ops.zeros((), x.dtype))
 
     def call(self, inputs, training=None, return_attention_scores=False):
-        if self.remat and training and not return_attention_scores:
-            dropouts = self._dropouts()
-            seeds = [dropout.seed_generator.next() for dropout in dropouts]
+        if not training or return_attention_scores:
+            return self._forward(inputs, training, return_attention_scores)
+        masks = self._keep_masks(inputs)
+        if not self.remat:
+            return self._masked_forward(inputs, *masks)
 
-            def block(x, *step_seeds):
-                with _replayed_seeds(dropouts, step_seeds):
-                    return self._forward(x, training)
+        # The masks enter the rematerialized function as uint8 arguments: tf.recompute_grad makes
+        # its arguments wait for the incoming gradient, so the recomputation (the masked
+        # (batch, heads, N, N) weights above all) happens block by block in the backward pass; a
+        # mask captured by closure would let every block's weights be computed at once.
+        present = [m is not None for m in masks]
 
-            return keras.remat(block)(inputs, *seeds)
-        return self._forward(inputs, training, return_attention_scores)
+        def block(x, *given):
+            given = iter(given)
+            return self._masked_forward(x, *(ops.cast(next(given), "bool") if p else None for p in present))
+
+        return keras.remat(block)(inputs, *(ops.cast(m, "uint8") for m in masks if m is not None))
+
+    def _masked_forward(self, inputs, attention_keep, attention_output_keep, output_keep):
+        attended = self.attention(inputs, training=True, dropout_keep=attention_keep)
+        x = self._drop(self.attention_output(attended), attention_output_keep, self.dropout_rate)
+        x = self.attention_norm(inputs + x)
+        y = self._drop(self.output_dense(exact_gelu(self.intermediate(x))), output_keep, self.dropout_rate)
+        return self.output_norm(x + y)
 
     def _forward(self, inputs, training=None, return_attention_scores=False):
         attended = self.attention(inputs, training=training, return_attention_scores=return_attention_scores)

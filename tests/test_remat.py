@@ -69,9 +69,14 @@ def test_remat_gives_the_same_gradients(overrides):
     for _ in range(2):
         (loss_a, grads_a), (loss_b, grads_b) = steps[0](), steps[1]()
         assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-6)
+        grads_a = [tf.convert_to_tensor(g).numpy() for g in grads_a]
+        grads_b = [tf.convert_to_tensor(g).numpy() for g in grads_b]
+        largest = max(np.abs(g).max() for g in grads_a)
         for variable, a, b in zip(plain.trainable_variables, grads_a, grads_b):
-            a, b = tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()
-            scale = np.abs(a).max() + 1e-12
+            # Relative to the variable's gradient, but not below 1e-4 of the largest: some are
+            # analytically 0 (content attention's key bias: softmax ignores a per-query constant)
+            # and hold only rounding noise.
+            scale = max(np.abs(a).max(), 1e-4 * largest)
             np.testing.assert_allclose(b / scale, a / scale, atol=1e-5, err_msg=variable.path)
         if previous is not None and overrides["dropout"]:
             assert float(loss_a) != previous  # new masks each step: the seeds did advance
@@ -79,24 +84,24 @@ def test_remat_gives_the_same_gradients(overrides):
 
 
 def test_remat_recomputes_the_block_in_the_backward_pass():
-    """The backward pass runs each rematerialized block's forward again (and only then)."""
+    """The backward pass runs each rematerialized block's forward again, and only then."""
     plain, remat = _models(dropout=0.1, attention_dropout=0.1)
     images = tf.constant(np.zeros((2, 32, 32, 3)), tf.float32)
     for model, expected in ((plain, 1), (remat, 2)):
         block = model.get_layer("block_0")
         calls = []
-        forward = block._forward
-        block._forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+        forward = block._masked_forward
+        block._masked_forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
         try:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(model(images, training=True))
             tape.gradient(loss, model.trainable_variables)
             assert len(calls) == expected, model.name
             calls.clear()
-            model(images, training=False)  # inference never rematerializes
-            assert len(calls) == 1
+            model(images, training=False)  # inference takes the plain path
+            assert len(calls) == 0
         finally:
-            del block._forward
+            del block._masked_forward
 
 
 def test_remat_is_saved_and_reloaded(tmp_path):
