@@ -21,7 +21,8 @@ the machine. A side measures, at batch 100 unless stated:
 * peak RSS of the process after training (inference runs first and needs less).
 
 sa-conv sides: ``sa_conv`` (the trainer's defaults, so ``--remat=auto``) and, where auto turns
-remat on, ``sa_conv_no_remat`` too, to show remat's cost. The machine's fp32 matmul GFLOP/s is
+remat on, ``sa_conv_no_remat`` too, to show remat's cost; for ``--precision_cases``,
+``sa_conv_mixed_bfloat16`` and ``sa_conv_mixed_float16`` (the trainer's ``--mixed_precision``). The machine's fp32 matmul GFLOP/s is
 measured before and after. Ratios are sa-conv / reference (speed: higher is better; memory: lower
 is better). Results go to JSON; nothing here is a test.
 """
@@ -83,7 +84,7 @@ def sa_conv_side(args):
     config = make_config(overrides=dict(
         model=args.preset, dataset="synthetic", global_batch_size=args.batch, eval_batch_size=args.batch,
         validation_size=100, epochs=1, strategy="one_device", model_dir=os.path.join(args.workdir, "run"),
-        remat=args.remat))
+        remat=args.remat, mixed_precision=args.mixed_precision))
     trainer = Trainer(config, log=lambda s: None)
     trainer.prepare()
     model = trainer.model
@@ -214,11 +215,16 @@ def main():
     parser.add_argument("--preset", help=argparse.SUPPRESS)
     parser.add_argument("--remat", default="auto", help=argparse.SUPPRESS)
     parser.add_argument("--preset_config", help=argparse.SUPPRESS)
+    parser.add_argument("--mixed_precision", default="float32", help=argparse.SUPPRESS)
+    parser.add_argument("--precision_cases", default="sa_quadratic_small,resnet18",
+                        help="Cases also measured with mixed_bfloat16 and mixed_float16 (sa-conv only).")
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._side:
         if args._side.startswith("sa_conv"):
             args.remat = "none" if args._side == "sa_conv_no_remat" else "auto"
+            if args._side.startswith("sa_conv_mixed_"):
+                args.mixed_precision = args._side[len("sa_conv_"):]
             result = sa_conv_side(args)
         else:
             result = reference_side(args)
@@ -246,6 +252,8 @@ def main():
             sides = ["sa_conv", "reference"]
             if config.architecture == "attention" and training_activation_bytes(config, args.batch) > 4 * 2**30:
                 sides.insert(1, "sa_conv_no_remat")  # the trainer's auto turns remat on: show its cost
+            if preset in args.precision_cases.split(","):
+                sides[1:1] = ["sa_conv_mixed_bfloat16", "sa_conv_mixed_float16"]
             if index % 2:
                 sides.reverse()
             runs = {side: [] for side in sides}
@@ -255,6 +263,12 @@ def main():
                     print(f"{preset} {side} round {round_ + 1}: {runs[side][-1]}", flush=True)
             case = {side: _best(r) for side, r in runs.items()}
             case["ratios"] = {side: _ratios(case[side], case["reference"]) for side in sides if side != "reference"}
+            for side in sides:
+                if side != "sa_conv" and side.startswith("sa_conv") and "failed" not in case[side] \
+                        and "failed" not in case["sa_conv"]:
+                    case["ratios"][f"{side}_over_sa_conv"] = {
+                        "train_speed": case[side]["train_images_per_second"] / case["sa_conv"]["train_images_per_second"],
+                        "peak_rss": case[side]["peak_rss_mb"] / case["sa_conv"]["peak_rss_mb"]}
             report["cases"][preset] = case
             report["matmul_gflops_after"] = matmul_gflops()
             os.makedirs(os.path.dirname(args.output), exist_ok=True)
