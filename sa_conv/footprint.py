@@ -5,8 +5,9 @@ transformer block saves for its gradient, per example, in float32 (4 bytes; mixe
 saves some in 16 bits, which the estimate ignores, erring high):
 
 - attention probabilities ``(heads, N, N)``, when they are per example: content logits
-  (``queries``/``keys`` depend on the input) or attention dropout in training (the shared
-  probabilities are broadcast to the batch; the dropout keeps its mask and its output, 3 tensors);
+  (``queries``/``keys`` depend on the input) or attention dropout in training (counted as 3
+  tensors: the dropped weights, the boolean keep-mask and the backward pass's gradient of the
+  weights, a transient of the same size);
   content encodings also keep their queries and keys ``2 x (N, heads * D)``;
 - the heads' mixed values ``(N, heads * D)`` before the value map (the separable path keeps
   three tensors of that size: the value-mapped input, its transpose and the column pass);
