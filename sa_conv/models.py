@@ -54,7 +54,9 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier")
             dropout=config.dropout,
             layer_norm_epsilon=config.layer_norm_epsilon,
             attention_config=attention_config,
-            remat=config.remat,
+            # The last block's backward pass runs right after its forward pass: recomputing it
+            # would cost a forward pass and lower no peak.
+            remat=config.remat and i < config.num_layers - 1,
             name=f"block_{i}",
         )(x)
     x = keras.layers.GlobalAveragePooling2D(name="mean_over_positions")(x)

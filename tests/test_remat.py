@@ -109,7 +109,7 @@ def test_remat_is_saved_and_reloaded(tmp_path):
     path = tmp_path / "m.keras"
     model.save(path)
     loaded = keras.models.load_model(path)
-    assert all(b.remat for b in sa_conv.attention_blocks(loaded))
+    assert [b.remat for b in sa_conv.attention_blocks(loaded)] == [True, True, False]  # not the last
     x = np.random.default_rng(1).integers(0, 256, (2, 32, 32, 3)).astype("float32")
     np.testing.assert_allclose(loaded(x), model(x), rtol=1e-5, atol=1e-6)
 
@@ -157,7 +157,7 @@ def _trainer(tmp_path, **overrides):
 def test_auto_remat_follows_the_memory_budget(tmp_path):
     trainer, logs = _trainer(tmp_path / "a", remat="auto", memory_budget_gb=1e-3)
     trainer.prepare()
-    assert trainer.model_config.remat and all(b.remat for b in sa_conv.attention_blocks(trainer.model))
+    assert trainer.model_config.remat and [b.remat for b in sa_conv.attention_blocks(trainer.model)] == [True, False]
     assert any("Rematerializing" in line and "--memory_budget_gb=0.001" in line for line in logs)
     trainer, _ = _trainer(tmp_path / "b", remat="auto")  # default 4 GB: small presets do not need it
     trainer.prepare()
