@@ -42,14 +42,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# The reference's BertImage settings per encoding (its train.py flags).
-REFERENCE_ENCODINGS = {
-    "quadratic": dict(use_gaussian_attention=True, attention_isotropic_gaussian=True),
-    "quadratic_full": dict(use_gaussian_attention=True, attention_isotropic_gaussian=False),
-    "learned": dict(use_gaussian_attention=False, use_learned_2d_encoding=True),
-    "learned_plus_content": dict(use_gaussian_attention=False, use_learned_2d_encoding=True,
-                                 use_attention_data=True),
-}
+from benchmarks.vs_reference_training import REFERENCE_ENCODINGS  # noqa: E402  (stdlib + numpy only)
+
+# sa-conv's encoding name -> the reference variant's name there.
+REFERENCE_VARIANT = {"quadratic": "quadratic", "quadratic_full": "quadratic_full", "learned": "learned",
+                     "learned_plus_content": "learned_content"}
 PAPER = ["sa_quadratic", "sa_learned", "resnet18", "sa_quadratic_full", "sa_learned_content"]
 SMALL = ["sa_quadratic_small", "sa_learned_small", "sa_quadratic_full_small", "sa_learned_content_small"]
 GROUPS = {"paper": PAPER, "small": SMALL}
@@ -123,7 +120,7 @@ def reference_side(args):
         model = models.ResNet18(num_classes=10)
     else:
         base = runpy.run_path(os.path.join(ROOT, "tools", "make_reference_fixtures.py"))["BASE"]
-        config = {**base, **REFERENCE_ENCODINGS[preset["encoding"]], "hidden_size": preset["hidden_size"],
+        config = {**base, **REFERENCE_ENCODINGS[REFERENCE_VARIANT[preset["encoding"]]], "hidden_size": preset["hidden_size"],
                   "num_hidden_layers": preset["num_layers"], "num_attention_heads": preset["num_heads"],
                   "intermediate_size": preset["mlp_size"], "hidden_dropout_prob": preset["dropout"],
                   "attention_probs_dropout_prob": preset["attention_dropout"],
