@@ -6,7 +6,16 @@ from keras import ops
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS, bias_for, clone_initializer, dense_initializers
 
-__all__ = ["MultiHeadSelfAttention2D", "clone_initializer", "separable_pays"]
+__all__ = ["MultiHeadSelfAttention2D", "apply_keep_mask", "clone_initializer", "separable_pays"]
+
+
+def apply_keep_mask(x, keep, rate):
+    """Inverted dropout from a boolean keep-mask: ``x / (1 - rate)`` where ``keep``, else 0;
+    ``x`` unchanged when ``keep`` is None. ``where`` leaves only the booleans for the backward
+    pass (a float mask would be kept at full size)."""
+    if keep is None:
+        return x
+    return ops.where(keep, x * ops.cast(1.0 / (1.0 - rate), x.dtype), ops.zeros((), x.dtype))
 
 
 def separable_pays(height, width):
@@ -284,14 +293,13 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         return outputs, probs
 
     def _masked_attention(self, inputs, keep):
-        """The dense path with attention dropout from a given keep-mask: ``where`` keeps only the
-        boolean mask for the backward pass, and position-only probabilities ``(heads, N, N)``
-        broadcast against it without a per-example copy."""
+        """The dense path with attention dropout from a given keep-mask (`apply_keep_mask`):
+        position-only probabilities ``(heads, N, N)`` broadcast against it without a per-example
+        copy."""
         height, width = self._check_grid(inputs)
         x = ops.reshape(inputs, (-1, height * width, self.input_dim))
         probs = self.attention_probabilities(inputs)
-        scaled = probs * ops.cast(1.0 / (1.0 - self.attention_dropout), probs.dtype)
-        weights = ops.cast(ops.where(keep, scaled, ops.zeros((), scaled.dtype)), self.compute_dtype)
+        weights = ops.cast(apply_keep_mask(probs, keep, self.attention_dropout), self.compute_dtype)
         mixed = ops.einsum("bhqk,bkd->bqhd", weights, x)
         return self.value_dense(ops.reshape(mixed, (-1, height, width, self.num_heads * self.input_dim)))
 

@@ -41,7 +41,8 @@ class ModelConfig:
         ``hidden_units`` and ``depth``).
       remat: rematerialize the transformer blocks in training (`TransformerBlock`), all but the
         last (whose backward pass follows its forward pass at once): a training step keeps one
-        block's activations instead of all of them, for one more forward pass per block. Same gradients. Execution only: no effect on weights or inference.
+        block's activations instead of all of them, for one more forward pass per block. Same
+        gradients. Execution only: no effect on weights or inference.
       image_size: side of the square input images.
       image_channels: channels of the input images.
       num_classes: classifier outputs.

@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from sa_conv.attention import MultiHeadSelfAttention2D
+from sa_conv.attention import MultiHeadSelfAttention2D, apply_keep_mask
 from sa_conv.initializers import bias_for, clone_initializer, dense_initializers
 
 
@@ -120,12 +120,6 @@ class TransformerBlock(keras.layers.Layer):
                 keep(self.attention_dropout, (batch, height, width, channels)),
                 keep(self.output_dropout, (batch, height, width, channels)))
 
-    @staticmethod
-    def _drop(x, keep, rate):
-        if keep is None:
-            return x
-        return ops.where(keep, x * ops.cast(1.0 / (1.0 - rate), x.dtype), ops.zeros((), x.dtype))
-
     def call(self, inputs, training=None, return_attention_scores=False):
         if not training or return_attention_scores:
             return self._forward(inputs, training, return_attention_scores)
@@ -147,9 +141,9 @@ class TransformerBlock(keras.layers.Layer):
 
     def _masked_forward(self, inputs, attention_keep, attention_output_keep, output_keep):
         attended = self.attention(inputs, training=True, dropout_keep=attention_keep)
-        x = self._drop(self.attention_output(attended), attention_output_keep, self.dropout_rate)
+        x = apply_keep_mask(self.attention_output(attended), attention_output_keep, self.dropout_rate)
         x = self.attention_norm(inputs + x)
-        y = self._drop(self.output_dense(exact_gelu(self.intermediate(x))), output_keep, self.dropout_rate)
+        y = apply_keep_mask(self.output_dense(exact_gelu(self.intermediate(x))), output_keep, self.dropout_rate)
         return self.output_norm(x + y)
 
     def _forward(self, inputs, training=None, return_attention_scores=False):

@@ -343,8 +343,7 @@ def write_reports(tuner, space: dict, project_dir: str) -> list[dict]:
     for trial in sorted(tuner.oracle.trials.values(), key=lambda t: (len(t.trial_id), t.trial_id)):
         if trial.status != "COMPLETED" or trial.score is None:
             continue
-        record_path = os.path.join(tuner.get_trial_dir(trial.trial_id), "sa_conv_trial.json")
-        record = json.load(open(record_path)) if os.path.isfile(record_path) else {}
+        record = _read_record(tuner.get_trial_dir(trial.trial_id))
         rows.append({
             "trial_id": trial.trial_id,
             **{name: trial.hyperparameters.values.get(name) for name in names},
