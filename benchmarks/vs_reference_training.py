@@ -15,7 +15,9 @@ Gaussian centers and spreads, its ``linear_warmup_cosine_lr_scheduler`` stepped 
 random crop with 4-pixel zero padding and horizontal flips, cross-entropy). Both: the paper's
 optimizer and schedule, attention dropout 0, batch 100, the same epochs. sa-conv runs with
 ``--lr_update=epoch --momentum_form=pytorch`` by default, the reference's exact update rule (see
-`trainers.optimizers`; ``--sa_conv_momentum_form=keras`` for Keras's). ``--reuse_reference``
+`trainers.optimizers`; ``--sa_conv_momentum_form=keras`` for Keras's) and
+``--pixel_statistics=reference``, the reference's normalization constants (its std 0.2023 is below
+the data's ~0.25; ``--sa_conv_pixel_statistics=data`` for sa-conv's default). ``--reuse_reference``
 takes the reference's results for the same encoding, seed and epochs from ``--output`` instead
 of training it again (it does not depend on sa-conv's settings; its runs are marked ``reused``). Results (final test
 accuracy per side, encoding and seed, and their means) go to JSON.
@@ -145,7 +147,8 @@ def run_sa_conv(encoding, seed, args, workdir):
     cmd = [sys.executable, "-m", "trainers.train", f"--model={PRESETS[encoding]}", "--dataset=cifar10",
            f"--data_dir={args.data_dir}", f"--epochs={args.epochs}", "--global_batch_size=100",
            "--attention_dropout=0", f"--seed={seed}", f"--model_dir={model_dir}", "--strategy=one_device",
-           f"--lr_update={args.sa_conv_lr_update}", f"--momentum_form={args.sa_conv_momentum_form}"]
+           f"--lr_update={args.sa_conv_lr_update}", f"--momentum_form={args.sa_conv_momentum_form}",
+           f"--pixel_statistics={args.sa_conv_pixel_statistics}"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
@@ -178,6 +181,8 @@ def main():
                         help="sa-conv's --lr_update; 'epoch' steps the schedule as the reference does.")
     parser.add_argument("--sa_conv_momentum_form", default="pytorch", choices=("keras", "pytorch"),
                         help="sa-conv's --momentum_form; 'pytorch' is the reference's SGD.")
+    parser.add_argument("--sa_conv_pixel_statistics", default="reference", choices=("data", "reference"),
+                        help="sa-conv's --pixel_statistics; 'reference' normalizes with the reference's constants.")
     parser.add_argument("--reuse_reference", action="store_true",
                         help="Take the reference's results from --output (same encoding, seed, epochs).")
     parser.add_argument("--merge", action="store_true",
@@ -217,15 +222,21 @@ def main():
                 sides = [("reference", lambda: run_reference(encoding, seed, args, data_path)),
                          ("sa_conv", lambda: run_sa_conv(encoding, seed, args, workdir))]
                 row = {"encoding": encoding, "seed": seed, "train_images": len(train),
-                       "test_images": len(dataset.test), "sa_conv_momentum_form": args.sa_conv_momentum_form}
+                       "test_images": len(dataset.test), "sa_conv_momentum_form": args.sa_conv_momentum_form,
+                       "sa_conv_pixel_statistics": args.sa_conv_pixel_statistics}
                 old = earlier.get((encoding, seed))
                 if args.reuse_reference:
                     if not old:
                         raise SystemExit(f"--reuse_reference: {args.output} has no {encoding} seed {seed} run.")
                     row["reference"] = {**old["reference"], "reused": True}
                     sides = [sides[1]]
-                if old and "sa_conv" in old and old.get("sa_conv_momentum_form", "keras") != args.sa_conv_momentum_form:
-                    row[f"sa_conv_{old.get('sa_conv_momentum_form', 'keras')}_momentum"] = old["sa_conv"]
+                if old and "sa_conv" in old:
+                    # Earlier sa-conv variants of this row stay, named by what differed.
+                    row.update({k: v for k, v in old.items() if k.startswith("sa_conv_") and isinstance(v, dict)})
+                    if old.get("sa_conv_momentum_form", "keras") != args.sa_conv_momentum_form:
+                        row[f"sa_conv_{old.get('sa_conv_momentum_form', 'keras')}_momentum"] = old["sa_conv"]
+                    elif old.get("sa_conv_pixel_statistics", "data") != args.sa_conv_pixel_statistics:
+                        row[f"sa_conv_{old.get('sa_conv_pixel_statistics', 'data')}_statistics"] = old["sa_conv"]
                 for side, run in (sides if (seed + encodings.index(encoding)) % 2 == 0 else sides[::-1]):
                     row[side] = run()
                     print(f"{encoding} seed {seed} {side}: {row[side]}", flush=True)
@@ -241,13 +252,14 @@ def main():
         ours = float(np.mean([r["sa_conv"]["test_accuracy"] for r in mine]))
         table[encoding] = {"reference": ref, "sa_conv": ours, "difference_points": 100 * (ours - ref),
                            "seeds": sorted(r["seed"] for r in mine)}
-        keras_form = [r.get("sa_conv_keras_momentum", r["sa_conv"] if r.get("sa_conv_momentum_form", "keras") == "keras"
-                            else None) for r in mine]
-        if all(keras_form) and args.sa_conv_momentum_form != "keras":
-            table[encoding]["sa_conv_keras_momentum"] = float(np.mean([k["test_accuracy"] for k in keras_form]))
+        variants = {k for r in mine for k, v in r.items() if k.startswith("sa_conv_") and isinstance(v, dict)}
+        for variant in sorted(variants):  # earlier sa-conv variants measured on every seed
+            if all(variant in r for r in mine):
+                table[encoding][variant] = float(np.mean([r[variant]["test_accuracy"] for r in mine]))
     report = {"date": datetime.date.today().isoformat(), "epochs": args.epochs, "batch_size": 100,
               "attention_dropout": 0.0, "sa_conv_lr_update": args.sa_conv_lr_update,
               "sa_conv_momentum_form": args.sa_conv_momentum_form,
+              "sa_conv_pixel_statistics": args.sa_conv_pixel_statistics,
               "data": os.path.relpath(args.data_dir, ROOT), "table": table, "runs": rows}
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     files.write_json(args.output, report)

@@ -274,3 +274,34 @@ def test_config_error_for_model_overrides(tmp_path):
                                         model_dir=str(tmp_path)))
     with pytest.raises(ConfigError, match="hidden_size must be even"):
         train_lib.Trainer(config, strategy=tf.distribute.get_strategy())
+
+
+# ------------------------------------------------------------------------------ normalization
+
+
+@pytest.mark.parametrize("statistics", ["data", "reference"])
+def test_pixel_statistics_decide_the_models_normalization(statistics, tmp_path):
+    config = make_config(overrides=dict(model="sa_quadratic_small", num_layers=1, dataset="synthetic",
+                                        pixel_statistics=statistics, model_dir=str(tmp_path)))
+    trainer = train_lib.Trainer(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+    trainer._load_data()
+    trainer._build()
+    images = trainer.train_split.images
+    # "data": the statistics of the official training split (before the validation hold-out).
+    scaled = np.concatenate([images, trainer.val_split.images]).reshape(-1, 3).astype(np.float64) / 255.0
+    if statistics == "data":
+        mean, std = scaled.mean(0), scaled.std(0)
+    else:  # the reference train.py's constants
+        mean, std = np.array([0.4914, 0.4822, 0.4465]), np.array([0.2023, 0.1994, 0.2010])
+    normalized = trainer.model.get_layer("normalize")(images[:4]).numpy()
+    np.testing.assert_allclose(normalized, (images[:4] / 255.0 - mean) / std, atol=1e-4)
+    assert trainer.model_config.pixel_std == pytest.approx(tuple(std), abs=1e-3)
+
+
+def test_reference_statistics_refuse_other_channel_counts(tmp_path):
+    gray = sa_conv.data.make_synthetic(num_train=64, num_test=16, image_shape=(32, 32, 1))
+    config = make_config(overrides=dict(model="sa_quadratic_small", dataset="synthetic",
+                                        pixel_statistics="reference", model_dir=str(tmp_path)))
+    trainer = train_lib.Trainer(config, strategy=tf.distribute.get_strategy(), log=lambda s: None, dataset=gray)
+    with pytest.raises(ConfigError, match="3 channels.*has 1.*--pixel_statistics=data"):
+        trainer._load_data()

@@ -20,6 +20,7 @@ from trainers.schedule import SCHEDULES
 
 REMAT = ("none", "blocks", "auto")
 STRATEGIES = ("auto", "mirrored", "multi_worker", "one_device", "tpu")
+PIXEL_STATISTICS = ("data", "reference")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 # Fields of sa_conv.ModelConfig that the trainer exposes as flags (None = the preset's value).
 MODEL_OVERRIDES = (
@@ -46,6 +47,14 @@ class TrainConfig:
     )
     data_dir: Optional[str] = _field(
         None, "For cifar10/cifar100: the official python-format directory or .tar.gz, else a tfds data_dir."
+    )
+    pixel_statistics: str = _field(
+        "data",
+        "The normalization the model applies: data (per-channel mean and std of the training split) or "
+        "reference (the constants of the reference implementation's train.py, mean (0.4914, 0.4822, 0.4465), "
+        "std (0.2023, 0.1994, 0.2010): its std is below CIFAR-10's measured ~0.25, so its inputs are about "
+        "1.2x wider; use it to train as the reference does).",
+        PIXEL_STATISTICS,
     )
     validation_size: Optional[int] = _field(
         None, "Training images held out for validation (default 10%: 5,000 of CIFAR-10)."

@@ -41,6 +41,7 @@ from sa_conv import data as data_lib
 from sa_conv import footprint
 from sa_conv import heads as heads_lib
 from sa_conv.errors import ConfigError, SaConvError
+from sa_conv.reference import REFERENCE_MEAN, REFERENCE_STD
 from trainers import distribute, memory
 from trainers.config import TrainConfig, default_jit_compile, make_config
 from trainers.optimizers import PyTorchSGD
@@ -50,6 +51,22 @@ from trainers.schedule import make_schedule
 # spreads, as in the reference implementation (which decays everything else, biases and
 # LayerNorm included; --no_weight_decay).
 NO_WEIGHT_DECAY = ("centers", "spreads")
+
+
+def data_model_fields(config: TrainConfig, dataset: data_lib.ImageData) -> dict:
+    """The `sa_conv.ModelConfig` fields that ``dataset`` decides (image size, channels, classes,
+    normalization), with ``config.pixel_statistics`` applied."""
+    try:
+        fields = dataset.model_fields()
+    except ValueError as exc:
+        raise ConfigError(f"--dataset={config.dataset}: {exc}") from None
+    if config.pixel_statistics == "reference":
+        if fields["image_channels"] != len(REFERENCE_MEAN):
+            raise ConfigError(
+                f"--pixel_statistics=reference has statistics for {len(REFERENCE_MEAN)} channels; "
+                f"--dataset={config.dataset} has {fields['image_channels']}. Use --pixel_statistics=data.")
+        fields.update(pixel_mean=REFERENCE_MEAN, pixel_std=REFERENCE_STD)
+    return fields
 
 
 def remat_blocks(config: TrainConfig, model_config, replica_batch: int, log=print) -> bool:
@@ -154,10 +171,7 @@ class Trainer:
         self.test_split = dataset.test
         # Image size, classes and normalization statistics (of the official training split) come
         # from the data, so the model and its exports take this dataset's raw pixels.
-        try:
-            self.model_config = self.model_config.replace(**dataset.model_fields())
-        except ValueError as exc:
-            raise ConfigError(f"--dataset={c.dataset}: {exc}") from None
+        self.model_config = self.model_config.replace(**data_model_fields(c, dataset))
         self.steps_per_epoch = len(self.train_split) // c.global_batch_size
         if self.steps_per_epoch < 1:
             raise ConfigError(

@@ -51,7 +51,7 @@ from sa_conv import data as data_lib
 from sa_conv.errors import ConfigError
 from trainers import distribute
 from trainers.config import TrainConfig, make_config
-from trainers.train import TrainingError, Trainer, remat_blocks, train
+from trainers.train import TrainingError, Trainer, data_model_fields, remat_blocks, train
 
 MODEL_HYPERPARAMETERS = ("encoding", "num_heads", "num_layers", "hidden_size", "mlp_size", "dropout",
                          "attention_dropout")
@@ -244,7 +244,7 @@ class SaConvHyperModel(kt.HyperModel):
         values = define_hyperparameters(hp, self.space)
         model_values = {k: v for k, v in values.items() if k in MODEL_HYPERPARAMETERS}
         base_model = self.space.get("base_model", self.base.model)
-        config = sa_conv.get_config(base_model, **model_values, **self.dataset.model_fields())
+        config = sa_conv.get_config(base_model, **model_values, **data_model_fields(self.base, self.dataset))
         replica_batch = self.base.global_batch_size // self.strategy.num_replicas_in_sync
         remat = remat_blocks(self.base, config, replica_batch, self.log)
         return sa_conv.build_model(config.replace(remat=remat), name=base_model)
