@@ -30,7 +30,7 @@ config = make_config(overrides=dict(model=preset, dataset="synthetic", epochs=1,
                                     keep_freed_memory=keep, model_dir=model_dir, strategy="one_device",
                                     validation_size=100, eval_batch_size=100))
 results = train(config, log=lambda s: None)
-print(json.dumps({"images_per_second": results["images_per_second"],
+print(json.dumps({"images_per_second": results["images_per_second"], "remat": results["model_config"]["remat"],
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--presets", default="sa_quadratic_small,resnet18")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--merge", action="store_true", help="Keep the presets already in --output.")
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "malloc.json"))
     args = parser.parse_args()
     table = {}
@@ -61,8 +62,16 @@ def main() -> None:
         rss = {k: max(r["peak_rss_mb"] for r in v) for k, v in runs.items()}
         table[preset] = {"runs": runs, "speedup_keep_over_return": best["keep"] / best["return"],
                          "peak_rss_ratio_keep_over_return": rss["keep"] / rss["return"]}
+    for entry in table.values():
+        entry["steps_per_run"] = args.steps
+    if args.merge and os.path.exists(args.output):
+        with open(args.output) as f:
+            earlier = json.load(f)
+        for preset, entry in earlier["presets"].items():
+            entry.setdefault("steps_per_run", earlier.get("steps_per_run"))
+            table.setdefault(preset, entry)
     result = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
-              "cores": os.cpu_count(), "steps_per_run": args.steps, "batch": 100, "presets": table}
+              "cores": os.cpu_count(), "batch": 100, "presets": table}
     sys.path.insert(0, ROOT)
     from sa_conv import files
 

@@ -88,13 +88,15 @@ def sa_conv_side(args):
     rng = np.random.default_rng(0)
     infer = tf.function(lambda x: model(x, training=False), jit_compile=trainer._use_xla())
     result = {"parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
-              "remat": bool(trainer.model_config.remat), "xla": trainer._use_xla()}
+              "remat": bool(trainer.model_config.remat), "xla": trainer._use_xla(),
+              "keep_freed_memory": trainer.keeps_freed_memory()}
     for b in (1, args.batch):
         x = tf.constant(rng.integers(0, 256, (b, 32, 32, 3), dtype=np.uint8))
         result[f"inference_images_per_second_batch{b}"] = b / _fastest(lambda: infer(x).numpy(), args.infer_steps)
     result["inference_peak_rss_mb"] = _peak_rss_mb()
     iterator = iter(trainer._train_dataset(0))
-    memory.keep_freed_memory()  # as the trainer does after its input pipeline starts
+    if trainer.keeps_freed_memory():  # as the trainer does after its input pipeline starts
+        memory.keep_freed_memory()
     one = tf.constant(1)
     result["train_images_per_second"] = args.batch / _fastest(
         lambda: trainer.train_steps(iterator, one).numpy(), args.train_steps)

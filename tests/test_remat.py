@@ -186,3 +186,15 @@ def test_trainer_with_remat_trains_the_same_weights(tmp_path):
     assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
     for u, v in zip(plain.trainable_variables, remat.trainable_variables):
         np.testing.assert_allclose(v.numpy(), u.numpy(), rtol=1e-4, atol=1e-6, err_msg=u.path)
+
+
+@pytest.mark.parametrize("remat,keep,expected", [("none", None, True), ("blocks", None, False),
+                                                 ("blocks", True, True), ("none", False, False)])
+def test_freed_memory_is_returned_by_default_when_blocks_are_rematerialized(remat, keep, expected, tmp_path,
+                                                                             monkeypatch):
+    calls = []
+    monkeypatch.setattr(train_lib.memory, "keep_freed_memory", lambda: calls.append(1) or True)
+    trainer, _ = _trainer(tmp_path, remat=remat, keep_freed_memory=keep)
+    trainer.run()
+    assert trainer.keeps_freed_memory() is expected
+    assert bool(calls) is expected  # glibc's thresholds are raised only when memory is kept

@@ -112,11 +112,13 @@ class TrainConfig:
         "criteria; sa_conv.prune_heads): the model shrinks, training goes on with the rest, and the "
         "per-block head counts are recorded so a resumed run restores the pruned architecture.",
     )
-    keep_freed_memory: bool = _field(
-        True,
+    keep_freed_memory: Optional[bool] = _field(
+        None,
         "Keep memory freed by a training step in the process (glibc mallopt) instead of returning it "
         "to the OS and faulting it in again at the next step: faster steps on CPU for a higher peak "
-        "RSS (benchmarks/results/malloc.json). No effect without glibc.",
+        "RSS (freed blocks stay and fragment). Unset: on, except when transformer blocks are "
+        "rematerialized (--remat), where memory is what the run is short of and steps are long enough "
+        "for faulting pages in again to cost little (benchmarks/results/malloc.json). No effect without glibc.",
     )
     remat: str = _field(
         "auto",
@@ -207,6 +209,11 @@ def default_jit_compile(model_config) -> bool:
     """XLA when ``--jit_compile`` is unset: only for encodings whose logits depend on the input
     (per-example ``(batch, heads, N, N)`` tensors; see `TrainConfig.jit_compile`)."""
     return model_config.architecture == "attention" and not get_encoding(model_config.encoding).position_only
+
+
+def default_keep_freed_memory(model_config) -> bool:
+    """``--keep_freed_memory`` when unset: off when blocks are rematerialized (see its help)."""
+    return not model_config.remat
 
 
 def make_config(file_values: dict | None = None, overrides: dict | None = None) -> TrainConfig:

@@ -43,7 +43,7 @@ from sa_conv import heads as heads_lib
 from sa_conv.errors import ConfigError, SaConvError
 from sa_conv.reference import REFERENCE_MEAN, REFERENCE_STD
 from trainers import distribute, memory
-from trainers.config import TrainConfig, default_jit_compile, make_config
+from trainers.config import TrainConfig, default_jit_compile, default_keep_freed_memory, make_config
 from trainers.optimizers import PyTorchSGD
 from trainers.schedule import make_schedule
 
@@ -241,6 +241,11 @@ class Trainer:
         count = tf.cast(tf.shape(labels)[0], tf.float32)
         return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct), count])
 
+    def keeps_freed_memory(self) -> bool:
+        """``--keep_freed_memory``, or its default for this model (`default_keep_freed_memory`)."""
+        c = self.config
+        return c.keep_freed_memory if c.keep_freed_memory is not None else default_keep_freed_memory(self.model_config)
+
     def _use_xla(self) -> bool:
         jit = self.config.jit_compile
         if jit is None:
@@ -302,7 +307,7 @@ class Trainer:
         c = self.config
         steps = min(self.steps_per_epoch, self.total_steps - step)
         iterator = iter(self._train_dataset(epoch))
-        if c.keep_freed_memory:
+        if self.keeps_freed_memory():
             memory.keep_freed_memory()  # after tf.data's own setting (see trainers.memory)
         bar = keras.utils.Progbar(steps, stateful_metrics=["loss", "accuracy", "lr"]) if self.interactive else None
         totals, done, start = np.zeros(3), 0, time.perf_counter()
