@@ -63,6 +63,34 @@ def test_imported_model_computes_the_reference_function(name):
     np.testing.assert_allclose(ours[: len(theirs)], theirs, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_trainer_steps_from_imported_weights_match_the_reference_optimizer(name, tmp_path):
+    """Same weights, same batch: the trainer's loss, coupled weight decay (not on centers and
+    spreads) and PyTorch-form SGD, one step per learning rate (0 first, so the momentum buffer
+    must take that step's gradient), give the reference's logits after its own steps."""
+    from trainers import train as train_lib
+    from trainers.config import make_config
+    from trainers.optimizers import PyTorchSGD
+
+    fixture = _fixture(name)
+    config = {**_config(fixture), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    model = reference.import_reference(_state(fixture), config)
+    trainer = train_lib.Trainer(make_config(overrides=dict(
+        dataset="synthetic", global_batch_size=len(fixture["images"]), momentum_form="pytorch",
+        weight_decay=1e-4, model_dir=str(tmp_path))), strategy=tf.distribute.get_strategy(), log=lambda s: None)
+    trainer._load_data()
+    trainer._build(model)
+    optimizer = PyTorchSGD(learning_rate=0.0, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    for lr in fixture["train_learning_rates"]:
+        optimizer.learning_rate = float(lr)
+        grads, _ = trainer._replica_gradients(fixture["images"], fixture["labels"])
+        optimizer.apply(grads, model.trainable_variables)
+    logits = np.asarray(model(fixture["images"], training=False))
+    assert np.abs(fixture["trained_logits"] - fixture["logits"]).max() > 0.5  # the steps moved the model
+    np.testing.assert_allclose(logits, fixture["trained_logits"], rtol=0, atol=1e-5)
+
+
 def test_reference_configs_pick_the_matching_encoding_and_sizes():
     expected = {"quadratic": "quadratic", "quadratic_full": "quadratic_full", "learned": "learned",
                 "learned_content": "learned_plus_content"}

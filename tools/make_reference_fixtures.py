@@ -23,6 +23,8 @@ MLP 128, 2x2 pooling) with a fixed seed, and writes ``<encoding>.npz`` holding:
   layout, for the query pixels whose row and column are in ``query_positions`` (a 4x4 subgrid,
   to keep the files small): ``(4, 4, heads, H, W)``, or with content ``(2, 4, 4, heads, H, W)``
   for the first 2 images.
+* ``labels``, ``train_learning_rates``, ``trained_logits``: the eval-mode logits after one step
+  of the reference's optimizer per learning rate on those images and labels (`train_steps`).
 """
 
 import argparse
@@ -50,6 +52,8 @@ ENCODINGS = {
     "learned_content": dict(use_gaussian_attention=False, use_learned_2d_encoding=True, use_attention_data=True),
 }
 QUERY_POSITIONS = np.array([0, 5, 10, 15])
+# A step at lr 0 first: PyTorch's momentum buffer still takes its gradient (trainers.optimizers).
+TRAIN_LEARNING_RATES = (0.0, 0.1, 0.05)
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)  # the reference train.py's
 
 
@@ -80,14 +84,39 @@ def make_fixture(models, torch, encoding, seed=0):
     with torch.no_grad():
         logits = model(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous())
     hook.remove()
-    state = {f"state/{k}": v.numpy() for k, v in model.state_dict().items() if not k.endswith(".R")}
+    # Copies: the training steps below change the parameters in place.
+    state = {f"state/{k}": v.numpy().copy() for k, v in model.state_dict().items() if not k.endswith(".R")}
     probabilities = captured[0].numpy()
     if probabilities.ndim == 6:  # content: per image
         probabilities = probabilities[:2]
     q = QUERY_POSITIONS
     probabilities = probabilities[..., q[:, None], q[None, :], :, :, :]
+    labels = rng.integers(0, 10, len(images))
+    trained_logits = train_steps(model, torch, torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(), labels)
     return dict(state, config=np.array(json.dumps(config)), images=images, logits=logits.numpy(),
-                probabilities=probabilities, query_positions=q)
+                probabilities=probabilities, query_positions=q, labels=labels,
+                train_learning_rates=np.array(TRAIN_LEARNING_RATES), trained_logits=trained_logits)
+
+
+def train_steps(model, torch, x, labels):
+    """The reference train.py's optimizer (SGD, momentum 0.9, weight decay 1e-4 on all but the
+    Gaussian centers and spreads) for one step per learning rate of `TRAIN_LEARNING_RATES` on
+    the fixture's images, in eval mode (no dropout: the steps are deterministic); returns the
+    eval-mode logits after them."""
+    named = dict(model.named_parameters())
+    frozen = [p for n, p in named.items() if "attention_spreads" in n or "attention_centers" in n]
+    decayed = [p for n, p in named.items() if not ("attention_spreads" in n or "attention_centers" in n)]
+    optimizer = torch.optim.SGD([{"params": decayed}, {"params": frozen, "weight_decay": 0.0}],
+                                lr=0.1, momentum=0.9, weight_decay=1e-4)
+    targets = torch.from_numpy(labels.astype(np.int64))
+    for lr in TRAIN_LEARNING_RATES:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), targets).backward()
+        optimizer.step()
+    with torch.no_grad():
+        return model(x).numpy()
 
 
 def main():
