@@ -305,3 +305,43 @@ def test_reference_statistics_refuse_other_channel_counts(tmp_path):
     trainer = train_lib.Trainer(config, strategy=tf.distribute.get_strategy(), log=lambda s: None, dataset=gray)
     with pytest.raises(ConfigError, match="3 channels.*has 1.*--pixel_statistics=data"):
         trainer._load_data()
+
+
+# ------------------------------------------------------------------------------ --init_from
+
+
+def _tiny(tmp_path, **overrides):
+    settings = dict(model="sa_quadratic_small", num_layers=1, dataset="synthetic", global_batch_size=50,
+                    eval_batch_size=100, validation_size=100, epochs=1, max_steps=2, strategy="one_device",
+                    model_dir=str(tmp_path))
+    return make_config(overrides={**settings, **overrides})
+
+
+def test_init_from_starts_from_the_saved_weights_and_refuses_other_models(tmp_path):
+    source_config = _tiny(tmp_path / "a", seed=1)
+    train_lib.train(source_config, log=lambda s: None)
+    import keras
+
+    source = keras.saving.load_model(str(tmp_path / "a" / "model.keras"), compile=False)
+    # One step at a learning rate of 1e-9: the run ends where it started.
+    logs = []
+    results = train_lib.Trainer(_tiny(tmp_path / "b", seed=1, max_steps=1, learning_rate=1e-9,
+                                      init_from=str(tmp_path / "a" / "model.keras")), log=logs.append).run()
+    assert any("Initialized" in line for line in logs)
+    trained = keras.saving.load_model(str(tmp_path / "b" / "model.keras"), compile=False)
+    assert results["steps"] == 1
+    for u, v in zip(source.weights, trained.weights):
+        if "seed_generator" not in u.path:
+            np.testing.assert_allclose(v.numpy(), u.numpy(), rtol=0, atol=1e-6, err_msg=u.path)
+    fresh = train_lib.Trainer(_tiny(tmp_path / "c", seed=1), log=lambda s: None)
+    fresh.prepare()
+    assert np.abs(fresh.model.weights[0].numpy() - source.weights[0].numpy()).max() > 1e-3  # a fresh start
+
+    with pytest.raises(ConfigError, match="different architecture.*--num_layers"):
+        train_lib.Trainer(_tiny(tmp_path / "d", seed=1, num_layers=2, init_from=str(tmp_path / "a" / "model.keras")),
+                          log=lambda s: None).run()
+    with pytest.raises(ConfigError, match="normalizes with.*--pixel_statistics"):
+        train_lib.Trainer(_tiny(tmp_path / "e", seed=1, pixel_statistics="reference",
+                                init_from=str(tmp_path / "a" / "model.keras")), log=lambda s: None).run()
+    with pytest.raises(ConfigError, match="does not exist"):
+        train_lib.Trainer(_tiny(tmp_path / "f", init_from=str(tmp_path / "nowhere.keras")), log=lambda s: None).run()

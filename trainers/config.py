@@ -140,6 +140,13 @@ class TrainConfig:
         1, "Split the CPU into this many logical devices (replicas of a CPU MirroredStrategy)."
     )
     model_dir: str = _field("runs/default", "Output directory; a rerun with the same one resumes.")
+    init_from: Optional[str] = _field(
+        None,
+        "Start from the weights of this .keras model (an earlier run's model.keras, or one written by "
+        "sa-conv-import-reference from a reference checkpoint) instead of a fresh initialization. The "
+        "architecture and normalization must be the run's own (for an imported reference model: "
+        "--pixel_statistics=reference). The optimizer starts fresh. Ignored when resuming from model_dir.",
+    )
     max_steps: Optional[int] = _field(None, "Stop after this many optimizer steps (smoke runs).")
     keep_checkpoints: int = _field(2, "Epoch checkpoints kept for resuming.")
     attention_summaries_every: int = _field(

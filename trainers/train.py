@@ -327,6 +327,41 @@ class Trainer:
         metrics = {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
         return metrics, step + done, seconds
 
+    def _init_from(self, path: str) -> None:
+        """Sets every weight from the model saved at ``path`` (``--init_from``); an error names
+        what differs when it is not this run's architecture or normalization."""
+        if not os.path.isfile(path):
+            raise ConfigError(f"--init_from={path} does not exist.")
+        try:
+            source = keras.saving.load_model(path, compile=False)
+        except Exception as exc:  # not a .keras archive, or one of unknown classes
+            raise ConfigError(f"--init_from={path} cannot be read as a Keras model: {exc}") from None
+
+        def weights(model):
+            return [v for v in model.weights if "seed_generator" not in v.path]
+
+        def normalization(model):
+            layer = next((l for l in model.layers if isinstance(l, sa_conv.PixelNormalization)), None)
+            return layer and (tuple(layer.mean), tuple(layer.std))
+
+        mine, theirs = weights(self.model), weights(source)
+        layout = [(v.path, tuple(v.shape)) for v in mine]
+        other = [(v.path, tuple(v.shape)) for v in theirs]
+        if layout != other:
+            diff = [f"{a} vs {b}" for a, b in zip(layout, other) if a != b][:3]
+            raise ConfigError(
+                f"--init_from={path} holds a different architecture ({len(other)} weights against this run's "
+                f"{len(layout)}; first differences: {'; '.join(diff) or 'missing weights'}). Use the flags "
+                "(--model, --num_layers, ...) of the run or import that wrote it.")
+        ours, its = normalization(self.model), normalization(source)
+        if bool(ours) != bool(its) or (ours and not np.allclose(ours, its, rtol=1e-6, atol=0)):
+            raise ConfigError(
+                f"--init_from={path} normalizes with mean, std {its}; this run with {ours}. Set --pixel_statistics to match (reference for an imported "
+                "reference model).")
+        for variable, value in zip(mine, theirs):
+            variable.assign(value)
+        self.log(f"Initialized {len(mine)} weights from {path}.")
+
     def _restore(self) -> tuple[int, list]:
         """Restores the newest readable checkpoint. An unreadable one (truncated, corrupted) is
         reported and skipped for the one before it; when checkpoints exist but none is readable,
@@ -450,6 +485,8 @@ class Trainer:
         self._write_config()
         start_epoch, history = self._restore()
         resumed_from = start_epoch if start_epoch else None
+        if self.config.init_from and not self.manager.checkpoints:
+            self._init_from(self.config.init_from)
         params = _count_parameters(self.model)
         self.log(
             f"Training {self.config.model} ({params:,} parameters) on {len(self.train_split)} images "
