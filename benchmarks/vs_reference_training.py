@@ -68,9 +68,16 @@ def reference_main(args):
     mean, std = np.array((0.4914, 0.4822, 0.4465), np.float32), np.array((0.2023, 0.1994, 0.2010), np.float32)
     config = {**BASE, **REFERENCE_ENCODINGS[args.encoding], "attention_probs_dropout_prob": 0.0,
               "optimizer_warmup_ratio": 0.05, "seed": args.seed}
+    if args.lockstep_data:
+        config["hidden_dropout_prob"] = 0.0
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
     model = models.BertImage(config, num_classes=10)
+    if args.lockstep_data:  # sa-conv starts from these weights (imported)
+        np.savez(args.lockstep_data + ".init.npz",
+                 **{k: v.numpy() for k, v in model.state_dict().items() if not k.endswith(".R")})
+        with open(args.lockstep_data + ".config.json", "w") as f:
+            json.dump(config, f)
     named = dict(model.named_parameters())
     no_decay = [p for n, p in named.items() if "attention_spreads" in n or "attention_centers" in n]
     decay = [p for n, p in named.items() if not ("attention_spreads" in n or "attention_centers" in n)]
@@ -104,8 +111,26 @@ def reference_main(args):
             out[i] = crop[:, ::-1] if rng.random() < 0.5 else crop
         return out
 
+    if args.lockstep_data:
+        steps = np.load(args.lockstep_data)
+        epoch_batches = [[(steps["images"][e, b], steps["labels"][e, b], float(steps["learning_rates"][e, b]))
+                          for b in range(steps["images"].shape[1])] for e in range(steps["images"].shape[0])]
     global_step, start, curve = 0, time.perf_counter(), []
-    for _ in range(args.epochs):
+    for epoch in range(args.epochs):
+        if args.lockstep_data:  # sa-conv's batches (augmented) and learning rates, in its order
+            model.train()
+            losses = []
+            for x_batch, y_batch, lr in epoch_batches[epoch]:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                optimizer.zero_grad()
+                loss = criterion(model(normalize(x_batch)), torch.from_numpy(y_batch.astype(np.int64)))
+                loss.backward()
+                optimizer.step()
+                global_step += 1
+                losses.append((float(loss), len(y_batch)))
+            curve.append({"learning_rate": lr, "train_loss": sum(l * n for l, n in losses) / sum(n for _, n in losses)})
+            continue
         scheduler.step(global_step)  # once per epoch, as train.py
         model.train()
         order = rng.permutation(len(images))
@@ -142,13 +167,40 @@ def _result(proc, what):
     return json.loads(line[len("RESULT "):])
 
 
-def run_sa_conv(encoding, seed, args, workdir):
+def sa_conv_settings(encoding, seed, args, model_dir):
+    """sa-conv-train's settings for one side-by-side run (``--lockstep``: no dropout)."""
+    settings = dict(model=PRESETS[encoding], dataset="cifar10", data_dir=args.data_dir, epochs=args.epochs,
+                    global_batch_size=100, attention_dropout=0.0, seed=seed, model_dir=model_dir,
+                    strategy="one_device", lr_update=args.sa_conv_lr_update,
+                    momentum_form=args.sa_conv_momentum_form, pixel_statistics=args.sa_conv_pixel_statistics)
+    return {**settings, "dropout": 0.0} if args.lockstep else settings
+
+
+def lockstep_batches(encoding, seed, args, path):
+    """Writes sa-conv-train's training batches for ``seed`` (augmented, in its order) and the
+    learning rate of every step to ``path`` (npz), from the trainer's own pipeline and schedule."""
+    from trainers.config import make_config
+    from trainers.train import Trainer
+
+    config = make_config(overrides=sa_conv_settings(encoding, seed, args, path + ".run"))
+    trainer = Trainer(config, log=lambda s: None)
+    trainer.prepare()
+    images, labels = [], []
+    for epoch in range(args.epochs):
+        iterator = iter(trainer._train_dataset(epoch))  # one device: plain tensors
+        batches = [next(iterator) for _ in range(trainer.steps_per_epoch)]
+        images.append(np.stack([b[0].numpy() for b in batches]))
+        labels.append(np.stack([b[1].numpy() for b in batches]))
+    steps = np.arange(args.epochs * trainer.steps_per_epoch).reshape(args.epochs, -1)
+    rates = np.vectorize(lambda step: float(trainer.schedule(step)))(steps)
+    np.savez(path, images=np.stack(images), labels=np.stack(labels), learning_rates=rates)
+
+
+def run_sa_conv(encoding, seed, args, workdir, init_from=None):
     model_dir = os.path.join(workdir, f"sa_conv_{encoding}_{seed}")
-    cmd = [sys.executable, "-m", "trainers.train", f"--model={PRESETS[encoding]}", "--dataset=cifar10",
-           f"--data_dir={args.data_dir}", f"--epochs={args.epochs}", "--global_batch_size=100",
-           "--attention_dropout=0", f"--seed={seed}", f"--model_dir={model_dir}", "--strategy=one_device",
-           f"--lr_update={args.sa_conv_lr_update}", f"--momentum_form={args.sa_conv_momentum_form}",
-           f"--pixel_statistics={args.sa_conv_pixel_statistics}"]
+    flags = [f"--{k}={v}" for k, v in sa_conv_settings(encoding, seed, args, model_dir).items()]
+    cmd = [sys.executable, "-m", "trainers.train", *flags,
+           *([f"--init_from={init_from}"] if init_from else [])]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
@@ -161,9 +213,10 @@ def run_sa_conv(encoding, seed, args, workdir):
             "wall_seconds": time.perf_counter() - start, "epochs": curve}
 
 
-def run_reference(encoding, seed, args, data_path):
+def run_reference(encoding, seed, args, data_path, lockstep=None):
     cmd = [args.reference_python, os.path.abspath(__file__), "--_reference", f"--encoding={encoding}",
-           f"--seed={seed}", f"--epochs={args.epochs}", f"--reference_dir={args.reference_dir}", f"--data={data_path}"]
+           f"--seed={seed}", f"--epochs={args.epochs}", f"--reference_dir={args.reference_dir}", f"--data={data_path}",
+           *([f"--lockstep_data={lockstep}"] if lockstep else [])]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     return {**_result(proc, f"reference {encoding} seed {seed}"), "wall_seconds": time.perf_counter() - start}
@@ -187,22 +240,31 @@ def main():
                         help="Take the reference's results from --output (same encoding, seed, epochs).")
     parser.add_argument("--merge", action="store_true",
                         help="Keep the runs already in --output (other seeds) and add these.")
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "vs_reference_training.json"))
+    parser.add_argument("--output", help="Default: benchmarks/results/vs_reference_training.json, "
+                                         "or vs_reference_lockstep.json with --lockstep.")
     parser.add_argument("--_reference", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--encoding", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--lockstep_data", help=argparse.SUPPRESS)
+    parser.add_argument("--lockstep", action="store_true",
+                        help="Both sides from the reference's initial weights (sa-conv imports them, --init_from), "
+                             "on sa-conv's batches in its order (augmented) at its learning rates, without dropout: "
+                             "what is left is floating-point rounding. Written under 'lockstep' in --output.")
     args = parser.parse_args()
     if args._reference:
         reference_main(args)
         return
     if not args.reference_dir:
         parser.error("--reference_dir (a local clone of epfml/attention-cnn) is required.")
-    from sa_conv import data as data_lib
     from sa_conv import files
 
     encodings = [e for e in args.encodings.split(",") if e]
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    if args.lockstep:
+        lockstep_main(args, encodings, seeds)
+        return
+    args.output = args.output or os.path.join(ROOT, "benchmarks", "results", "vs_reference_training.json")
     rows = []
     earlier = {}
     if os.path.exists(args.output):
@@ -212,17 +274,13 @@ def main():
             earlier = {(r["encoding"], r["seed"]): r for r in previous["runs"]}
     with tempfile.TemporaryDirectory() as workdir:
         for seed in seeds:
-            dataset = data_lib.load_dataset("cifar10", args.data_dir, seed=seed)
-            train, _ = data_lib.split_train_validation(dataset.train, None, seed=seed)  # as sa-conv-train
-            data_path = os.path.join(workdir, f"data_{seed}.npz")
-            np.savez(data_path, train_images=train.images, train_labels=train.labels,
-                     test_images=dataset.test.images, test_labels=dataset.test.labels)
+            data_path, n_train, n_test = _prepare_data(seed, args, workdir)
             for encoding in encodings:
                 # Alternate the order so that neither side always runs on a warmer machine.
                 sides = [("reference", lambda: run_reference(encoding, seed, args, data_path)),
                          ("sa_conv", lambda: run_sa_conv(encoding, seed, args, workdir))]
-                row = {"encoding": encoding, "seed": seed, "train_images": len(train),
-                       "test_images": len(dataset.test), "sa_conv_momentum_form": args.sa_conv_momentum_form,
+                row = {"encoding": encoding, "seed": seed, "train_images": n_train,
+                       "test_images": n_test, "sa_conv_momentum_form": args.sa_conv_momentum_form,
                        "sa_conv_pixel_statistics": args.sa_conv_pixel_statistics}
                 old = earlier.get((encoding, seed))
                 if args.reuse_reference:
@@ -265,6 +323,70 @@ def main():
     files.write_json(args.output, report)
     print(json.dumps(table, indent=2))
     print(f"Wrote {args.output}")
+
+
+def _prepare_data(seed, args, workdir):
+    """The reference's copy of the images sa-conv-train uses for ``seed``: its training split
+    (after the seeded validation hold-out) and the test split."""
+    from sa_conv import data as data_lib
+
+    dataset = data_lib.load_dataset("cifar10", args.data_dir, seed=seed)
+    train, _ = data_lib.split_train_validation(dataset.train, None, seed=seed)  # as sa-conv-train
+    path = os.path.join(workdir, f"data_{seed}.npz")
+    np.savez(path, train_images=train.images, train_labels=train.labels,
+             test_images=dataset.test.images, test_labels=dataset.test.labels)
+    return path, len(train), len(dataset.test)
+
+
+def lockstep_main(args, encodings, seeds):
+    """``--lockstep``: per encoding and seed, the reference trains first (writing its initial
+    weights), sa-conv imports them and trains with ``--init_from``; both on sa-conv's batches."""
+    from sa_conv import files
+    from sa_conv import reference as reference_lib
+
+    output = args.output or os.path.join(ROOT, "benchmarks", "results", "vs_reference_lockstep.json")
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for seed in seeds:
+            data_path, n_train, n_test = _prepare_data(seed, args, workdir)
+            for encoding in encodings:
+                steps_path = os.path.join(workdir, f"lockstep_{encoding}_{seed}.npz")
+                lockstep_batches(encoding, seed, args, steps_path)
+                row = {"encoding": encoding, "seed": seed, "train_images": n_train, "test_images": n_test,
+                       "reference": run_reference(encoding, seed, args, data_path, lockstep=steps_path)}
+                with open(steps_path + ".config.json") as f:
+                    config = json.load(f)
+                with np.load(steps_path + ".init.npz") as state:
+                    model = reference_lib.import_reference(dict(state), config)
+                init = os.path.join(workdir, f"init_{encoding}_{seed}.keras")
+                model.save(init)
+                row["sa_conv"] = run_sa_conv(encoding, seed, args, workdir, init_from=init)
+                losses = [(a["train_loss"], b["train_loss"]) for a, b in zip(row["reference"]["epochs"],
+                                                                            row["sa_conv"]["epochs"])]
+                row["train_loss_differences"] = [b - a for a, b in losses]
+                print(f"{encoding} seed {seed}: reference {row['reference']['test_accuracy']}, "
+                      f"sa-conv {row['sa_conv']['test_accuracy']}, loss differences {row['train_loss_differences']}",
+                      flush=True)
+                rows.append(row)
+    if args.merge and os.path.exists(output):
+        with open(output) as f:
+            done = {(r["encoding"], r["seed"]) for r in rows}
+            rows = [r for r in json.load(f)["runs"] if (r["encoding"], r["seed"]) not in done] + rows
+    table = {}
+    for encoding in sorted({r["encoding"] for r in rows}):
+        mine = [r for r in rows if r["encoding"] == encoding]
+        ref = float(np.mean([r["reference"]["test_accuracy"] for r in mine]))
+        ours = float(np.mean([r["sa_conv"]["test_accuracy"] for r in mine]))
+        table[encoding] = {"reference": ref, "sa_conv": ours, "difference_points": 100 * (ours - ref),
+                           "seeds": sorted(r["seed"] for r in mine)}
+    report = {"date": datetime.date.today().isoformat(), "epochs": args.epochs, "batch_size": 100,
+              "dropout": 0.0, "attention_dropout": 0.0, "sa_conv_lr_update": args.sa_conv_lr_update,
+              "sa_conv_momentum_form": args.sa_conv_momentum_form,
+              "sa_conv_pixel_statistics": args.sa_conv_pixel_statistics,
+              "data": os.path.relpath(args.data_dir, ROOT), "table": table, "runs": rows}
+    files.write_json(output, report)
+    print(json.dumps(table, indent=2))
+    print(f"Wrote {output}")
 
 
 if __name__ == "__main__":
