@@ -112,9 +112,10 @@ def reference_main(args):
         return out
 
     if args.lockstep_data:
-        steps = np.load(args.lockstep_data)
-        epoch_batches = [[(steps["images"][e, b], steps["labels"][e, b], float(steps["learning_rates"][e, b]))
-                          for b in range(steps["images"].shape[1])] for e in range(steps["images"].shape[0])]
+        with np.load(args.lockstep_data) as steps:  # each [key] reads the whole array: once
+            xs, ys, rates = steps["images"], steps["labels"], steps["learning_rates"]
+        epoch_batches = [[(xs[e, b], ys[e, b], float(rates[e, b])) for b in range(xs.shape[1])]
+                         for e in range(xs.shape[0])]
     global_step, start, curve = 0, time.perf_counter(), []
     for epoch in range(args.epochs):
         if args.lockstep_data:  # sa-conv's batches (augmented) and learning rates, in its order
