@@ -19,7 +19,9 @@ from trainers.config import default_jit_compile
 PROGRAMS = ("trainers", "export", "benchmarks")
 # Programs that compose another program, and which: the only imports between programs.
 COMPOSES = {"trainers/demo.py": {"export"}, "benchmarks/throughput.py": {"export", "trainers"},
-            "benchmarks/vs_reference.py": {"trainers"}}
+            "benchmarks/vs_reference.py": {"trainers"},
+            # --lockstep takes the trainer's own batches and schedule.
+            "benchmarks/vs_reference_training.py": {"trainers"}}
 
 
 def _imported_packages(path: pathlib.Path) -> set[str]:
