@@ -300,21 +300,14 @@ def main():
                     row[side] = run()
                     print(f"{encoding} seed {seed} {side}: {row[side]}", flush=True)
                 rows.append(row)
-    if args.merge and os.path.exists(args.output):
-        with open(args.output) as f:
-            done = {(r["encoding"], r["seed"]) for r in rows}
-            rows = [r for r in json.load(f)["runs"] if (r["encoding"], r["seed"]) not in done] + rows
-    table = {}
-    for encoding in sorted({r["encoding"] for r in rows}):
+    rows = _merged(rows, args.output) if args.merge else rows
+    table = _accuracy_table(rows)
+    for encoding, entry in table.items():
         mine = [r for r in rows if r["encoding"] == encoding]
-        ref = float(np.mean([r["reference"]["test_accuracy"] for r in mine]))
-        ours = float(np.mean([r["sa_conv"]["test_accuracy"] for r in mine]))
-        table[encoding] = {"reference": ref, "sa_conv": ours, "difference_points": 100 * (ours - ref),
-                           "seeds": sorted(r["seed"] for r in mine)}
         variants = {k for r in mine for k, v in r.items() if k.startswith("sa_conv_") and isinstance(v, dict)}
         for variant in sorted(variants):  # earlier sa-conv variants measured on every seed
             if all(variant in r for r in mine):
-                table[encoding][variant] = float(np.mean([r[variant]["test_accuracy"] for r in mine]))
+                entry[variant] = float(np.mean([r[variant]["test_accuracy"] for r in mine]))
     report = {"date": datetime.date.today().isoformat(), "epochs": args.epochs, "batch_size": 100,
               "attention_dropout": 0.0, "sa_conv_lr_update": args.sa_conv_lr_update,
               "sa_conv_momentum_form": args.sa_conv_momentum_form,
@@ -324,6 +317,27 @@ def main():
     files.write_json(args.output, report)
     print(json.dumps(table, indent=2))
     print(f"Wrote {args.output}")
+
+
+def _merged(rows, output):
+    """``rows`` plus the runs of ``output`` (if any) for other encodings and seeds."""
+    if not os.path.exists(output):
+        return rows
+    with open(output) as f:
+        done = {(r["encoding"], r["seed"]) for r in rows}
+        return [r for r in json.load(f)["runs"] if (r["encoding"], r["seed"]) not in done] + rows
+
+
+def _accuracy_table(rows):
+    """Per encoding: both sides' mean test accuracy over its seeds, and the difference in points."""
+    table = {}
+    for encoding in sorted({r["encoding"] for r in rows}):
+        mine = [r for r in rows if r["encoding"] == encoding]
+        ref = float(np.mean([r["reference"]["test_accuracy"] for r in mine]))
+        ours = float(np.mean([r["sa_conv"]["test_accuracy"] for r in mine]))
+        table[encoding] = {"reference": ref, "sa_conv": ours, "difference_points": 100 * (ours - ref),
+                           "seeds": sorted(r["seed"] for r in mine)}
+    return table
 
 
 def _prepare_data(seed, args, workdir):
@@ -369,17 +383,8 @@ def lockstep_main(args, encodings, seeds):
                       f"sa-conv {row['sa_conv']['test_accuracy']}, loss differences {row['train_loss_differences']}",
                       flush=True)
                 rows.append(row)
-    if args.merge and os.path.exists(output):
-        with open(output) as f:
-            done = {(r["encoding"], r["seed"]) for r in rows}
-            rows = [r for r in json.load(f)["runs"] if (r["encoding"], r["seed"]) not in done] + rows
-    table = {}
-    for encoding in sorted({r["encoding"] for r in rows}):
-        mine = [r for r in rows if r["encoding"] == encoding]
-        ref = float(np.mean([r["reference"]["test_accuracy"] for r in mine]))
-        ours = float(np.mean([r["sa_conv"]["test_accuracy"] for r in mine]))
-        table[encoding] = {"reference": ref, "sa_conv": ours, "difference_points": 100 * (ours - ref),
-                           "seeds": sorted(r["seed"] for r in mine)}
+    rows = _merged(rows, output) if args.merge else rows
+    table = _accuracy_table(rows)
     report = {"date": datetime.date.today().isoformat(), "epochs": args.epochs, "batch_size": 100,
               "dropout": 0.0, "attention_dropout": 0.0, "sa_conv_lr_update": args.sa_conv_lr_update,
               "sa_conv_momentum_form": args.sa_conv_momentum_form,
