@@ -61,7 +61,8 @@ def reference_main(args):
 
     import runpy
 
-    BASE = runpy.run_path(os.path.join(ROOT, "tools", "make_reference_fixtures.py"))["BASE"]  # its train.py defaults
+    fixtures = runpy.run_path(os.path.join(ROOT, "tools", "make_reference_fixtures.py"))
+    BASE = fixtures["BASE"]  # its train.py defaults
 
     torch.set_num_threads(os.cpu_count())
     data = np.load(args.data)
@@ -78,11 +79,7 @@ def reference_main(args):
                  **{k: v.numpy() for k, v in model.state_dict().items() if not k.endswith(".R")})
         with open(args.lockstep_data + ".config.json", "w") as f:
             json.dump(config, f)
-    named = dict(model.named_parameters())
-    no_decay = [p for n, p in named.items() if "attention_spreads" in n or "attention_centers" in n]
-    decay = [p for n, p in named.items() if not ("attention_spreads" in n or "attention_centers" in n)]
-    optimizer = torch.optim.SGD([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
-                                lr=0.1, momentum=0.9, weight_decay=1e-4)
+    optimizer = fixtures["reference_sgd"](model, torch)
     images, labels = data["train_images"], data["train_labels"]
     batch = 100
     batches_per_epoch = -(-len(images) // batch)  # DataLoader without drop_last
@@ -114,37 +111,32 @@ def reference_main(args):
     if args.lockstep_data:
         with np.load(args.lockstep_data) as steps:  # each [key] reads the whole array: once
             xs, ys, rates = steps["images"], steps["labels"], steps["learning_rates"]
-        epoch_batches = [[(xs[e, b], ys[e, b], float(rates[e, b])) for b in range(xs.shape[1])]
-                         for e in range(xs.shape[0])]
-    global_step, start, curve = 0, time.perf_counter(), []
-    for epoch in range(args.epochs):
+
+    def epoch_batches(epoch):
+        """``(uint8 images, labels, learning rate or None: the scheduler's)`` of one epoch."""
         if args.lockstep_data:  # sa-conv's batches (augmented) and learning rates, in its order
-            model.train()
-            losses = []
-            for x_batch, y_batch, lr in epoch_batches[epoch]:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                optimizer.zero_grad()
-                loss = criterion(model(normalize(x_batch)), torch.from_numpy(y_batch.astype(np.int64)))
-                loss.backward()
-                optimizer.step()
-                global_step += 1
-                losses.append((float(loss), len(y_batch)))
-            curve.append({"learning_rate": lr, "train_loss": sum(l * n for l, n in losses) / sum(n for _, n in losses)})
-            continue
-        scheduler.step(global_step)  # once per epoch, as train.py
-        model.train()
+            yield from ((xs[epoch, b], ys[epoch, b], float(rates[epoch, b])) for b in range(xs.shape[1]))
+            return
+        scheduler.step(epoch * batches_per_epoch)  # once per epoch, as train.py
         order = rng.permutation(len(images))
-        losses = []
         for b in range(batches_per_epoch):
             index = order[b * batch:(b + 1) * batch]
-            x, y = normalize(augment(images[index])), torch.from_numpy(labels[index].astype(np.int64))
+            yield augment(images[index]), labels[index], None
+
+    global_step, start, curve = 0, time.perf_counter(), []
+    for epoch in range(args.epochs):
+        model.train()
+        losses = []
+        for x, y, lr in epoch_batches(epoch):
+            if lr is not None:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
             optimizer.zero_grad()
-            loss = criterion(model(x), y)
+            loss = criterion(model(normalize(x)), torch.from_numpy(y.astype(np.int64)))
             loss.backward()
             optimizer.step()
             global_step += 1
-            losses.append((float(loss), len(index)))
+            losses.append((float(loss), len(y)))
         curve.append({"learning_rate": optimizer.param_groups[0]["lr"],
                       "train_loss": sum(l * n for l, n in losses) / sum(n for _, n in losses)})
     seconds = time.perf_counter() - start

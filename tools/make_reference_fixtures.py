@@ -98,16 +98,23 @@ def make_fixture(models, torch, encoding, seed=0):
                 train_learning_rates=np.array(TRAIN_LEARNING_RATES), trained_logits=trained_logits)
 
 
+def reference_sgd(model, torch):
+    """The reference train.py's optimizer: SGD, lr 0.1, momentum 0.9, weight decay 1e-4 on every
+    parameter except the Gaussian centers and spreads."""
+    spared = ("attention_spreads", "attention_centers")
+    named = dict(model.named_parameters())
+    frozen = [p for n, p in named.items() if any(s in n for s in spared)]
+    decayed = [p for n, p in named.items() if not any(s in n for s in spared)]
+    return torch.optim.SGD([{"params": decayed}, {"params": frozen, "weight_decay": 0.0}],
+                           lr=0.1, momentum=0.9, weight_decay=1e-4)
+
+
 def train_steps(model, torch, x, labels):
     """The reference train.py's optimizer (SGD, momentum 0.9, weight decay 1e-4 on all but the
     Gaussian centers and spreads) for one step per learning rate of `TRAIN_LEARNING_RATES` on
     the fixture's images, in eval mode (no dropout: the steps are deterministic); returns the
     eval-mode logits after them."""
-    named = dict(model.named_parameters())
-    frozen = [p for n, p in named.items() if "attention_spreads" in n or "attention_centers" in n]
-    decayed = [p for n, p in named.items() if not ("attention_spreads" in n or "attention_centers" in n)]
-    optimizer = torch.optim.SGD([{"params": decayed}, {"params": frozen, "weight_decay": 0.0}],
-                                lr=0.1, momentum=0.9, weight_decay=1e-4)
+    optimizer = reference_sgd(model, torch)
     targets = torch.from_numpy(labels.astype(np.int64))
     for lr in TRAIN_LEARNING_RATES:
         for group in optimizer.param_groups:
