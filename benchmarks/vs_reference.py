@@ -18,11 +18,15 @@ the machine. A side measures, at batch 100 unless stated:
   own step (`trainers.train.Trainer`: ``strategy.run``, its XLA default, its ``--remat``);
   the reference's is its ``train.py`` step (``zero_grad``, forward, cross-entropy, ``backward``,
   ``SGD.step``) in training mode;
-* peak RSS of the process after training (inference runs first and needs less).
+* peak RSS of the training process.
 
-sa-conv sides: ``sa_conv`` (the trainer's defaults, so ``--remat=auto``) and, where auto turns
-remat on, ``sa_conv_no_remat`` too, to show remat's cost; for ``--precision_cases``,
-``sa_conv_mixed_bfloat16`` and ``sa_conv_mixed_float16`` (the trainer's ``--mixed_precision``). The machine's fp32 matmul GFLOP/s is
+sa-conv runs inference and training in two processes (as an export or a server would infer),
+both set up by the trainer with the environment its programs set (`trainers`: TensorFlow's oneDNN
+kernels on). sa-conv sides: ``sa_conv`` (the trainer's defaults, so ``--remat=auto``) and, where
+auto turns remat on, ``sa_conv_no_remat`` too (training only), to show remat's cost; for
+``--precision_cases``, ``sa_conv_mixed_bfloat16`` and ``sa_conv_mixed_float16`` (the trainer's
+``--mixed_precision``); for ``--onednn_cases``, ``sa_conv_no_onednn`` (``TF_ENABLE_ONEDNN_OPTS=0``,
+TensorFlow's own default on CPUs without AVX-512 VNNI, BF16 or AMX). The machine's fp32 matmul GFLOP/s is
 measured before and after. Ratios are sa-conv / reference (speed: higher is better; memory: lower
 is better). Results go to JSON; nothing here is a test.
 """
@@ -78,22 +82,28 @@ def sa_conv_side(args):
     from trainers.config import make_config
     from trainers.train import Trainer
 
+    # Inference runs in a process of its own, as in an export or a server: remat (training only)
+    # would also route oneDNN's large tensors to malloc there (`trainers.memory.return_freed_memory`).
+    inference = args._phase == "inference"
     config = make_config(overrides=dict(
         model=args.preset, dataset="synthetic", global_batch_size=args.batch, eval_batch_size=args.batch,
         validation_size=100, epochs=1, strategy="one_device", model_dir=os.path.join(args.workdir, "run"),
-        remat=args.remat, mixed_precision=args.mixed_precision))
+        remat="none" if inference else args.remat, mixed_precision=args.mixed_precision))
     trainer = Trainer(config, log=lambda s: None)
     trainer.prepare()
     model = trainer.model
     rng = np.random.default_rng(0)
-    infer = tf.function(lambda x: model(x, training=False), jit_compile=trainer._use_xla())
     result = {"parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
-              "remat": bool(trainer.model_config.remat), "xla": trainer._use_xla(),
-              "keep_freed_memory": trainer.keeps_freed_memory()}
-    for b in (1, args.batch):
-        x = tf.constant(rng.integers(0, 256, (b, 32, 32, 3), dtype=np.uint8))
-        result[f"inference_images_per_second_batch{b}"] = b / _fastest(lambda: infer(x).numpy(), args.infer_steps)
-    result["inference_peak_rss_mb"] = _peak_rss_mb()
+              "xla": trainer._use_xla(), "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "")}
+    if inference:
+        infer = tf.function(lambda x: model(x, training=False), jit_compile=trainer._use_xla())
+        for b in (1, args.batch):
+            x = tf.constant(rng.integers(0, 256, (b, 32, 32, 3), dtype=np.uint8))
+            result[f"inference_images_per_second_batch{b}"] = b / _fastest(lambda: infer(x).numpy(), args.infer_steps)
+        result["inference_peak_rss_mb"] = _peak_rss_mb()
+        return result
+    result.update(remat=bool(trainer.model_config.remat), keep_freed_memory=trainer.keeps_freed_memory(),
+                  onednn_system_allocator=os.environ.get("TF_ONEDNN_USE_SYSTEM_ALLOCATOR", ""))
     iterator = iter(trainer._train_dataset(0))
     if trainer.keeps_freed_memory():  # as the trainer does after its input pipeline starts
         memory.keep_freed_memory()
@@ -165,13 +175,22 @@ def _run_side(side, preset, args, workdir):
 
         cmd += [f"--reference_dir={args.reference_dir}", f"--preset_config={json.dumps(get_config(preset).to_dict())}"]
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if side == "sa_conv_no_onednn":
+        env["TF_ENABLE_ONEDNN_OPTS"] = "0"
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
-    if proc.returncode or line is None:
-        # A side killed for memory (exit -9) is a result too: it does not fit on this machine.
-        return {"failed": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-1500:]}
-    return {**json.loads(line[len("RESULT "):]), "wall_seconds": time.perf_counter() - start}
+    result = {}
+    # sa-conv measures inference and training in separate processes; remat does not change
+    # inference, so sa_conv_no_remat only trains.
+    phases = [""] if side == "reference" else ["training"] if side == "sa_conv_no_remat" else ["inference", "training"]
+    for phase in phases:
+        proc = subprocess.run(cmd + ([f"--_phase={phase}"] if phase else []), cwd=ROOT, capture_output=True,
+                              text=True, env=env)
+        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if proc.returncode or line is None:
+            # A side killed for memory (exit -9) is a result too: it does not fit on this machine.
+            return {"failed": f"{phase} exit {proc.returncode}".strip(), "stderr_tail": proc.stderr[-1500:]}
+        result.update(json.loads(line[len("RESULT "):]))
+    return {**result, "wall_seconds": time.perf_counter() - start}
 
 
 def _best(runs):
@@ -194,7 +213,8 @@ def _ratios(mine, reference):
     if "failed" in mine or "failed" in reference:
         return {}
     keys = ("train_images_per_second", "inference_images_per_second_batch1", "inference_images_per_second_batch100")
-    ratios = {k.replace("_images_per_second", "_speed"): mine[k] / reference[k] for k in keys if k in reference}
+    ratios = {k.replace("_images_per_second", "_speed"): mine[k] / reference[k] for k in keys
+              if k in reference and k in mine}
     ratios["peak_rss"] = mine["peak_rss_mb"] / reference["peak_rss_mb"]
     return ratios
 
@@ -217,6 +237,9 @@ def main():
     parser.add_argument("--mixed_precision", default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--precision_cases", default="sa_quadratic_small,resnet18",
                         help="Cases also measured with mixed_bfloat16 and mixed_float16 (sa-conv only).")
+    parser.add_argument("--onednn_cases", default="sa_quadratic,resnet18",
+                        help="Cases also measured with TensorFlow's oneDNN kernels off (sa-conv only).")
+    parser.add_argument("--_phase", help=argparse.SUPPRESS)
     parser.add_argument("--sides", default="",
                         help="Run only these sides (e.g. sa_conv,reference: leaves out sa_conv_no_remat, which "
                              "needs about 18 GB for sa_learned_content). Default: all.")
@@ -256,6 +279,8 @@ def main():
                 sides.insert(1, "sa_conv_no_remat")  # the trainer's auto turns remat on: show its cost
             if preset in args.precision_cases.split(","):
                 sides[1:1] = ["sa_conv_mixed_bfloat16", "sa_conv_mixed_float16"]
+            if preset in args.onednn_cases.split(","):
+                sides.insert(1, "sa_conv_no_onednn")
             if args.sides:
                 sides = [side for side in sides if side in args.sides.split(",")]
             if index % 2:
@@ -271,9 +296,7 @@ def main():
             for side in sides:
                 if side != "sa_conv" and side.startswith("sa_conv") and "sa_conv" in case \
                         and "failed" not in case[side] and "failed" not in case["sa_conv"]:
-                    case["ratios"][f"{side}_over_sa_conv"] = {
-                        "train_speed": case[side]["train_images_per_second"] / case["sa_conv"]["train_images_per_second"],
-                        "peak_rss": case[side]["peak_rss_mb"] / case["sa_conv"]["peak_rss_mb"]}
+                    case["ratios"][f"{side}_over_sa_conv"] = _ratios(case[side], case["sa_conv"])
             report["cases"][preset] = case
             report["matmul_gflops_after"] = matmul_gflops()
             os.makedirs(os.path.dirname(args.output), exist_ok=True)

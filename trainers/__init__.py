@@ -1,10 +1,37 @@
-"""Programs over the `sa_conv` library. Before TensorFlow loads, hide its C++ INFO and WARNING
-logs unless the command line asks for absl's ``--verbosity`` (``-v``) of 1 or more."""
+"""Programs over the `sa_conv` library, and the environment TensorFlow reads when it loads.
+
+Importing this package (as every program does first: ``export`` and ``benchmarks`` import it too)
+sets, unless already set and only if TensorFlow has not loaded yet:
+
+* ``TF_CPP_MIN_LOG_LEVEL=2``: hides TensorFlow's C++ INFO and WARNING logs, unless the command
+  line asks for absl's ``--verbosity`` (``-v``) of 1 or more.
+* ``TF_ENABLE_ONEDNN_OPTS=1`` on x86-64: TensorFlow's oneDNN kernels, which it turns on by itself
+  only on CPUs with AVX-512 VNNI, BF16 or AMX units; elsewhere it leaves them off, and ResNet18's
+  training and the paper presets' inference at batch 100 are far slower without them (measured
+  with and without in ``benchmarks/results/vs_reference.json``, ``onednn``). With oneDNN,
+  TensorFlow allocates large tensors from a pool that never hands memory back to the system;
+  `trainers.memory.return_freed_memory` routes them to malloc where the trainer returns freed
+  memory (rematerialized blocks). Set ``TF_ENABLE_ONEDNN_OPTS=0`` to keep TensorFlow's default.
+"""
 
 import os
+import platform
 import re
 import sys
 
-_verbosity = re.findall(r"(?:--verbosity|-v)[= ](-?\d+)", " ".join(sys.argv[1:]))
-if not _verbosity or int(_verbosity[-1]) < 1:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
+
+
+def configure_tensorflow_environment(argv=None, environ=os.environ, machine=None) -> None:
+    """Sets the defaults above in ``environ`` (a user's own setting wins)."""
+    if "tensorflow" in sys.modules:
+        return  # read once, when TensorFlow loads: too late to change
+    argv = sys.argv[1:] if argv is None else argv
+    verbosity = re.findall(r"(?:--verbosity|-v)[= ](-?\d+)", " ".join(argv))
+    if not verbosity or int(verbosity[-1]) < 1:
+        environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if (machine or platform.machine()).lower() in ("x86_64", "amd64"):
+        environ.setdefault(ONEDNN, "1")
+
+
+configure_tensorflow_environment()

@@ -42,3 +42,35 @@ def keep_freed_memory() -> bool:
         return False
     ok = libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and ok)
+
+
+ONEDNN_SYSTEM_ALLOCATOR = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"
+
+
+def _tensorflow_context_initialized() -> bool:
+    import sys
+
+    if "tensorflow" not in sys.modules:
+        return False
+    from tensorflow.python.eager import context
+
+    return bool(getattr(context.context(), "_initialized", True))
+
+
+def return_freed_memory(environ=None) -> bool:
+    """Makes TensorFlow's oneDNN allocator hand large freed tensors back to malloc (and so, with
+    `keep_freed_memory` not called, to the system).
+
+    With oneDNN on (see `trainers`), TensorFlow takes large tensors from a BFC pool that grows by
+    doubling and never shrinks: fast, but rematerialized training then peaks well above what it
+    needs (``benchmarks/results/vs_reference.json``). TensorFlow reads the setting once, when its
+    CPU device is created, so call this before the first operation or strategy. Returns whether
+    it was set now: False if the environment already says (a user's choice wins) or TensorFlow's
+    context already exists."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    if ONEDNN_SYSTEM_ALLOCATOR in environ or _tensorflow_context_initialized():
+        return False
+    environ[ONEDNN_SYSTEM_ALLOCATOR] = "1"
+    return True

@@ -132,7 +132,13 @@ class Trainer:
         self.config = config
         self.log = log
         self.interactive = sys.stdout.isatty() if interactive is None else interactive
-        # The strategy first: MultiWorkerMirroredStrategy must configure collective ops before
+        try:
+            self.model_config = sa_conv.get_config(config.model, **config.model_overrides())
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if not self.keeps_freed_memory():
+            memory.return_freed_memory()  # before TensorFlow creates its CPU device
+        # The strategy next: MultiWorkerMirroredStrategy must configure collective ops before
         # anything else initializes TensorFlow's context.
         self.strategy = strategy or distribute.create_strategy(config.strategy)
         keras.mixed_precision.set_global_policy(config.mixed_precision)
@@ -148,10 +154,6 @@ class Trainer:
                 f"--eval_batch_size={config.eval_batch_size} is not divisible by the "
                 f"{self.replicas} replicas; use a multiple of {self.replicas}."
             )
-        try:
-            self.model_config = sa_conv.get_config(config.model, **config.model_overrides())
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
         self.chief = distribute.is_chief(self.strategy)
         self.output_dir = (
             config.model_dir if self.chief
