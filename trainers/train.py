@@ -71,7 +71,8 @@ def data_model_fields(config: TrainConfig, dataset: data_lib.ImageData) -> dict:
 
 def remat_blocks(config: TrainConfig, model_config, replica_batch: int, log=print) -> bool:
     """Whether the transformer blocks rematerialize (``--remat``; for ``auto``, whether the
-    estimated activations of a ``replica_batch`` step exceed ``--memory_budget_gb``)."""
+    estimated activations of a ``replica_batch`` step exceed ``--memory_budget_gb``, which
+    ``log``, unless None, reports)."""
     attention = model_config.architecture == "attention"
     if config.remat == "blocks" and not attention:
         raise ConfigError(f"--remat=blocks: {config.model} has no transformer blocks; use --remat=none or auto.")
@@ -79,7 +80,7 @@ def remat_blocks(config: TrainConfig, model_config, replica_batch: int, log=prin
         return config.remat == "blocks"
     estimate = footprint.training_activation_bytes(model_config, replica_batch, remat=False)
     remat = estimate > config.memory_budget_gb * 2**30
-    if remat:
+    if remat and log:
         log(f"Rematerializing the transformer blocks (--remat=auto): a step's activations are estimated at "
             f"{estimate / 2**30:.1f} GB per replica, above --memory_budget_gb={config.memory_budget_gb:g}.")
     return remat
@@ -136,8 +137,11 @@ class Trainer:
             self.model_config = sa_conv.get_config(config.model, **config.model_overrides())
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if not self.keeps_freed_memory():
-            memory.return_freed_memory()  # before TensorFlow creates its CPU device
+        # TensorFlow reads its allocator setting once, when the strategy below creates its CPU
+        # device: decide from the remat a whole batch on one replica implies (the data and the
+        # replica count, which `prepare` resolves it with, are not known yet).
+        if not self.keeps_freed_memory(remat_blocks(config, self.model_config, config.global_batch_size, log=None)):
+            memory.return_freed_memory()
         # The strategy next: MultiWorkerMirroredStrategy must configure collective ops before
         # anything else initializes TensorFlow's context.
         self.strategy = strategy or distribute.create_strategy(config.strategy)
@@ -243,10 +247,13 @@ class Trainer:
         count = tf.cast(tf.shape(labels)[0], tf.float32)
         return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct), count])
 
-    def keeps_freed_memory(self) -> bool:
-        """``--keep_freed_memory``, or its default for this model (`default_keep_freed_memory`)."""
+    def keeps_freed_memory(self, remat: bool | None = None) -> bool:
+        """``--keep_freed_memory``, or its default for this model (`default_keep_freed_memory`), or
+        for it with ``remat`` if given."""
         c = self.config
-        return c.keep_freed_memory if c.keep_freed_memory is not None else default_keep_freed_memory(self.model_config)
+        if c.keep_freed_memory is not None:
+            return c.keep_freed_memory
+        return default_keep_freed_memory(self.model_config if remat is None else self.model_config.replace(remat=remat))
 
     def _use_xla(self) -> bool:
         jit = self.config.jit_compile
