@@ -3,6 +3,7 @@
 keeps the console to progress, results and real warnings unless --verbosity asks for more."""
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -65,6 +66,33 @@ def test_console_is_quiet_unless_verbosity_asks(tmp_path):
     loud = _run("trainers.train", *args, f"--model_dir={tmp_path / 'b'}", "--verbosity=1")
     assert loud.returncode == 0
     assert "Sharding callback" in loud.stderr or "cpu_feature_guard" in loud.stderr
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert "oneDNN custom operations are on" in loud.stderr  # the programs turn them on (trainers)
+
+
+ONEDNN_NOTICE = "oneDNN custom operations are on"
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN's x86-64 kernels")
+@pytest.mark.parametrize("package", ["trainers", "export", "benchmarks"])
+def test_programs_turn_on_onednn_before_tensorflow_loads(package):
+    def run(code, **env):
+        base = {k: v for k, v in ENV.items() if k not in ("TF_ENABLE_ONEDNN_OPTS", "TF_CPP_MIN_LOG_LEVEL")}
+        proc = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env={**base, **env},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip(), proc.stderr
+
+    show = "import os, tensorflow; print(os.environ.get('TF_ENABLE_ONEDNN_OPTS'))"
+    # TensorFlow's own notice, shown when its logs are: the kernels are really on.
+    out, err = run(f"import {package}; {show}", TF_CPP_MIN_LOG_LEVEL="0")
+    assert out == "1" and ONEDNN_NOTICE in err
+    out, err = run(f"import {package}; {show}")  # quiet by default: the notice is hidden too
+    assert out == "1" and ONEDNN_NOTICE not in err and "I0000" not in err
+    out, err = run(f"import {package}; {show}", TF_CPP_MIN_LOG_LEVEL="0", TF_ENABLE_ONEDNN_OPTS="0")
+    assert out == "0" and ONEDNN_NOTICE not in err  # the user's setting wins
+    out, err = run(f"import tensorflow, {package}; {show}", TF_CPP_MIN_LOG_LEVEL="0")
+    assert out == "None" and ONEDNN_NOTICE not in err  # too late once TensorFlow has loaded: untouched
 
 
 def test_make_type_checks_values_from_files():

@@ -1,6 +1,9 @@
 """Rematerialized transformer blocks: same gradients, recomputed activations, the trainer's --remat."""
 
 import json
+import os
+import subprocess
+import sys
 
 import keras
 from keras.src import testing
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 
 import sa_conv
 from sa_conv import footprint
+from tests.conftest import PROJECT_ROOT
 from sa_conv.transformer import TransformerBlock
 from trainers import train as train_lib
 from trainers.config import ConfigError, make_config
@@ -198,3 +202,34 @@ def test_freed_memory_is_returned_by_default_when_blocks_are_rematerialized(rema
     trainer.run()
     assert trainer.keeps_freed_memory() is expected
     assert bool(calls) is expected  # glibc's thresholds are raised only when memory is kept
+
+
+def test_return_freed_memory_routes_onednn_tensors_to_malloc_only_before_tensorflow_starts(monkeypatch):
+    from trainers import memory
+
+    variable = memory.ONEDNN_SYSTEM_ALLOCATOR
+    tf.constant(1.0) + 1.0  # this process's context exists: too late to change the allocator
+    environ = {}
+    assert memory.return_freed_memory(environ) is False and environ == {}
+    monkeypatch.setattr(memory, "_tensorflow_context_initialized", lambda: False)
+    assert memory.return_freed_memory(environ) is True and environ == {variable: "1"}
+    environ = {variable: "0"}
+    assert memory.return_freed_memory(environ) is False and environ == {variable: "0"}  # the user's choice
+
+
+@pytest.mark.parametrize("remat,keep,expected", [("auto", None, "1"), ("none", None, None), ("auto", True, None)])
+def test_the_trainer_picks_the_onednn_allocator_before_it_creates_the_strategy(remat, keep, expected, tmp_path):
+    """In a fresh process: TensorFlow reads the setting once, when the strategy creates its CPU
+    device. The paper preset at batch 100 rematerializes under auto; only then is freed memory
+    returned (unless --keep_freed_memory says otherwise)."""
+    code = (
+        "import os, sys; from trainers.config import make_config; from trainers.train import Trainer\n"
+        f"config = make_config(overrides=dict(model='sa_quadratic', dataset='synthetic', global_batch_size=100, "
+        f"strategy='one_device', model_dir={str(tmp_path)!r}, remat={remat!r}, keep_freed_memory={keep!r}))\n"
+        "trainer = Trainer(config, log=lambda s: None)\n"
+        "print(os.environ.get('TF_ONEDNN_USE_SYSTEM_ALLOCATOR'), trainer.keeps_freed_memory(remat=True))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env={**env, "PYTHONPATH": str(PROJECT_ROOT)},
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(expected), str(keep is True)]

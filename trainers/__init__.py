@@ -12,6 +12,9 @@ sets, unless already set and only if TensorFlow has not loaded yet:
   TensorFlow allocates large tensors from a pool that never hands memory back to the system;
   `trainers.memory.return_freed_memory` routes them to malloc where the trainer returns freed
   memory (rematerialized blocks). Set ``TF_ENABLE_ONEDNN_OPTS=0`` to keep TensorFlow's default.
+
+While its logs are hidden, TensorFlow is imported here with standard error closed: it prints its
+oneDNN notice before its logging settings apply.
 """
 
 import os
@@ -32,6 +35,28 @@ def configure_tensorflow_environment(argv=None, environ=os.environ, machine=None
         environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if (machine or platform.machine()).lower() in ("x86_64", "amd64"):
         environ.setdefault(ONEDNN, "1")
+    if environ is os.environ and environ.get("TF_CPP_MIN_LOG_LEVEL", "0") not in ("", "0"):
+        _import_tensorflow_quietly()
+
+
+def _import_tensorflow_quietly() -> None:
+    """Imports TensorFlow with the process's standard error closed: it logs its oneDNN notice
+    before absl's logging starts, where ``TF_CPP_MIN_LOG_LEVEL`` does not reach. A failed import
+    still raises, with its traceback printed after standard error is back."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no standard error to hide
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        pass  # the program's own import reports it
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 configure_tensorflow_environment()
