@@ -1,5 +1,6 @@
 """The post-LayerNorm transformer block of the paper's classifier (BERT's layer on a 2-D grid)."""
 
+import logging
 import math
 
 import keras
@@ -26,6 +27,21 @@ class _GivenSeed(keras.random.SeedGenerator):
         return self._seed
 
 
+class _SeedWatchFilter(logging.Filter):
+    """Drops TensorFlow's warning that a watched tensor is not floating point. ``tf.recompute_grad``
+    (``keras.remat`` on TensorFlow) watches every argument of the recomputed function; the dropout
+    seeds are integers by design (they have no gradient), and TensorFlow would print the warning
+    for each rematerialized block."""
+
+    MESSAGE = "The dtype of the watched tensor must be floating"
+
+    def filter(self, record):
+        return self.MESSAGE not in record.getMessage()
+
+
+_SEED_WATCH_FILTER = _SeedWatchFilter()
+
+
 @keras.saving.register_keras_serializable(package="sa_conv")
 class TransformerBlock(keras.layers.Layer):
     """Attention, dropout, residual, LayerNorm; GELU MLP, dropout, residual, LayerNorm.
@@ -40,10 +56,9 @@ class TransformerBlock(keras.layers.Layer):
     the booleans rather than float masks.
 
     ``remat=True`` rematerializes the block in training (`keras.remat`): the backward pass keeps
-    only the block's input (and its keep-masks, one byte per element) and recomputes its
-    activations from it, so a step holds one block's activations instead of all blocks'. The
-    recomputation applies the same masks, so the gradients are those without remat, to float32
-    rounding.
+    only the block's input and its dropout seeds and recomputes its activations from them, so a
+    step holds one block's activations instead of all blocks'. The recomputation draws the same
+    masks from the same seeds, so the gradients are those without remat, to float32 rounding.
     """
 
     def __init__(
@@ -99,45 +114,55 @@ class TransformerBlock(keras.layers.Layer):
         ):
             layer.build(shape)
 
-    def _keep_masks(self, inputs):
-        """Boolean keep-masks of the block's three dropouts for ``inputs`` (None where the rate is 0)."""
-        batch = ops.shape(inputs)[0]
-        height, width, channels = inputs.shape[1:]
-        n = height * width
+    def _mask_seeds(self, inputs):
+        """The seeds of the block's three dropouts for this call (None where the rate is 0), each
+        advancing its dropout layer's seed generator once."""
         # A data dependency on the input: the masks' shapes are static, so without it the
         # runtime draws every block's masks at the start of the step, all alive at once.
         first = ops.reshape(inputs, (-1,))[:1]
         after_input = ops.cast(ops.where(ops.isnan(first), 0.0, 0.0)[0], "int32")
 
-        def keep(layer, shape):
+        def seed(layer):
             if layer.rate <= 0:
                 return None
-            seed = layer.seed_generator.next()
-            seed = _GivenSeed(seed + ops.cast(after_input, seed.dtype))
-            return keras.random.uniform(shape, seed=seed) >= layer.rate
+            drawn = layer.seed_generator.next()
+            return drawn + ops.cast(after_input, drawn.dtype)
 
-        return (keep(self.attention.dropout, (batch, self.attention.num_heads, n, n)),
-                keep(self.attention_dropout, (batch, height, width, channels)),
-                keep(self.output_dropout, (batch, height, width, channels)))
+        return seed(self.attention.dropout), seed(self.attention_dropout), seed(self.output_dropout)
+
+    def _keep_masks(self, inputs, seeds):
+        """Boolean keep-masks drawn from ``seeds`` (`_mask_seeds`): ``(batch, heads, N, N)`` for the
+        attention, ``(batch, H, W, hidden)`` for the two others; None where the seed is."""
+        batch = ops.shape(inputs)[0]
+        height, width, channels = inputs.shape[1:]
+        n = height * width
+        shapes = ((batch, self.attention.num_heads, n, n), (batch, height, width, channels),
+                  (batch, height, width, channels))
+        layers = (self.attention.dropout, self.attention_dropout, self.output_dropout)
+        return tuple(None if seed is None else keras.random.uniform(shape, seed=_GivenSeed(seed)) >= layer.rate
+                     for seed, shape, layer in zip(seeds, shapes, layers))
 
     def call(self, inputs, training=None, return_attention_scores=False):
         if not training or return_attention_scores:
             return self._forward(inputs, training, return_attention_scores)
-        masks = self._keep_masks(inputs)
+        seeds = self._mask_seeds(inputs)
         if not self.remat:
-            return self._masked_forward(inputs, *masks)
+            return self._masked_forward(inputs, *self._keep_masks(inputs, seeds))
 
-        # The masks enter the rematerialized function as uint8 arguments: tf.recompute_grad makes
-        # its arguments wait for the incoming gradient, so the recomputation (the masked
-        # (batch, heads, N, N) weights above all) happens block by block in the backward pass; a
-        # mask captured by closure would let every block's weights be computed at once.
-        present = [m is not None for m in masks]
+        # The seeds, not the masks, enter the rematerialized function, which draws the masks from
+        # them again when it recomputes: no block's masks outlive its forward or recomputation
+        # (the attention's are (batch, heads, N, N)). tf.recompute_grad makes its arguments wait
+        # for the incoming gradient, so the recomputation happens block by block in the backward
+        # pass; seeds captured by closure would let every block's recomputation run at once.
+        present = [s is not None for s in seeds]
+        # TensorFlow logs through the "tensorflow" logger; on other backends this is inert.
+        logging.getLogger("tensorflow").addFilter(_SEED_WATCH_FILTER)
 
         def block(x, *given):
             given = iter(given)
-            return self._masked_forward(x, *(ops.cast(next(given), "bool") if p else None for p in present))
+            return self._masked_forward(x, *self._keep_masks(x, [next(given) if p else None for p in present]))
 
-        return keras.remat(block)(inputs, *(ops.cast(m, "uint8") for m in masks if m is not None))
+        return keras.remat(block)(inputs, *(s for s in seeds if s is not None))
 
     def _masked_forward(self, inputs, attention_keep, attention_output_keep, output_keep):
         attended = self.attention(inputs, training=True, dropout_keep=attention_keep)

@@ -233,3 +233,28 @@ def test_the_trainer_picks_the_onednn_allocator_before_it_creates_the_strategy(r
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [str(expected), str(keep is True)]
+
+
+@pytest.mark.parametrize("filtered", [True, False])
+def test_rematerialized_blocks_do_not_warn_about_their_integer_seeds(filtered):
+    """In a fresh process (TensorFlow warns at most five times per process): training a
+    rematerialized block with dropout prints nothing about the dropout seeds it passes as integers."""
+    code = (
+        "import logging, keras, tensorflow as tf\n"
+        "from sa_conv import transformer\n"
+        f"if not {filtered}: transformer._SeedWatchFilter.filter = lambda self, record: True\n"
+        "block = transformer.TransformerBlock(mlp_size=16, dropout=0.1, remat=True, "
+        "attention_config=dict(num_heads=4, encoding='quadratic', attention_dropout=0.1))\n"
+        "x = tf.random.normal((2, 4, 4, 8))\n"
+        "@tf.function\n"
+        "def grads():\n"
+        "    with tf.GradientTape() as tape:\n"
+        "        loss = tf.reduce_sum(block(x, training=True))\n"
+        "    return tape.gradient(loss, block.trainable_variables)\n"
+        "print(sum(int(tf.reduce_all(tf.math.is_finite(g))) for g in grads()), len(block.trainable_variables))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=180, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    finite, variables = proc.stdout.split()
+    assert finite == variables and int(variables) > 0  # the gradients went through the remat
+    assert ("The dtype of the watched tensor must be floating" in proc.stderr) is not filtered
