@@ -83,7 +83,7 @@ def sa_conv_side(args):
     from trainers.train import Trainer
 
     # Inference runs in a process of its own, as in an export or a server: remat (training only)
-    # would also route oneDNN's large tensors to malloc there (`trainers.memory.return_freed_memory`).
+    # would also set the training process's allocator there (`trainers.memory.use_one_malloc_arena`).
     inference = args._phase == "inference"
     config = make_config(overrides=dict(
         model=args.preset, dataset="synthetic", global_batch_size=args.batch, eval_batch_size=args.batch,
@@ -103,7 +103,7 @@ def sa_conv_side(args):
         result["inference_peak_rss_mb"] = _peak_rss_mb()
         return result
     result.update(remat=bool(trainer.model_config.remat), keep_freed_memory=trainer.keeps_freed_memory(),
-                  onednn_system_allocator=os.environ.get("TF_ONEDNN_USE_SYSTEM_ALLOCATOR", ""))
+                  one_malloc_arena=bool(trainer.one_malloc_arena))
     iterator = iter(trainer._train_dataset(0))
     if trainer.keeps_freed_memory():  # as the trainer does after its input pipeline starts
         memory.keep_freed_memory()
@@ -190,7 +190,7 @@ def _run_side(side, preset, args, workdir):
             # A side killed for memory (exit -9) is a result too: it does not fit on this machine.
             return {"failed": f"{phase} exit {proc.returncode}".strip(), "stderr_tail": proc.stderr[-1500:]}
         result.update(json.loads(line[len("RESULT "):]))
-    return {**result, "wall_seconds": time.perf_counter() - start}
+    return {**result, "wall_seconds": time.perf_counter() - start, "date": datetime.date.today().isoformat()}
 
 
 def _best(runs):
@@ -229,7 +229,9 @@ def main():
     parser.add_argument("--train_steps", type=int, default=2)
     parser.add_argument("--infer_steps", type=int, default=3)
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "vs_reference.json"))
-    parser.add_argument("--merge", action="store_true", help="Keep the cases already in --output.")
+    parser.add_argument("--merge", action="store_true",
+                        help="Keep the cases already in --output; with --sides, also a case's sides not run now "
+                             "(every side records its date: compare speeds within one date).")
     parser.add_argument("--_side", help=argparse.SUPPRESS)
     parser.add_argument("--preset", help=argparse.SUPPRESS)
     parser.add_argument("--remat", default="auto", help=argparse.SUPPRESS)
@@ -255,7 +257,7 @@ def main():
             result = reference_side(args)
         print("RESULT " + json.dumps(result), flush=True)
         return
-    if not args.reference_dir:
+    if not args.reference_dir and (not args.sides or "reference" in args.sides.split(",")):
         parser.error("--reference_dir (a local clone of epfml/attention-cnn) is required.")
     import tempfile
 
@@ -269,7 +271,12 @@ def main():
               "batch": args.batch, "rounds": args.rounds, "cases": {}}
     if args.merge and os.path.exists(args.output):
         with open(args.output) as f:
-            report["cases"] = json.load(f)["cases"]
+            stored = json.load(f)
+        report["cases"] = stored["cases"]
+        for case in report["cases"].values():  # sides measured before sides carried dates
+            for side, result in case.items():
+                if side != "ratios":
+                    result.setdefault("date", stored.get("date"))
     report["matmul_gflops_before"] = matmul_gflops()
     with tempfile.TemporaryDirectory() as workdir:
         for index, preset in enumerate(presets):
@@ -291,9 +298,14 @@ def main():
                     runs[side].append(_run_side(side, preset, args, workdir))
                     print(f"{preset} {side} round {round_ + 1}: {runs[side][-1]}", flush=True)
             case = {side: _best(r) for side, r in runs.items()}
-            case["ratios"] = {side: _ratios(case[side], case["reference"]) for side in sides
+            if args.merge and preset in report["cases"]:
+                # --merge with --sides: the sides not run now stay as stored (each has its date).
+                stored = report["cases"][preset]
+                case = {**{s: v for s, v in stored.items() if s != "ratios" and s not in case}, **case}
+            all_sides = [side for side in case]
+            case["ratios"] = {side: _ratios(case[side], case["reference"]) for side in all_sides
                               if side != "reference" and "reference" in case}
-            for side in sides:
+            for side in all_sides:
                 if side != "sa_conv" and side.startswith("sa_conv") and "sa_conv" in case \
                         and "failed" not in case[side] and "failed" not in case["sa_conv"]:
                     case["ratios"][f"{side}_over_sa_conv"] = _ratios(case[side], case["sa_conv"])

@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -204,35 +205,63 @@ def test_freed_memory_is_returned_by_default_when_blocks_are_rematerialized(rema
     assert bool(calls) is expected  # glibc's thresholds are raised only when memory is kept
 
 
-def test_return_freed_memory_routes_onednn_tensors_to_malloc_only_before_tensorflow_starts(monkeypatch):
+def test_one_malloc_arena_is_set_unless_the_environment_says(monkeypatch):
     from trainers import memory
 
-    variable = memory.ONEDNN_SYSTEM_ALLOCATOR
-    tf.constant(1.0) + 1.0  # this process's context exists: too late to change the allocator
-    environ = {}
-    assert memory.return_freed_memory(environ) is False and environ == {}
-    monkeypatch.setattr(memory, "_tensorflow_context_initialized", lambda: False)
-    assert memory.return_freed_memory(environ) is True and environ == {variable: "1"}
-    environ = {variable: "0"}
-    assert memory.return_freed_memory(environ) is False and environ == {variable: "0"}  # the user's choice
+    calls = []
+
+    class Libc:
+        def mallopt(self, parameter, value):
+            calls.append((parameter, value))
+            return 1
+
+    monkeypatch.setattr(memory, "_libc", lambda: Libc())
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert memory.use_one_malloc_arena() is True and calls == [(-8, 1)]  # glibc's M_ARENA_MAX
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert memory.use_one_malloc_arena() is False and len(calls) == 1  # the user's choice
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setattr(memory, "_libc", lambda: None)
+    assert memory.use_one_malloc_arena() is False  # no glibc
 
 
-@pytest.mark.parametrize("remat,keep,expected", [("auto", None, "1"), ("none", None, None), ("auto", True, None)])
-def test_the_trainer_picks_the_onednn_allocator_before_it_creates_the_strategy(remat, keep, expected, tmp_path):
-    """In a fresh process: TensorFlow reads the setting once, when the strategy creates its CPU
-    device. The paper preset at batch 100 rematerializes under auto; only then is freed memory
-    returned (unless --keep_freed_memory says otherwise)."""
-    code = (
-        "import os, sys; from trainers.config import make_config; from trainers.train import Trainer\n"
-        f"config = make_config(overrides=dict(model='sa_quadratic', dataset='synthetic', global_batch_size=100, "
-        f"strategy='one_device', model_dir={str(tmp_path)!r}, remat={remat!r}, keep_freed_memory={keep!r}))\n"
-        "trainer = Trainer(config, log=lambda s: None)\n"
-        "print(os.environ.get('TF_ONEDNN_USE_SYSTEM_ALLOCATOR'), trainer.keeps_freed_memory(remat=True))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env={**env, "PYTHONPATH": str(PROJECT_ROOT)},
-                          capture_output=True, text=True, timeout=180)
+ARENAS = """
+import ctypes, concurrent.futures, os, sys, tempfile
+import tensorflow as tf
+from trainers.config import make_config
+from trainers.train import Trainer
+config = make_config(overrides=dict(model='sa_quadratic', dataset='synthetic', global_batch_size=100,
+                                    strategy='one_device', model_dir=sys.argv[1], remat=sys.argv[2]))
+trainer = Trainer(config, log=lambda s: None)
+def work(i):  # TensorFlow's threads and these allocate at once
+    x = tf.random.normal((256, 256), seed=i)
+    return float(tf.reduce_sum(tf.matmul(x, x)))
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    list(pool.map(work, range(64)))
+libc = ctypes.CDLL("libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+path = os.path.join(sys.argv[1], "malloc_info.xml")
+stream = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(stream))
+libc.fclose(ctypes.c_void_p(stream))
+print(trainer.one_malloc_arena, open(path).read().count("<heap nr="))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_info")
+@pytest.mark.parametrize("remat", ["auto", "none"])
+def test_the_trainer_keeps_one_malloc_arena_when_it_rematerializes(remat, tmp_path):
+    """In a fresh process: the paper preset at batch 100 rematerializes under auto, and then every
+    thread allocates from glibc's main arena; without remat, threads get arenas of their own."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    proc = subprocess.run([sys.executable, "-c", ARENAS, str(tmp_path), remat], cwd=PROJECT_ROOT,
+                          env={**env, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == [str(expected), str(keep is True)]
+    limited, heaps = proc.stdout.split()
+    if remat == "auto":
+        assert (limited, heaps) == ("True", "1")
+    else:
+        assert limited == "False" and int(heaps) > 1
 
 
 @pytest.mark.parametrize("filtered", [True, False])

@@ -9,9 +9,10 @@ sets, unless already set and only if TensorFlow has not loaded yet:
   only on CPUs with AVX-512 VNNI, BF16 or AMX units; elsewhere it leaves them off, and ResNet18's
   training and the paper presets' inference at batch 100 are far slower without them (measured
   with and without in ``benchmarks/results/vs_reference.json``, ``onednn``). With oneDNN,
-  TensorFlow allocates large tensors from a pool that never hands memory back to the system;
-  `trainers.memory.return_freed_memory` routes them to malloc where the trainer returns freed
-  memory (rematerialized blocks). Set ``TF_ENABLE_ONEDNN_OPTS=0`` to keep TensorFlow's default.
+  TensorFlow allocates large tensors from a pool of its own, which keeps what it grew to; the
+  allocator settings of rematerialized training are measured in
+  ``benchmarks/results/remat_allocator.json``. Set ``TF_ENABLE_ONEDNN_OPTS=0`` to keep
+  TensorFlow's default.
 
 While its logs are hidden, TensorFlow is imported here with standard error closed: it prints its
 oneDNN notice before its logging settings apply.

@@ -117,15 +117,17 @@ class TrainConfig:
         "Keep memory freed by a training step in the process (glibc mallopt) instead of returning it "
         "to the OS and faulting it in again at the next step: faster steps on CPU for a higher peak "
         "RSS (freed blocks stay and fragment). Unset: on, except when transformer blocks are "
-        "rematerialized (--remat), where memory is what the run is short of and steps are long enough "
-        "for faulting pages in again to cost little (benchmarks/results/malloc.json). No effect without glibc.",
+        "rematerialized (--remat), where memory is what the run is short of and the large tensors come "
+        "from TensorFlow's oneDNN pool anyway (benchmarks/results/malloc.json, remat_allocator.json). "
+        "No effect without glibc.",
     )
     remat: str = _field(
         "auto",
         "Rematerialize transformer blocks in training (sa_conv.TransformerBlock remat: the backward pass "
         "recomputes each block's activations from its input; same gradients, one more forward pass per "
         "block). auto: when the estimated activation memory of a step (sa_conv.footprint) exceeds "
-        "--memory_budget_gb.",
+        "--memory_budget_gb. With remat the trainer also keeps glibc's malloc to one arena, unless "
+        "MALLOC_ARENA_MAX is set (trainers.memory.use_one_malloc_arena; benchmarks/results/remat_allocator.json).",
         REMAT,
     )
     memory_budget_gb: float = _field(

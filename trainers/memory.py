@@ -18,6 +18,7 @@ import functools
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 # Blocks below this come from the heap (reused) rather than from mmap (returned at every free).
 MMAP_THRESHOLD = 2**30
 TRIM_THRESHOLD = 2**30
@@ -44,33 +45,24 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and ok)
 
 
-ONEDNN_SYSTEM_ALLOCATOR = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"
+def use_one_malloc_arena() -> bool:
+    """Makes glibc serve every thread from its main arena (``M_ARENA_MAX=1``: what the
+    ``MALLOC_ARENA_MAX=1`` environment variable does, set from inside the process).
 
+    glibc gives threads arenas of their own (up to eight per core), and each keeps the memory its
+    threads freed for them alone. TensorFlow's threads take turns running a step's operations,
+    so every arena grows to about the step's own peak of malloc'd memory: with oneDNN on (see
+    `trainers`) the large tensors come from TensorFlow's pool, but what malloc serves is still
+    held several times over. Rematerialized training is the case where memory is what the run is
+    short of; measured with and without in ``benchmarks/results/remat_allocator.json``.
 
-def _tensorflow_context_initialized() -> bool:
-    import sys
-
-    if "tensorflow" not in sys.modules:
-        return False
-    from tensorflow.python.eager import context
-
-    return bool(getattr(context.context(), "_initialized", True))
-
-
-def return_freed_memory(environ=None) -> bool:
-    """Makes TensorFlow's oneDNN allocator hand large freed tensors back to malloc (and so, with
-    `keep_freed_memory` not called, to the system).
-
-    With oneDNN on (see `trainers`), TensorFlow takes large tensors from a BFC pool that grows by
-    doubling and never shrinks: fast, but rematerialized training then peaks well above what it
-    needs (``benchmarks/results/vs_reference.json``). TensorFlow reads the setting once, when its
-    CPU device is created, so call this before the first operation or strategy. Returns whether
-    it was set now: False if the environment already says (a user's choice wins) or TensorFlow's
-    context already exists."""
+    Call it before TensorFlow starts its threads (the trainer: before it creates the strategy):
+    a thread that already has an arena keeps it. Returns whether it was set: not where the
+    environment sets ``MALLOC_ARENA_MAX`` (a user's choice wins), nor where there is no glibc
+    ``mallopt`` (macOS, musl)."""
     import os
 
-    environ = os.environ if environ is None else environ
-    if ONEDNN_SYSTEM_ALLOCATOR in environ or _tensorflow_context_initialized():
+    libc = _libc()
+    if libc is None or "MALLOC_ARENA_MAX" in os.environ:
         return False
-    environ[ONEDNN_SYSTEM_ALLOCATOR] = "1"
-    return True
+    return libc.mallopt(_M_ARENA_MAX, 1) == 1

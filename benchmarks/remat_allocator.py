@@ -1,0 +1,127 @@
+"""What rematerialized training costs, and how the allocators change it: the trainer's step on a
+paper preset at batch 100, one process per variant, alternating (A B C D, then D C B A):
+
+    .venv/bin/python benchmarks/remat_allocator.py --output=benchmarks/results/remat_allocator.json
+
+Variants (the environment is the only difference; each is the trainer with its programs'
+environment, `trainers`: TensorFlow's oneDNN kernels on):
+
+* ``remat``: ``--remat=auto`` (on for the paper presets at batch 100) with the trainer's
+  defaults: one malloc arena (`trainers.memory.use_one_malloc_arena`), oneDNN's pool for the
+  large tensors, freed memory returned (``--keep_freed_memory`` off under remat);
+* ``remat_glibc_arenas``: the same with glibc's default arena count (``MALLOC_ARENA_MAX`` of 8
+  per core, which the trainer leaves alone when set);
+* ``remat_onednn_to_malloc``: the same with oneDNN's large tensors from malloc
+  (``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1``), so every freed tensor goes back to the system;
+* ``no_remat``: ``--remat=none`` with its defaults (freed memory kept).
+
+Each reports the fastest of ``--steps`` timed steps after a warm-up step, images/s, peak RSS, and
+the process's minor page faults and system CPU seconds (memory handed back and faulted in
+again shows there). Ratios are against ``no_remat``. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+VARIANTS = {
+    "remat": ("auto", {}),
+    "remat_glibc_arenas": ("auto", {"MALLOC_ARENA_MAX": str(8 * (os.cpu_count() or 1))}),
+    "remat_onednn_to_malloc": ("auto", {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"}),
+    "no_remat": ("none", {}),
+}
+
+_CHILD = """
+import json, resource, sys, time
+import trainers  # the programs' environment, before TensorFlow loads
+import tensorflow as tf
+from trainers import memory
+from trainers.config import make_config
+from trainers.train import Trainer
+preset, remat, steps, model_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+config = make_config(overrides=dict(model=preset, dataset="synthetic", global_batch_size=100, eval_batch_size=100,
+                                    validation_size=100, epochs=1, strategy="one_device", model_dir=model_dir,
+                                    remat=remat))
+trainer = Trainer(config, log=lambda s: None)
+trainer.prepare()
+iterator = iter(trainer._train_dataset(0))
+if trainer.keeps_freed_memory():  # as the trainer does after its input pipeline starts
+    memory.keep_freed_memory()
+one = tf.constant(1)
+times = []
+for _ in range(steps + 1):
+    start = time.perf_counter()
+    trainer.train_steps(iterator, one).numpy()
+    times.append(time.perf_counter() - start)
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"remat": bool(trainer.model_config.remat), "one_malloc_arena": bool(trainer.one_malloc_arena),
+                  "keep_freed_memory": trainer.keeps_freed_memory(), "step_seconds": times[1:],
+                  "images_per_second": 100 / min(times[1:]), "peak_rss_mb": usage.ru_maxrss / 1024,
+                  "minor_page_faults": usage.ru_minflt, "system_seconds": usage.ru_stime,
+                  "user_seconds": usage.ru_utime}))
+"""
+
+
+def run_variant(preset: str, variant: str, steps: int) -> dict:
+    remat, extra = VARIANTS[variant]
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR")}
+    with tempfile.TemporaryDirectory() as model_dir:
+        proc = subprocess.run([sys.executable, "-c", _CHILD, preset, remat, str(steps), model_dir], cwd=ROOT,
+                              capture_output=True, text=True,
+                              env={**env, **extra, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if proc.returncode:
+        return {"failed": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-1500:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default="sa_quadratic")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--steps", type=int, default=2, help="Timed steps per run, after one warm-up step.")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "remat_allocator.json"))
+    args = parser.parse_args()
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}.")
+    table = {}
+    for preset in args.presets.split(","):
+        runs = {v: [] for v in variants}
+        for round_ in range(args.rounds):
+            for variant in (variants if round_ % 2 == 0 else variants[::-1]):
+                runs[variant].append(run_variant(preset, variant, args.steps))
+                print(preset, variant, runs[variant][-1], flush=True)
+        ok = {v: [r for r in rs if "failed" not in r] for v, rs in runs.items()}
+        best = {v: {"images_per_second": max(r["images_per_second"] for r in rs),
+                    "peak_rss_mb": max(r["peak_rss_mb"] for r in rs)} for v, rs in ok.items() if rs}
+        ratios = {}
+        if "no_remat" in best:
+            base = best["no_remat"]
+            ratios = {v: {"speed_over_no_remat": b["images_per_second"] / base["images_per_second"],
+                          "peak_rss_over_no_remat": b["peak_rss_mb"] / base["peak_rss_mb"]}
+                      for v, b in best.items() if v != "no_remat"}
+        table[preset] = {"runs": runs, "best": best, "ratios": ratios}
+    sys.path.insert(0, ROOT)
+    from benchmarks.throughput import matmul_gflops
+    from sa_conv import files
+
+    result = {"date": datetime.date.today().isoformat(), "machine": platform.platform(), "cores": os.cpu_count(),
+              "batch": 100, "steps_per_run": args.steps, "rounds": args.rounds,
+              "matmul_gflops": matmul_gflops(), "presets": table}
+    files.write_json(args.output, result)
+    print(json.dumps({p: t["ratios"] for p, t in table.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
