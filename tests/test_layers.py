@@ -208,6 +208,24 @@ def test_output_equals_the_papers_formula(encoding):
     np.testing.assert_allclose(_np(out).reshape(2, 24, 5), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("encoding", ["quadratic", "learned_plus_content"])
+def test_given_dropout_mask_follows_the_papers_formula_head_by_head(encoding):
+    """The path `TransformerBlock` trains with (a given keep-mask, the value map applied one head
+    at a time) equals the formula with the masked, rescaled probabilities."""
+    rate = 0.3
+    layer = MultiHeadSelfAttention2D(3, output_dim=5, encoding=encoding, max_grid_size=6, attention_dropout=rate,
+                                     seed=2)
+    x = RNG.normal(size=(2, 4, 6, 4)).astype(np.float32)
+    _, probs = layer(x, return_attention_scores=True)
+    keep = RNG.random((2, 3, 24, 24)) >= rate
+    out = layer(x, training=True, dropout_keep=ops.convert_to_tensor(keep))
+    kernel, bias = (_np(w) for w in layer.value_dense.weights)
+    dropped = np.where(keep, _np(probs) / (1 - rate), 0.0)
+    expected = np.einsum("bhqk,bkd,hde->bqe", dropped, x.reshape(2, 24, 4), kernel.reshape(3, 4, 5)) + bias
+    np.testing.assert_allclose(_np(out).reshape(2, 24, 5), expected, rtol=1e-4, atol=1e-5)
+    assert np.abs(_np(out) - _np(layer(x))).max() > 1e-3  # the mask did drop weights
+
+
 def test_position_only_attention_is_translation_equivariant_on_interior_pixels():
     layer = MultiHeadSelfAttention2D(4, encoding="quadratic", seed=4)
     layer.build((None, 16, 16, 3))
