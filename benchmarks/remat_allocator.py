@@ -3,16 +3,17 @@ paper preset at batch 100, one process per variant, alternating (A B C D, then D
 
     .venv/bin/python benchmarks/remat_allocator.py --output=benchmarks/results/remat_allocator.json
 
-Variants (the environment is the only difference; each is the trainer with its programs'
-environment, `trainers`: TensorFlow's oneDNN kernels on):
+Variants (each is the trainer with its programs' environment, `trainers`: TensorFlow's oneDNN
+kernels on, whose pool serves the large tensors):
 
 * ``remat``: ``--remat=auto`` (on for the paper presets at batch 100) with the trainer's
-  defaults: one malloc arena (`trainers.memory.use_one_malloc_arena`), oneDNN's pool for the
-  large tensors, freed memory returned (``--keep_freed_memory`` off under remat);
-* ``remat_glibc_arenas``: the same with glibc's default arena count (``MALLOC_ARENA_MAX`` of 8
-  per core, which the trainer leaves alone when set);
+  defaults (``--keep_freed_memory`` off under remat: freed malloc memory goes back);
+* ``remat_one_malloc_arena``: the same with ``MALLOC_ARENA_MAX=1`` (glibc's default gives
+  threads arenas of their own, up to 8 per core);
 * ``remat_onednn_to_malloc``: the same with oneDNN's large tensors from malloc
   (``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1``), so every freed tensor goes back to the system;
+* ``remat_no_xla``: ``remat`` with ``--nojit_compile`` (for ``learned_content`` presets, which
+  the trainer compiles with XLA by default);
 * ``no_remat``: ``--remat=none`` with its defaults (freed memory kept).
 
 Each reports the fastest of ``--steps`` timed steps after a warm-up step, images/s, peak RSS, and
@@ -33,12 +34,15 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# name: (--remat, --jit_compile (None: the trainer's default), environment)
 VARIANTS = {
-    "remat": ("auto", {}),
-    "remat_glibc_arenas": ("auto", {"MALLOC_ARENA_MAX": str(8 * (os.cpu_count() or 1))}),
-    "remat_onednn_to_malloc": ("auto", {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"}),
-    "no_remat": ("none", {}),
+    "remat": ("auto", None, {}),
+    "remat_one_malloc_arena": ("auto", None, {"MALLOC_ARENA_MAX": "1"}),
+    "remat_onednn_to_malloc": ("auto", None, {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"}),
+    "remat_no_xla": ("auto", False, {}),
+    "no_remat": ("none", None, {}),
 }
+DEFAULT_VARIANTS = "remat,remat_one_malloc_arena,remat_onednn_to_malloc,no_remat"
 
 _CHILD = """
 import json, resource, sys, time
@@ -47,10 +51,10 @@ import tensorflow as tf
 from trainers import memory
 from trainers.config import make_config
 from trainers.train import Trainer
-preset, remat, steps, model_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+preset, remat, steps, model_dir, jit = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
 config = make_config(overrides=dict(model=preset, dataset="synthetic", global_batch_size=100, eval_batch_size=100,
                                     validation_size=100, epochs=1, strategy="one_device", model_dir=model_dir,
-                                    remat=remat))
+                                    remat=remat, jit_compile=jit))
 trainer = Trainer(config, log=lambda s: None)
 trainer.prepare()
 iterator = iter(trainer._train_dataset(0))
@@ -63,7 +67,7 @@ for _ in range(steps + 1):
     trainer.train_steps(iterator, one).numpy()
     times.append(time.perf_counter() - start)
 usage = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"remat": bool(trainer.model_config.remat), "one_malloc_arena": bool(trainer.one_malloc_arena),
+print(json.dumps({"remat": bool(trainer.model_config.remat), "xla": trainer._use_xla(),
                   "keep_freed_memory": trainer.keeps_freed_memory(), "step_seconds": times[1:],
                   "images_per_second": 100 / min(times[1:]), "peak_rss_mb": usage.ru_maxrss / 1024,
                   "minor_page_faults": usage.ru_minflt, "system_seconds": usage.ru_stime,
@@ -72,10 +76,10 @@ print(json.dumps({"remat": bool(trainer.model_config.remat), "one_malloc_arena":
 
 
 def run_variant(preset: str, variant: str, steps: int) -> dict:
-    remat, extra = VARIANTS[variant]
+    remat, jit, extra = VARIANTS[variant]
     env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR")}
     with tempfile.TemporaryDirectory() as model_dir:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, preset, remat, str(steps), model_dir], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-c", _CHILD, preset, remat, str(steps), model_dir, json.dumps(jit)], cwd=ROOT,
                               capture_output=True, text=True,
                               env={**env, **extra, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"})
     if proc.returncode:
@@ -86,10 +90,11 @@ def run_variant(preset: str, variant: str, steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="sa_quadratic")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"Of {', '.join(VARIANTS)}.")
     parser.add_argument("--steps", type=int, default=2, help="Timed steps per run, after one warm-up step.")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "remat_allocator.json"))
+    parser.add_argument("--merge", action="store_true", help="Keep the presets already in --output.")
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -116,9 +121,14 @@ def main() -> None:
     from benchmarks.throughput import matmul_gflops
     from sa_conv import files
 
-    result = {"date": datetime.date.today().isoformat(), "machine": platform.platform(), "cores": os.cpu_count(),
-              "batch": 100, "steps_per_run": args.steps, "rounds": args.rounds,
-              "matmul_gflops": matmul_gflops(), "presets": table}
+    date = datetime.date.today().isoformat()
+    for entry in table.values():
+        entry.update(date=date, steps_per_run=args.steps, rounds=args.rounds, matmul_gflops=matmul_gflops())
+    if args.merge and os.path.exists(args.output):
+        with open(args.output) as f:
+            for preset, entry in json.load(f)["presets"].items():
+                table.setdefault(preset, entry)
+    result = {"date": date, "machine": platform.platform(), "cores": os.cpu_count(), "batch": 100, "presets": table}
     files.write_json(args.output, result)
     print(json.dumps({p: t["ratios"] for p, t in table.items()}, indent=1))
 

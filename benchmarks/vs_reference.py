@@ -82,8 +82,7 @@ def sa_conv_side(args):
     from trainers.config import make_config
     from trainers.train import Trainer
 
-    # Inference runs in a process of its own, as in an export or a server: remat (training only)
-    # would also set the training process's allocator there (`trainers.memory.use_one_malloc_arena`).
+    # Inference runs in a process of its own, as in an export or a server.
     inference = args._phase == "inference"
     config = make_config(overrides=dict(
         model=args.preset, dataset="synthetic", global_batch_size=args.batch, eval_batch_size=args.batch,
@@ -102,8 +101,7 @@ def sa_conv_side(args):
             result[f"inference_images_per_second_batch{b}"] = b / _fastest(lambda: infer(x).numpy(), args.infer_steps)
         result["inference_peak_rss_mb"] = _peak_rss_mb()
         return result
-    result.update(remat=bool(trainer.model_config.remat), keep_freed_memory=trainer.keeps_freed_memory(),
-                  one_malloc_arena=bool(trainer.one_malloc_arena))
+    result.update(remat=bool(trainer.model_config.remat), keep_freed_memory=trainer.keeps_freed_memory())
     iterator = iter(trainer._train_dataset(0))
     if trainer.keeps_freed_memory():  # as the trainer does after its input pipeline starts
         memory.keep_freed_memory()

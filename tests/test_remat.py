@@ -2,7 +2,6 @@
 
 import json
 import os
-import platform
 import subprocess
 import sys
 
@@ -203,65 +202,6 @@ def test_freed_memory_is_returned_by_default_when_blocks_are_rematerialized(rema
     trainer.run()
     assert trainer.keeps_freed_memory() is expected
     assert bool(calls) is expected  # glibc's thresholds are raised only when memory is kept
-
-
-def test_one_malloc_arena_is_set_unless_the_environment_says(monkeypatch):
-    from trainers import memory
-
-    calls = []
-
-    class Libc:
-        def mallopt(self, parameter, value):
-            calls.append((parameter, value))
-            return 1
-
-    monkeypatch.setattr(memory, "_libc", lambda: Libc())
-    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    assert memory.use_one_malloc_arena() is True and calls == [(-8, 1)]  # glibc's M_ARENA_MAX
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
-    assert memory.use_one_malloc_arena() is False and len(calls) == 1  # the user's choice
-    monkeypatch.delenv("MALLOC_ARENA_MAX")
-    monkeypatch.setattr(memory, "_libc", lambda: None)
-    assert memory.use_one_malloc_arena() is False  # no glibc
-
-
-ARENAS = """
-import ctypes, concurrent.futures, os, sys, tempfile
-import tensorflow as tf
-from trainers.config import make_config
-from trainers.train import Trainer
-config = make_config(overrides=dict(model='sa_quadratic', dataset='synthetic', global_batch_size=100,
-                                    strategy='one_device', model_dir=sys.argv[1], remat=sys.argv[2]))
-trainer = Trainer(config, log=lambda s: None)
-def work(i):  # TensorFlow's threads and these allocate at once
-    x = tf.random.normal((256, 256), seed=i)
-    return float(tf.reduce_sum(tf.matmul(x, x)))
-with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    list(pool.map(work, range(64)))
-libc = ctypes.CDLL("libc.so.6")
-libc.fopen.restype = ctypes.c_void_p
-path = os.path.join(sys.argv[1], "malloc_info.xml")
-stream = libc.fopen(path.encode(), b"w")
-libc.malloc_info(0, ctypes.c_void_p(stream))
-libc.fclose(ctypes.c_void_p(stream))
-print(trainer.one_malloc_arena, open(path).read().count("<heap nr="))
-"""
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_info")
-@pytest.mark.parametrize("remat", ["auto", "none"])
-def test_the_trainer_keeps_one_malloc_arena_when_it_rematerializes(remat, tmp_path):
-    """In a fresh process: the paper preset at batch 100 rematerializes under auto, and then every
-    thread allocates from glibc's main arena; without remat, threads get arenas of their own."""
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
-    proc = subprocess.run([sys.executable, "-c", ARENAS, str(tmp_path), remat], cwd=PROJECT_ROOT,
-                          env={**env, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    limited, heaps = proc.stdout.split()
-    if remat == "auto":
-        assert (limited, heaps) == ("True", "1")
-    else:
-        assert limited == "False" and int(heaps) > 1
 
 
 @pytest.mark.parametrize("filtered", [True, False])

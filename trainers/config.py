@@ -126,8 +126,7 @@ class TrainConfig:
         "Rematerialize transformer blocks in training (sa_conv.TransformerBlock remat: the backward pass "
         "recomputes each block's activations from its input; same gradients, one more forward pass per "
         "block). auto: when the estimated activation memory of a step (sa_conv.footprint) exceeds "
-        "--memory_budget_gb. With remat the trainer also keeps glibc's malloc to one arena, unless "
-        "MALLOC_ARENA_MAX is set (trainers.memory.use_one_malloc_arena; benchmarks/results/remat_allocator.json).",
+        "--memory_budget_gb. Measured: benchmarks/results/remat_allocator.json.",
         REMAT,
     )
     memory_budget_gb: float = _field(

@@ -18,7 +18,6 @@ import functools
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
 # Blocks below this come from the heap (reused) rather than from mmap (returned at every free).
 MMAP_THRESHOLD = 2**30
 TRIM_THRESHOLD = 2**30
@@ -43,26 +42,3 @@ def keep_freed_memory() -> bool:
         return False
     ok = libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and ok)
-
-
-def use_one_malloc_arena() -> bool:
-    """Makes glibc serve every thread from its main arena (``M_ARENA_MAX=1``: what the
-    ``MALLOC_ARENA_MAX=1`` environment variable does, set from inside the process).
-
-    glibc gives threads arenas of their own (up to eight per core), and each keeps the memory its
-    threads freed for them alone. TensorFlow's threads take turns running a step's operations,
-    so every arena grows to about the step's own peak of malloc'd memory: with oneDNN on (see
-    `trainers`) the large tensors come from TensorFlow's pool, but what malloc serves is still
-    held several times over. Rematerialized training is the case where memory is what the run is
-    short of; measured with and without in ``benchmarks/results/remat_allocator.json``.
-
-    Call it before TensorFlow starts its threads (the trainer: before it creates the strategy):
-    a thread that already has an arena keeps it. Returns whether it was set: not where the
-    environment sets ``MALLOC_ARENA_MAX`` (a user's choice wins), nor where there is no glibc
-    ``mallopt`` (macOS, musl)."""
-    import os
-
-    libc = _libc()
-    if libc is None or "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    return libc.mallopt(_M_ARENA_MAX, 1) == 1

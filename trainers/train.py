@@ -137,11 +137,6 @@ class Trainer:
             self.model_config = sa_conv.get_config(config.model, **config.model_overrides())
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        # One malloc arena where blocks are rematerialized, set before the strategy below starts
-        # TensorFlow's threads: decided from the remat a whole batch on one replica implies (the
-        # data and the replica count, which `prepare` resolves it with, are not known yet).
-        self.one_malloc_arena = (remat_blocks(config, self.model_config, config.global_batch_size, log=None)
-                                 and memory.use_one_malloc_arena())
         # The strategy next: MultiWorkerMirroredStrategy must configure collective ops before
         # anything else initializes TensorFlow's context.
         self.strategy = strategy or distribute.create_strategy(config.strategy)
