@@ -6,7 +6,33 @@ from keras import ops
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS, bias_for, clone_initializer, dense_initializers
 
-__all__ = ["MultiHeadSelfAttention2D", "apply_keep_mask", "clone_initializer", "separable_pays"]
+__all__ = ["MultiHeadSelfAttention2D", "apply_keep_mask", "clone_initializer", "draw_keep_mask", "separable_pays"]
+
+
+class GivenSeed(keras.random.SeedGenerator):
+    """A seed tensor handed to `keras.random` functions (which accept only seed generators and
+    ints). Deliberately skips ``SeedGenerator.__init__``: it owns no state variable."""
+
+    def __init__(self, seed):  # pylint: disable=super-init-not-called
+        self._seed = seed
+
+    def next(self, ordered=True):
+        return self._seed
+
+
+def draw_keep_mask(shape, seed, rate):
+    """Boolean keep-mask of dropout at ``rate`` drawn from a seed tensor (a seed generator's
+    ``next()``): the same seed gives the same mask, so a backward pass can draw it again
+    instead of keeping it."""
+    return keras.random.uniform(shape, seed=GivenSeed(seed)) >= rate
+
+
+def after(seed, tensor):
+    """``seed`` unchanged, with a data dependency on ``tensor``. The runtime runs an op as soon
+    as its inputs are ready; a mask drawn from a seed alone would be drawn at the start of the
+    step, every block's at once. Tied to ``tensor``, it is drawn when ``tensor`` exists."""
+    first = ops.reshape(tensor, (-1,))[:1]
+    return seed + ops.cast(ops.where(ops.isnan(first), 0.0, 0.0)[0], seed.dtype)
 
 
 def apply_keep_mask(x, keep, rate):
@@ -259,12 +285,19 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             outputs = outputs + ops.cast(self.value_dense.bias, self.compute_dtype)
         return outputs
 
-    def call(self, inputs, training=None, return_attention_scores=False, dropout_keep=None):
+    def call(self, inputs, training=None, return_attention_scores=False, dropout_keep=None, dropout_seed=None):
         """``dropout_keep``: optional boolean keep-mask of the attention dropout, ``(batch, heads, N,
         N)``, used in place of the layer's own draw (`TransformerBlock` draws its masks once per
-        step, so a rematerialized block applies the same ones when it recomputes)."""
+        step, so a rematerialized block applies the same ones when it recomputes).
+        ``dropout_seed``: optional seed tensor of that mask (`draw_keep_mask`) instead; the
+        gradient then draws the mask again and recomputes what it needs head by head
+        (`_seeded_dropout_attention`), so the backward pass keeps no ``(batch, N, N)`` tensor."""
         height, width = self._check_grid(inputs)
         n = height * width
+        if dropout_keep is not None and dropout_seed is not None:
+            raise ValueError("Pass dropout_keep or dropout_seed, not both.")
+        if dropout_seed is not None and training:
+            return self._seeded_dropout_attention(inputs, dropout_seed)
         if dropout_keep is not None and training:
             return self._masked_attention(inputs, dropout_keep)
         if self.uses_fast_path(training, (height, width)):
@@ -313,6 +346,64 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         if self.value_dense.use_bias:
             outputs = outputs + ops.cast(self.value_dense.bias, self.compute_dtype)
         return ops.reshape(outputs, (-1, height, width, self.value_dense.units))
+
+    def _seeded_dropout_attention(self, inputs, seed):
+        """`_masked_attention` with the keep-mask drawn from ``seed``, and a gradient that keeps
+        only ``X``, the probabilities, ``W^(h)`` and the seed: it draws the mask again and, head
+        by head, recomputes ``Z_h = Dropout(P_h) X`` for the value map's gradient. Per head the
+        backward pass is then five products of the forward's sizes instead of four (one
+        aggregation recomputed), against recomputing the whole forward under `keras.remat`;
+        nothing of size ``(batch, N, N)`` or ``(batch, N, heads * D)`` outlives its head.
+
+        Gradients, per head, with ``G`` the upstream gradient ``(batch, N, out)``, ``M_h`` the
+        dropped weights and ``s = 1 / (1 - rate)``::
+
+            dW^(h) = Z_h^T G,  dZ_h = G W^(h)T,  dX += M_h^T dZ_h,
+            dP_h = s * keep_h * (dZ_h X^T)   (summed over the batch when P is shared)
+        """
+        height, width = self._check_grid(inputs)
+        heads, d, n = self.num_heads, self.input_dim, height * width
+        units, rate, dtype = self.value_dense.units, self.attention_dropout, self.compute_dtype
+        shared = self.position_only
+        x = ops.reshape(inputs, (-1, n, d))
+        probs = self.attention_probabilities(inputs)
+        kernel = ops.cast(self.value_dense.kernel, dtype)  # (heads * D, out), rows [head, channel]
+
+        def weights(probs, keep, h):
+            p = probs[h] if shared else probs[:, h]
+            return ops.cast(apply_keep_mask(p, keep[:, h], rate), dtype)
+
+        @ops.custom_gradient
+        def attend(x, probs, kernel, seed):
+            mask_shape = (ops.shape(x)[0], heads, n, n)
+            keep = draw_keep_mask(mask_shape, seed, rate)
+            outputs = None
+            for h in range(heads):
+                term = ops.matmul(ops.matmul(weights(probs, keep, h), x), kernel[h * d:(h + 1) * d])
+                outputs = term if outputs is None else outputs + term
+
+            def grad(*args, upstream=None):
+                g = args[0] if upstream is None else upstream
+                keep = draw_keep_mask(mask_shape, after(seed, g), rate)  # after G: block by block
+                g_flat = ops.reshape(g, (-1, units))
+                dx, dprobs, dkernel = None, [], []
+                for h in range(heads):
+                    m = weights(probs, keep, h)
+                    z = ops.matmul(m, x)
+                    dkernel.append(ops.matmul(ops.transpose(ops.reshape(z, (-1, d))), g_flat))
+                    dz = ops.matmul(g, ops.transpose(kernel[h * d:(h + 1) * d]))
+                    term = ops.einsum("bqk,bqd->bkd", m, dz)
+                    dx = term if dx is None else dx + term
+                    dp = apply_keep_mask(ops.einsum("bqd,bkd->bqk", dz, x), keep[:, h], rate)
+                    dprobs.append(ops.cast(ops.sum(dp, axis=0) if shared else dp, probs.dtype))
+                return dx, ops.stack(dprobs, axis=0 if shared else 1), ops.concatenate(dkernel, axis=0), None
+
+            return outputs, grad
+
+        outputs = attend(x, probs, kernel, seed)
+        if self.value_dense.use_bias:
+            outputs = outputs + ops.cast(self.value_dense.bias, dtype)
+        return ops.reshape(outputs, (-1, height, width, units))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)

@@ -6,7 +6,7 @@ import math
 import keras
 from keras import ops
 
-from sa_conv.attention import MultiHeadSelfAttention2D, apply_keep_mask
+from sa_conv.attention import MultiHeadSelfAttention2D, after, apply_keep_mask, draw_keep_mask
 from sa_conv.initializers import bias_for, clone_initializer, dense_initializers
 
 
@@ -14,17 +14,6 @@ def exact_gelu(x):
     """The exact GELU of the reference, ``x Phi(x) = x (1 + erf(x / sqrt(2))) / 2``, written with
     ``erf`` (TensorFlow's own GELU uses ``erfc``, which ONNX has no operator for)."""
     return 0.5 * x * (1.0 + ops.erf(x * ops.cast(1.0 / math.sqrt(2.0), x.dtype)))
-
-
-class _GivenSeed(keras.random.SeedGenerator):
-    """A seed tensor handed to `keras.random` functions (which accept only seed generators and
-    ints). Deliberately skips ``SeedGenerator.__init__``: it owns no state variable."""
-
-    def __init__(self, seed):  # pylint: disable=super-init-not-called
-        self._seed = seed
-
-    def next(self, ordered=True):
-        return self._seed
 
 
 class _SeedWatchFilter(logging.Filter):
@@ -59,6 +48,10 @@ class TransformerBlock(keras.layers.Layer):
     only the block's input and its dropout seeds and recomputes its activations from them, so a
     step holds one block's activations instead of all blocks'. The recomputation draws the same
     masks from the same seeds, so the gradients are those without remat, to float32 rounding.
+    With a position-only encoding and attention dropout, the attention is not recomputed: its
+    gradient draws its mask again and recomputes one product per head
+    (`MultiHeadSelfAttention2D` ``dropout_seed``), and only the rest of the block is
+    rematerialized (from the block's input and the attention's output).
     """
 
     def __init__(
@@ -117,16 +110,11 @@ class TransformerBlock(keras.layers.Layer):
     def _mask_seeds(self, inputs):
         """The seeds of the block's three dropouts for this call (None where the rate is 0), each
         advancing its dropout layer's seed generator once."""
-        # A data dependency on the input: the masks' shapes are static, so without it the
-        # runtime draws every block's masks at the start of the step, all alive at once.
-        first = ops.reshape(inputs, (-1,))[:1]
-        after_input = ops.cast(ops.where(ops.isnan(first), 0.0, 0.0)[0], "int32")
 
         def seed(layer):
-            if layer.rate <= 0:
-                return None
-            drawn = layer.seed_generator.next()
-            return drawn + ops.cast(after_input, drawn.dtype)
+            # Tied to the input (`after`): the masks' shapes are static, so without it the
+            # runtime draws every block's masks at the start of the step, all alive at once.
+            return None if layer.rate <= 0 else after(layer.seed_generator.next(), inputs)
 
         return seed(self.attention.dropout), seed(self.attention_dropout), seed(self.output_dropout)
 
@@ -139,7 +127,7 @@ class TransformerBlock(keras.layers.Layer):
         shapes = ((batch, self.attention.num_heads, n, n), (batch, height, width, channels),
                   (batch, height, width, channels))
         layers = (self.attention.dropout, self.attention_dropout, self.output_dropout)
-        return tuple(None if seed is None else keras.random.uniform(shape, seed=_GivenSeed(seed)) >= layer.rate
+        return tuple(None if seed is None else draw_keep_mask(shape, seed, layer.rate)
                      for seed, shape, layer in zip(seeds, shapes, layers))
 
     def call(self, inputs, training=None, return_attention_scores=False):
@@ -147,25 +135,46 @@ class TransformerBlock(keras.layers.Layer):
             return self._forward(inputs, training, return_attention_scores)
         seeds = self._mask_seeds(inputs)
         if not self.remat:
-            return self._masked_forward(inputs, *self._keep_masks(inputs, seeds))
+            keeps = self._keep_masks(inputs, seeds)
+            return self._tail(inputs, self._attend(inputs, keep=keeps[0]), *keeps[1:])
 
         # The seeds, not the masks, enter the rematerialized function, which draws the masks from
         # them again when it recomputes: no block's masks outlive its forward or recomputation
         # (the attention's are (batch, heads, N, N)). tf.recompute_grad makes its arguments wait
         # for the incoming gradient, so the recomputation happens block by block in the backward
         # pass; seeds captured by closure would let every block's recomputation run at once.
-        present = [s is not None for s in seeds]
         # TensorFlow logs through the "tensorflow" logger; on other backends this is inert.
         logging.getLogger("tensorflow").addFilter(_SEED_WATCH_FILTER)
+        if self.attention.position_only and seeds[0] is not None:
+            # The attention's own gradient already keeps no (batch, N, N) tensor and recomputes
+            # one product per head (`dropout_seed`), cheaper than recomputing its whole forward:
+            # only the rest of the block is rematerialized, from its input and the attention's
+            # output.
+            attended = self._attend(inputs, seed=seeds[0])
+            present = [s is not None for s in seeds[1:]]
+
+            def tail(x, a, *given):
+                given = iter(given)
+                keeps = self._keep_masks(x, [None] + [next(given) if p else None for p in present])
+                return self._tail(x, a, *keeps[1:])
+
+            return keras.remat(tail)(inputs, attended, *(s for s in seeds[1:] if s is not None))
+
+        present = [s is not None for s in seeds]
 
         def block(x, *given):
             given = iter(given)
-            return self._masked_forward(x, *self._keep_masks(x, [next(given) if p else None for p in present]))
+            keeps = self._keep_masks(x, [next(given) if p else None for p in present])
+            return self._tail(x, self._attend(x, keep=keeps[0]), *keeps[1:])
 
         return keras.remat(block)(inputs, *(s for s in seeds if s is not None))
 
-    def _masked_forward(self, inputs, attention_keep, attention_output_keep, output_keep):
-        attended = self.attention(inputs, training=True, dropout_keep=attention_keep)
+    def _attend(self, inputs, keep=None, seed=None):
+        """The attention in training, its dropout from a keep-mask or a seed (or none)."""
+        return self.attention(inputs, training=True, dropout_keep=keep, dropout_seed=seed)
+
+    def _tail(self, inputs, attended, attention_output_keep, output_keep):
+        """The block after the attention: output map, dropouts, residuals, LayerNorms and MLP."""
         x = apply_keep_mask(self.attention_output(attended), attention_output_keep, self.dropout_rate)
         x = self.attention_norm(inputs + x)
         y = apply_keep_mask(self.output_dense(exact_gelu(self.intermediate(x))), output_keep, self.dropout_rate)

@@ -87,25 +87,31 @@ def test_remat_gives_the_same_gradients(overrides):
         previous = float(loss_a)
 
 
-def test_remat_recomputes_the_block_in_the_backward_pass():
-    """The backward pass runs each rematerialized block's forward again, and only then."""
-    plain, remat = _models(dropout=0.1, attention_dropout=0.1)
+@pytest.mark.parametrize("encoding,attention_recomputed", [("quadratic", False), ("learned_plus_content", True)])
+def test_remat_recomputes_the_block_in_the_backward_pass(encoding, attention_recomputed):
+    """The backward pass runs each rematerialized block's tail (all after the attention) again,
+    and only then; the attention too for content encodings. Position-only attention with dropout
+    is not recomputed: its own gradient recomputes one product per head instead."""
+    plain, remat = _models(dropout=0.1, attention_dropout=0.1, encoding=encoding)
     images = tf.constant(np.zeros((2, 32, 32, 3)), tf.float32)
-    for model, expected in ((plain, 1), (remat, 2)):
+    for model, tails, attends in ((plain, 1, 1), (remat, 2, 1 + attention_recomputed)):
         block = model.get_layer("block_0")
-        calls = []
-        forward = block._masked_forward
-        block._masked_forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+        calls = {"_tail": 0, "_attend": 0}
+        for name in calls:
+            def counted(*a, _name=name, _method=getattr(block, name), **k):
+                calls[_name] += 1
+                return _method(*a, **k)
+            setattr(block, name, counted)
         try:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(model(images, training=True))
             tape.gradient(loss, model.trainable_variables)
-            assert len(calls) == expected, model.name
-            calls.clear()
+            assert calls == {"_tail": tails, "_attend": attends}, model.name
+            calls.update(_tail=0, _attend=0)
             model(images, training=False)  # inference takes the plain path
-            assert len(calls) == 0
+            assert calls == {"_tail": 0, "_attend": 0}
         finally:
-            del block._masked_forward
+            del block._tail, block._attend
 
 
 def test_remat_is_saved_and_reloaded(tmp_path):
