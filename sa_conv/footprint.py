@@ -15,7 +15,9 @@ saves some in 16 bits, which the estimate ignores, erring high):
   LayerNorms' inputs and outputs (about 10), and ``N x M`` ones for the MLP (its input and GELU's
   intermediates, about 4).
 
-With ``remat``, one block's activations are alive at a time, plus every block's input. The
+With ``remat``, one block's activations are alive at a time, plus every block's input (and its
+attention's output, for position-only encodings with attention dropout: their attention is not
+recomputed, only the rest of the block, see `TransformerBlock`). The
 figure is an estimate for deciding, not a measurement: measured peaks are in
 ``benchmarks/results/vs_reference.json``.
 """
@@ -55,7 +57,9 @@ def training_activation_bytes(config: ModelConfig, batch_size: int, remat: bool 
     remat = config.remat if remat is None else remat
     g = config.grid_size
     block = block_activation_floats(config)
-    block_input = g * g * config.hidden_size
+    encoding = get_encoding(config.encoding)
+    kept_per_block = 2 if encoding.position_only and config.attention_dropout > 0 else 1
+    block_input = kept_per_block * g * g * config.hidden_size
     layers = config.num_layers
     per_example = (block + layers * block_input) if remat else layers * block
     return int(per_example * batch_size * _FLOAT_BYTES)

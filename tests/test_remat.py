@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import sa_conv
 from sa_conv import footprint
 from tests.conftest import PROJECT_ROOT
+from sa_conv.attention import MultiHeadSelfAttention2D, draw_keep_mask
 from sa_conv.transformer import TransformerBlock
 from trainers import train as train_lib
 from trainers.config import ConfigError, make_config
@@ -35,6 +36,34 @@ class TestTransformerBlockRemat(testing.TestCase):
             supports_masking=False,
             run_training_check=False,  # keras.remat needs a traced training call (tested below)
         )
+
+
+@pytest.mark.parametrize("encoding", ["quadratic", "learned", "learned_plus_content"])
+def test_seeded_dropout_has_the_gradients_of_the_given_mask(encoding):
+    """``dropout_seed`` (the gradient draws the mask again and recomputes per head) gives the
+    output and the gradients, for the input and every weight, of the same mask given as
+    ``dropout_keep`` (plain autodiff)."""
+    rate = 0.3
+    layer = MultiHeadSelfAttention2D(3, output_dim=5, encoding=encoding, max_grid_size=6, attention_dropout=rate,
+                                     seed=2)
+    x = tf.constant(np.random.default_rng(5).normal(size=(2, 4, 6, 4)).astype(np.float32))
+    layer(x)
+    seed = tf.constant([7, 11], "int32")
+    upstream = tf.constant(np.random.default_rng(5).normal(size=(2, 4, 6, 5)).astype(np.float32))
+    results = []
+    for kwargs in ({"dropout_seed": seed}, {"dropout_keep": draw_keep_mask((2, 3, 24, 24), seed, rate)}):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = layer(x, training=True, **kwargs)
+            loss = tf.reduce_sum(out * upstream)
+        results.append((out, tape.gradient(loss, [x] + layer.trainable_weights)))
+    (out_a, grads_a), (out_b, grads_b) = results
+    np.testing.assert_allclose(np.asarray(out_a), np.asarray(out_b), rtol=1e-5, atol=1e-6)
+    assert np.abs(np.asarray(out_a) - np.asarray(layer(x))).max() > 1e-3  # the mask did drop weights
+    for name, a, b in zip(["input"] + [w.path for w in layer.trainable_weights], grads_a, grads_b):
+        assert a is not None and b is not None, name
+        scale = max(np.abs(np.asarray(b)).max(), 1e-6)
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5, err_msg=name)
 
 
 def _models(**overrides):
@@ -136,7 +165,8 @@ def test_activation_estimate_scales_and_remat_keeps_one_block(batch, layers, dro
     block = footprint.block_activation_floats(config) * 4 * batch
     assert full == layers * block
     kept = footprint.training_activation_bytes(config, batch, remat=True)
-    assert kept == block + layers * batch * 4 * 16 * 16 * 400  # one block + every block's input
+    # One block + every block's input (and, with attention dropout, its attention's output).
+    assert kept == block + (2 if dropout else 1) * layers * batch * 4 * 16 * 16 * 400
     if layers > 1:
         assert kept < full
 
