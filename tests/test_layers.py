@@ -236,7 +236,7 @@ def test_seeded_dropout_applies_the_mask_its_seed_draws(encoding):
     layer = MultiHeadSelfAttention2D(3, output_dim=5, encoding=encoding, max_grid_size=6, attention_dropout=rate,
                                      seed=2)
     x = RNG.normal(size=(2, 4, 6, 4)).astype(np.float32)
-    seed = ops.convert_to_tensor(np.array([7, 11], np.int32))
+    seed = keras.random.SeedGenerator(7).next()  # a seed tensor of the backend's dtype
     seeded = _np(layer(x, training=True, dropout_seed=seed))
     given = _np(layer(x, training=True, dropout_keep=draw_keep_mask((2, 3, 24, 24), seed, rate)))
     np.testing.assert_allclose(seeded, given, rtol=1e-5, atol=1e-6)
