@@ -333,19 +333,27 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         its gradient: rematerialized training holds a fraction of the memory. Position-only
         probabilities ``(heads, N, N)`` broadcast against the mask without a per-example copy."""
         height, width = self._check_grid(inputs)
-        heads, d = self.num_heads, self.input_dim
-        x = ops.reshape(inputs, (-1, height * width, d))
-        probs = self.attention_probabilities(inputs)
+        x = ops.reshape(inputs, (-1, height * width, self.input_dim))
         kernel = ops.cast(self.value_dense.kernel, self.compute_dtype)  # (heads * D, out), rows [head, channel]
-        outputs = None
-        for h in range(heads):
-            p = probs[h] if len(probs.shape) == 3 else probs[:, h]
-            weights = ops.cast(apply_keep_mask(p, keep[:, h], self.attention_dropout), self.compute_dtype)
-            term = ops.matmul(ops.matmul(weights, x), kernel[h * d:(h + 1) * d])  # (batch, N, out)
-            outputs = term if outputs is None else outputs + term
+        outputs = self._sum_over_heads(x, self.attention_probabilities(inputs), kernel, keep)
         if self.value_dense.use_bias:
             outputs = outputs + ops.cast(self.value_dense.bias, self.compute_dtype)
         return ops.reshape(outputs, (-1, height, width, self.value_dense.units))
+
+    def _dropped_weights(self, probs, keep, h):
+        """Head ``h``'s dropped, rescaled probabilities, ``(batch, N, N)`` in the compute dtype;
+        ``probs`` is ``(heads, N, N)`` (shared by the batch) or ``(batch, heads, N, N)``."""
+        p = probs[h] if len(probs.shape) == 3 else probs[:, h]
+        return ops.cast(apply_keep_mask(p, keep[:, h], self.attention_dropout), self.compute_dtype)
+
+    def _sum_over_heads(self, x, probs, kernel, keep):
+        """``sum_h (Dropout(P_h) X) W^(h)``, ``(batch, N, out)``, one head at a time."""
+        d = self.input_dim
+        outputs = None
+        for h in range(self.num_heads):
+            term = ops.matmul(ops.matmul(self._dropped_weights(probs, keep, h), x), kernel[h * d:(h + 1) * d])
+            outputs = term if outputs is None else outputs + term
+        return outputs
 
     def _seeded_dropout_attention(self, inputs, seed):
         """`_masked_attention` with the keep-mask drawn from ``seed``, and a gradient that keeps
@@ -364,23 +372,15 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         height, width = self._check_grid(inputs)
         heads, d, n = self.num_heads, self.input_dim, height * width
         units, rate, dtype = self.value_dense.units, self.attention_dropout, self.compute_dtype
-        shared = self.position_only
         x = ops.reshape(inputs, (-1, n, d))
         probs = self.attention_probabilities(inputs)
+        shared = len(probs.shape) == 3
         kernel = ops.cast(self.value_dense.kernel, dtype)  # (heads * D, out), rows [head, channel]
-
-        def weights(probs, keep, h):
-            p = probs[h] if shared else probs[:, h]
-            return ops.cast(apply_keep_mask(p, keep[:, h], rate), dtype)
 
         @ops.custom_gradient
         def attend(x, probs, kernel, seed):
             mask_shape = (ops.shape(x)[0], heads, n, n)
-            keep = draw_keep_mask(mask_shape, seed, rate)
-            outputs = None
-            for h in range(heads):
-                term = ops.matmul(ops.matmul(weights(probs, keep, h), x), kernel[h * d:(h + 1) * d])
-                outputs = term if outputs is None else outputs + term
+            outputs = self._sum_over_heads(x, probs, kernel, draw_keep_mask(mask_shape, seed, rate))
 
             def grad(*args, upstream=None):
                 g = args[0] if upstream is None else upstream
@@ -388,7 +388,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
                 g_flat = ops.reshape(g, (-1, units))
                 dx, dprobs, dkernel = None, [], []
                 for h in range(heads):
-                    m = weights(probs, keep, h)
+                    m = self._dropped_weights(probs, keep, h)
                     z = ops.matmul(m, x)
                     dkernel.append(ops.matmul(ops.transpose(ops.reshape(z, (-1, d))), g_flat))
                     dz = ops.matmul(g, ops.transpose(kernel[h * d:(h + 1) * d]))

@@ -31,6 +31,13 @@ class _SeedWatchFilter(logging.Filter):
 _SEED_WATCH_FILTER = _SeedWatchFilter()
 
 
+def _refill(seeds, given):
+    """``seeds`` with its non-None entries replaced, in order, by ``given`` (the same seeds as
+    the rematerialized function's arguments)."""
+    given = iter(given)
+    return [None if s is None else next(given) for s in seeds]
+
+
 @keras.saving.register_keras_serializable(package="sa_conv")
 class TransformerBlock(keras.layers.Layer):
     """Attention, dropout, residual, LayerNorm; GELU MLP, dropout, residual, LayerNorm.
@@ -151,20 +158,15 @@ class TransformerBlock(keras.layers.Layer):
             # only the rest of the block is rematerialized, from its input and the attention's
             # output.
             attended = self._attend(inputs, seed=seeds[0])
-            present = [s is not None for s in seeds[1:]]
+            tail_seeds = (None,) + seeds[1:]
 
             def tail(x, a, *given):
-                given = iter(given)
-                keeps = self._keep_masks(x, [None] + [next(given) if p else None for p in present])
-                return self._tail(x, a, *keeps[1:])
+                return self._tail(x, a, *self._keep_masks(x, _refill(tail_seeds, given))[1:])
 
-            return keras.remat(tail)(inputs, attended, *(s for s in seeds[1:] if s is not None))
-
-        present = [s is not None for s in seeds]
+            return keras.remat(tail)(inputs, attended, *(s for s in tail_seeds if s is not None))
 
         def block(x, *given):
-            given = iter(given)
-            keeps = self._keep_masks(x, [next(given) if p else None for p in present])
+            keeps = self._keep_masks(x, _refill(seeds, given))
             return self._tail(x, self._attend(x, keep=keeps[0]), *keeps[1:])
 
         return keras.remat(block)(inputs, *(s for s in seeds if s is not None))
