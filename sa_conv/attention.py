@@ -291,15 +291,13 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         step, so a rematerialized block applies the same ones when it recomputes).
         ``dropout_seed``: optional seed tensor of that mask (`draw_keep_mask`) instead; the
         gradient then draws the mask again and recomputes what it needs head by head
-        (`_seeded_dropout_attention`), so the backward pass keeps no ``(batch, N, N)`` tensor."""
+        (`_seeded_sum_over_heads`), so the backward pass keeps no ``(batch, N, N)`` tensor."""
         height, width = self._check_grid(inputs)
         n = height * width
         if dropout_keep is not None and dropout_seed is not None:
             raise ValueError("Pass dropout_keep or dropout_seed, not both.")
-        if dropout_seed is not None and training:
-            return self._seeded_dropout_attention(inputs, dropout_seed)
-        if dropout_keep is not None and training:
-            return self._masked_attention(inputs, dropout_keep)
+        if (dropout_keep is not None or dropout_seed is not None) and training:
+            return self._masked_attention(inputs, keep=dropout_keep, seed=dropout_seed)
         if self.uses_fast_path(training, (height, width)):
             outputs = self._separable_attention(inputs)
             if not return_attention_scores:
@@ -325,9 +323,9 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             probs = ops.broadcast_to(probs[None], (ops.shape(x)[0],) + tuple(probs.shape))
         return outputs, probs
 
-    def _masked_attention(self, inputs, keep):
-        """The dense path with attention dropout from a given keep-mask (`apply_keep_mask`), one
-        head at a time: ``sum_h (Dropout(P_h) X) W^(h) + b`` (the value map split by head, as in
+    def _masked_attention(self, inputs, keep=None, seed=None):
+        """The dense path with attention dropout from a given keep-mask (`apply_keep_mask`) or from
+        the seed of one (`_seeded_sum_over_heads`), one head at a time: ``sum_h (Dropout(P_h) X) W^(h) + b`` (the value map split by head, as in
         `_separable_attention`). Same FLOPs as the all-heads path, but no ``(batch, N, heads * D)``
         concatenation and only ``(batch, N, N)`` pieces of the weights, in the forward pass and in
         its gradient: rematerialized training holds a fraction of the memory. Position-only
@@ -335,7 +333,11 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         height, width = self._check_grid(inputs)
         x = ops.reshape(inputs, (-1, height * width, self.input_dim))
         kernel = ops.cast(self.value_dense.kernel, self.compute_dtype)  # (heads * D, out), rows [head, channel]
-        outputs = self._sum_over_heads(x, self.attention_probabilities(inputs), kernel, keep)
+        probs = self.attention_probabilities(inputs)
+        if seed is None:
+            outputs = self._sum_over_heads(x, probs, kernel, keep)
+        else:
+            outputs = self._seeded_sum_over_heads(x, probs, kernel, seed)
         if self.value_dense.use_bias:
             outputs = outputs + ops.cast(self.value_dense.bias, self.compute_dtype)
         return ops.reshape(outputs, (-1, height, width, self.value_dense.units))
@@ -355,8 +357,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             outputs = term if outputs is None else outputs + term
         return outputs
 
-    def _seeded_dropout_attention(self, inputs, seed):
-        """`_masked_attention` with the keep-mask drawn from ``seed``, and a gradient that keeps
+    def _seeded_sum_over_heads(self, x, probs, kernel, seed):
+        """`_sum_over_heads` with the keep-mask drawn from ``seed``, and a gradient that keeps
         only ``X``, the probabilities, ``W^(h)`` and the seed: it draws the mask again and, head
         by head, recomputes ``Z_h = Dropout(P_h) X`` for the value map's gradient. Per head the
         backward pass is then five products of the forward's sizes instead of four (one
@@ -369,13 +371,9 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             dW^(h) = Z_h^T G,  dZ_h = G W^(h)T,  dX += M_h^T dZ_h,
             dP_h = s * keep_h * (dZ_h X^T)   (summed over the batch when P is shared)
         """
-        height, width = self._check_grid(inputs)
-        heads, d, n = self.num_heads, self.input_dim, height * width
-        units, rate, dtype = self.value_dense.units, self.attention_dropout, self.compute_dtype
-        x = ops.reshape(inputs, (-1, n, d))
-        probs = self.attention_probabilities(inputs)
+        heads, d, n = self.num_heads, self.input_dim, x.shape[1]
+        units, rate = self.value_dense.units, self.attention_dropout
         shared = len(probs.shape) == 3
-        kernel = ops.cast(self.value_dense.kernel, dtype)  # (heads * D, out), rows [head, channel]
 
         @ops.custom_gradient
         def attend(x, probs, kernel, seed):
@@ -400,10 +398,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
 
             return outputs, grad
 
-        outputs = attend(x, probs, kernel, seed)
-        if self.value_dense.use_bias:
-            outputs = outputs + ops.cast(self.value_dense.bias, dtype)
-        return ops.reshape(outputs, (-1, height, width, units))
+        return attend(x, probs, kernel, seed)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
