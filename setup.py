@@ -39,11 +39,11 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "sa-conv-train=trainers.train:run",
-            "sa-conv-tune=trainers.tune:run",
-            "sa-conv-export=export.export:run",
-            "sa-conv-visualize=trainers.visualize:run",
-            "sa-conv-import-reference=export.import_reference:run",
+            "sa-conv-train=trainers.launch:train",
+            "sa-conv-tune=trainers.launch:tune",
+            "sa-conv-export=trainers.launch:export",
+            "sa-conv-visualize=trainers.launch:visualize",
+            "sa-conv-import-reference=trainers.launch:import_reference",
         ],
     },
 )

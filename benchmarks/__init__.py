@@ -1,5 +1,3 @@
-"""Benchmarks of the `sa_conv` library and its programs. Importing `trainers` first sets the
-environment TensorFlow reads when it loads (see `trainers`), so that the programs are measured as
-they run."""
-
-import trainers  # noqa: F401
+"""Benchmarks of the `sa_conv` library and its programs. Importing it changes nothing outside it:
+each benchmark configures its process in its entry point (`trainers.process`), as the programs it
+measures do, and records that configuration in its JSON."""

@@ -22,6 +22,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _CHILD = """
+from trainers import process
+process.configure()  # as the trainer's entry point does
 import json, resource, sys
 from trainers.config import make_config
 from trainers.train import train
@@ -31,7 +33,8 @@ config = make_config(overrides=dict(model=preset, dataset="synthetic", epochs=1,
                                     validation_size=100, eval_batch_size=100))
 results = train(config, log=lambda s: None)
 print(json.dumps({"images_per_second": results["images_per_second"], "remat": results["model_config"]["remat"],
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "process": process.describe(config.mixed_precision)}))
 """
 
 
@@ -39,7 +42,7 @@ def run_case(preset: str, keep: bool, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as model_dir:
         out = subprocess.run([sys.executable, "-c", _CHILD, preset, "1" if keep else "0", str(steps), model_dir],
                              cwd=ROOT, capture_output=True, text=True, check=True,
-                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -51,13 +54,15 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true", help="Keep the presets already in --output.")
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "malloc.json"))
     args = parser.parse_args()
-    table = {}
+    table, processes = {}, {}
     for preset in args.presets.split(","):
         runs = {"keep": [], "return": []}
         for _ in range(args.repeats):
             for keep in (True, False):
-                runs["keep" if keep else "return"].append(run_case(preset, keep, args.steps))
-                print(preset, keep, runs["keep" if keep else "return"][-1], flush=True)
+                run = run_case(preset, keep, args.steps)
+                processes["keep" if keep else "return"] = run.pop("process")
+                runs["keep" if keep else "return"].append(run)
+                print(preset, keep, run, flush=True)
         best = {k: max(r["images_per_second"] for r in v) for k, v in runs.items()}
         rss = {k: max(r["peak_rss_mb"] for r in v) for k, v in runs.items()}
         table[preset] = {"runs": runs, "speedup_keep_over_return": best["keep"] / best["return"],
@@ -71,7 +76,7 @@ def main() -> None:
             entry.setdefault("steps_per_run", earlier.get("steps_per_run"))
             table.setdefault(preset, entry)
     result = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
-              "cores": os.cpu_count(), "batch": 100, "presets": table}
+              "cores": os.cpu_count(), "batch": 100, "process": processes, "presets": table}
     sys.path.insert(0, ROOT)
     from sa_conv import files
 

@@ -45,10 +45,10 @@ VARIANTS = {
 DEFAULT_VARIANTS = "remat,remat_one_malloc_arena,remat_onednn_to_malloc,no_remat"
 
 _CHILD = """
+from trainers import process
+process.configure()  # as the trainer's entry point does, before TensorFlow loads
 import json, resource, sys, time
-import trainers  # the programs' environment, before TensorFlow loads
 import tensorflow as tf
-from trainers import memory
 from trainers.config import make_config
 from trainers.train import Trainer
 preset, remat, steps, model_dir, jit = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
@@ -57,9 +57,8 @@ config = make_config(overrides=dict(model=preset, dataset="synthetic", global_ba
                                     remat=remat, jit_compile=jit))
 trainer = Trainer(config, log=lambda s: None)
 trainer.prepare()
+process.keep_freed_memory(trainer.keeps_freed_memory())  # as trainers.train.train does
 iterator = iter(trainer._train_dataset(0))
-if trainer.keeps_freed_memory():  # as the trainer does after its input pipeline starts
-    memory.keep_freed_memory()
 one = tf.constant(1)
 times = []
 for _ in range(steps + 1):
@@ -71,7 +70,7 @@ print(json.dumps({"remat": bool(trainer.model_config.remat), "xla": trainer._use
                   "keep_freed_memory": trainer.keeps_freed_memory(), "step_seconds": times[1:],
                   "images_per_second": 100 / min(times[1:]), "peak_rss_mb": usage.ru_maxrss / 1024,
                   "minor_page_faults": usage.ru_minflt, "system_seconds": usage.ru_stime,
-                  "user_seconds": usage.ru_utime}))
+                  "user_seconds": usage.ru_utime, "process": process.describe(config.mixed_precision)}))
 """
 
 

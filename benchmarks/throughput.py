@@ -140,18 +140,18 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
 
     import sa_conv
     from benchmarks import flops
-    from trainers import memory
-    from trainers.config import default_jit_compile
+    from trainers import process
+    from trainers.config import default_jit_compile, default_keep_freed_memory
 
-    memory.keep_freed_memory()  # as the trainer does by default (--keep_freed_memory)
     preset, overrides, batch, jit = CASES[case]
+    config = sa_conv.get_config("sa_quadratic" if preset == "keras_mha" else preset,
+                                **({} if preset == "keras_mha" else overrides))
+    process.keep_freed_memory(default_keep_freed_memory(config))  # the trainer's default for the model
     if preset == "keras_mha":
-        config = sa_conv.get_config("sa_quadratic")
         model = build_keras_mha_classifier(config)
         fwd = keras_mha_flops(config)
         train_fwd = fwd
     else:
-        config = sa_conv.get_config(preset, **overrides)
         model = sa_conv.build_model(config)
         if jit is None:
             jit = default_jit_compile(config)
@@ -215,6 +215,9 @@ def main():
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "throughput.json"))
     parser.add_argument("--_single", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from trainers import process
+
+    process.configure()  # before TensorFlow loads, as in the programs measured
     if args._single:
         result = measure_export(args.infer_steps) if args._single == "export" else measure(
             args._single, args.train_steps, args.infer_steps)
@@ -234,7 +237,7 @@ def main():
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, f"--_single={name}", f"--train_steps={args.train_steps}",
                                f"--infer_steps={args.infer_steps}"], capture_output=True, text=True,
-                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                              env={**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "2"})
         line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
             print(f"{name}: failed\n{proc.stderr[-2000:]}", flush=True)
@@ -259,12 +262,10 @@ def main():
         "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "fp32_matmul_gflops_per_second": peak},
         "flops_convention": "multiply-add = 2 FLOPs; attention logits and aggregation included; training = 3 x forward",
+        "process": process.describe(),
         "results": results,
         "ratios": ratios,
     }
-    import tensorflow as tf
-
-    report["machine"]["tensorflow"] = tf.__version__
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     from sa_conv import files
 

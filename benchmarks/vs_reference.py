@@ -78,7 +78,7 @@ def sa_conv_side(args):
     import tensorflow as tf
 
     import sa_conv
-    from trainers import memory
+    from trainers import process
     from trainers.config import make_config
     from trainers.train import Trainer
 
@@ -88,12 +88,15 @@ def sa_conv_side(args):
         model=args.preset, dataset="synthetic", global_batch_size=args.batch, eval_batch_size=args.batch,
         validation_size=100, epochs=1, strategy="one_device", model_dir=os.path.join(args.workdir, "run"),
         remat="none" if inference else args.remat, mixed_precision=args.mixed_precision))
+    process.seed(config.seed)
     trainer = Trainer(config, log=lambda s: None)
     trainer.prepare()
+    if not inference:  # as `trainers.train.train` sets it for the run
+        process.keep_freed_memory(trainer.keeps_freed_memory())
     model = trainer.model
     rng = np.random.default_rng(0)
     result = {"parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
-              "xla": trainer._use_xla(), "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "")}
+              "xla": trainer._use_xla(), "process": process.describe(args.mixed_precision)}
     if inference:
         infer = tf.function(lambda x: model(x, training=False), jit_compile=trainer._use_xla())
         for b in (1, args.batch):
@@ -103,8 +106,6 @@ def sa_conv_side(args):
         return result
     result.update(remat=bool(trainer.model_config.remat), keep_freed_memory=trainer.keeps_freed_memory())
     iterator = iter(trainer._train_dataset(0))
-    if trainer.keeps_freed_memory():  # as the trainer does after its input pipeline starts
-        memory.keep_freed_memory()
     one = tf.constant(1)
     result["train_images_per_second"] = args.batch / _fastest(
         lambda: trainer.train_steps(iterator, one).numpy(), args.train_steps)
@@ -172,7 +173,9 @@ def _run_side(side, preset, args, workdir):
         from sa_conv import get_config
 
         cmd += [f"--reference_dir={args.reference_dir}", f"--preset_config={json.dumps(get_config(preset).to_dict())}"]
-    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    from trainers import process
+
+    env = {**process.child_environment(), "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
     if side == "sa_conv_no_onednn":
         env["TF_ENABLE_ONEDNN_OPTS"] = "0"
     start = time.perf_counter()
@@ -245,6 +248,9 @@ def main():
                              "needs about 18 GB for sa_learned_content). Default: all.")
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from trainers import process
+
+    process.configure()  # before TensorFlow loads, as in the programs measured
     if args._side:
         if args._side.startswith("sa_conv"):
             args.remat = "none" if args._side == "sa_conv_no_remat" else "auto"
@@ -266,7 +272,7 @@ def main():
 
     presets = [p for c in args.cases.split(",") if c for p in GROUPS.get(c, [c])]
     report = {"date": datetime.date.today().isoformat(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-              "batch": args.batch, "rounds": args.rounds, "cases": {}}
+              "batch": args.batch, "rounds": args.rounds, "process": process.describe(), "cases": {}}
     if args.merge and os.path.exists(args.output):
         with open(args.output) as f:
             stored = json.load(f)

@@ -195,15 +195,19 @@ def run_sa_conv(encoding, seed, args, workdir, init_from=None):
     cmd = [sys.executable, "-m", "trainers.train", *flags,
            *([f"--init_from={init_from}"] if init_from else [])]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    from trainers import process
+
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=process.child_environment())
     if proc.returncode:
         raise RuntimeError(f"sa-conv {encoding} seed {seed} failed:\n{proc.stderr[-3000:]}")
     with open(os.path.join(model_dir, "results.json")) as f:
         results = json.load(f)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        configured = json.load(f)["process"]  # what the run's process ran with (trainers.process)
     with open(os.path.join(model_dir, "history.json")) as f:
         curve = [{"learning_rate": e["learning_rate"], "train_loss": e["train_loss"]} for e in json.load(f)]
     return {"test_accuracy": results["test_accuracy"], "steps": results["steps"],
-            "wall_seconds": time.perf_counter() - start, "epochs": curve}
+            "wall_seconds": time.perf_counter() - start, "epochs": curve, "process": configured}
 
 
 def run_reference(encoding, seed, args, data_path, lockstep=None):
@@ -245,6 +249,10 @@ def main():
                              "on sa-conv's batches in its order (augmented) at its learning rates, without dropout: "
                              "what is left is floating-point rounding. Written under 'lockstep' in --output.")
     args = parser.parse_args()
+    if not args._reference:  # the reference's side is a PyTorch process
+        from trainers import process
+
+        process.configure()  # before TensorFlow loads (--lockstep reads the trainer's batches here)
     if args._reference:
         reference_main(args)
         return

@@ -1,4 +1,3 @@
-"""Export programs over the `sa_conv` library. Importing `trainers` first sets the environment
-TensorFlow reads when it loads (see `trainers`)."""
-
-import trainers  # noqa: F401
+"""Export programs over the `sa_conv` library (SavedModel, TFLite, ONNX; the reference importer).
+Importing it changes nothing outside it: the programs configure their process in their entry
+point (`trainers.process`)."""

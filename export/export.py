@@ -31,6 +31,10 @@ existing version is replaced only with ``--overwrite``.
 
 from __future__ import annotations
 
+from trainers import process
+
+process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
+
 import dataclasses
 import json
 import os

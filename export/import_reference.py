@@ -14,6 +14,10 @@ replaced only with ``--overwrite``.
 
 from __future__ import annotations
 
+from trainers import process
+
+process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
+
 import dataclasses
 import hashlib
 import os

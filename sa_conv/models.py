@@ -17,23 +17,27 @@ def _statistics(config: ModelConfig):
     return config.pixel_mean or CIFAR10_MEAN, config.pixel_std or CIFAR10_STD
 
 
-def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier") -> keras.Model:
+def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier", dtype=None) -> keras.Model:
     """The paper's classifier as a functional `keras.Model`.
 
     ``image`` ``(batch, S, S, C)`` raw pixels -> normalize -> invertible pooling (w) ->
     dense embedding to ``hidden_size`` -> ``num_layers`` `TransformerBlock`s on the
     ``(S/w) x (S/w)`` grid -> mean over all positions -> dense ``logits (batch, classes)``
     (``S = image_size``, 32 for CIFAR).
+
+    ``dtype``: the layers' dtype policy (e.g. ``"mixed_bfloat16"``; None: Keras's global policy);
+    the logits are float32 whatever it is.
     """
     def dense(units, fan_in, name, **kwargs):  # new initializer objects per layer: one object repeats its values
         init = dense_initializers(config.initialization, config.initializer_range)
+        kwargs.setdefault("dtype", dtype)
         return keras.layers.Dense(units, kernel_initializer=init["kernel_initializer"],
                                   bias_initializer=bias_for(init["bias_initializer"], fan_in), name=name, **kwargs)
 
     inputs = keras.Input((config.image_size, config.image_size, config.image_channels), name="image")
-    x = PixelNormalization(*_statistics(config), name="normalize")(inputs)
+    x = PixelNormalization(*_statistics(config), name="normalize", dtype=dtype)(inputs)
     if config.pooling_width > 1:
-        x = InvertiblePooling(config.pooling_width, name="invertible_pooling")(x)
+        x = InvertiblePooling(config.pooling_width, name="invertible_pooling", dtype=dtype)(x)
     x = dense(config.hidden_size, config.image_channels * config.pooling_width ** 2, "embedding")(x)
     attention_config = dict(
         num_heads=config.num_heads,
@@ -58,18 +62,20 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier")
             # would cost a forward pass and lower no peak.
             remat=config.remat and i < config.num_layers - 1,
             name=f"block_{i}",
+            dtype=dtype,
         )(x)
-    x = keras.layers.GlobalAveragePooling2D(name="mean_over_positions")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="mean_over_positions", dtype=dtype)(x)
     logits = dense(config.num_classes, config.hidden_size, "logits", dtype="float32")(x)
     return keras.Model(inputs, logits, name=name)
 
 
 def build_model(name_or_config: str | ModelConfig = "sa_quadratic_small", name: str | None = None,
-                **overrides) -> keras.Model:
+                dtype=None, **overrides) -> keras.Model:
     """Builds a preset by name (see `sa_conv.PRESETS`) or a `ModelConfig`.
 
     ``overrides`` change fields of the preset, e.g. ``build_model("sa_quadratic", num_layers=2)``;
-    ``name`` names the model (default: the preset's name, or ``"sa_model"`` for a config).
+    ``name`` names the model (default: the preset's name, or ``"sa_model"`` for a config);
+    ``dtype`` is its layers' dtype policy (e.g. ``"mixed_bfloat16"``; None: Keras's global one).
     The model maps ``image`` ``(batch, image_size, image_size, image_channels)`` uint8 or
     float pixels in [0, 255] to ``logits`` ``(batch, num_classes)`` float32.
     """
@@ -80,8 +86,8 @@ def build_model(name_or_config: str | ModelConfig = "sa_quadratic_small", name: 
     if config.architecture == "resnet18":
         mean, std = _statistics(config)
         return build_resnet(config.image_size, config.num_classes, name=name, image_channels=config.image_channels,
-                            pixel_mean=mean, pixel_std=std, initialization=config.initialization)
-    return build_attention_classifier(config, name=name)
+                            pixel_mean=mean, pixel_std=std, initialization=config.initialization, dtype=dtype)
+    return build_attention_classifier(config, name=name, dtype=dtype)
 
 
 def attention_blocks(model: keras.Model) -> list[TransformerBlock]:

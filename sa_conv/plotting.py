@@ -18,16 +18,16 @@ from __future__ import annotations
 import io
 import os
 
+# matplotlib's object-oriented API (Figure, not pyplot): no backend to choose, so importing this
+# module leaves the process's matplotlib backend alone, and figures render without a display.
 import matplotlib
+import matplotlib.patches as mpatches
+import numpy as np
+from keras import ops
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.patches as mpatches  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from keras import ops  # noqa: E402
-
-from sa_conv import files, inspection  # noqa: E402
-from sa_conv.models import attention_blocks, attention_grid, attention_probabilities  # noqa: E402
+from sa_conv import files, inspection
+from sa_conv.models import attention_blocks, attention_grid, attention_probabilities
 
 CELL_INCHES = 1.6
 DPI = 80
@@ -49,8 +49,8 @@ def attention_grid_figure(maps, query, image=None, pooling=1, title=""):
     maps = np.asarray(maps)
     layers, heads, height, width = maps.shape
     cols = heads + 1
-    fig, axes = plt.subplots(layers, cols, figsize=(CELL_INCHES * cols, CELL_INCHES * layers + 0.6),
-                             squeeze=False, dpi=DPI)
+    fig = Figure(figsize=(CELL_INCHES * cols, CELL_INCHES * layers + 0.6), dpi=DPI)
+    axes = fig.subplots(layers, cols, squeeze=False)
     for layer in range(layers):
         ax = axes[layer, 0]
         ax.axis("off")
@@ -102,8 +102,9 @@ def centers_figure(model, query):
     blocks = attention_blocks(model)
     gaussians = [b.attention.position_encoding.gaussian() for b in blocks]
     (height, width), _ = attention_grid(model)
-    fig, axes = plt.subplots(1, len(blocks), figsize=(3.0 * len(blocks), 3.4), squeeze=False, dpi=DPI)
-    colors = plt.get_cmap("tab10")
+    fig = Figure(figsize=(3.0 * len(blocks), 3.4), dpi=DPI)
+    axes = fig.subplots(1, len(blocks), squeeze=False)
+    colors = matplotlib.colormaps["tab10"]
     for layer, (ax, (centers, precisions)) in enumerate(zip(axes[0], gaussians)):
         centers = np.asarray(ops.convert_to_numpy(centers))
         precisions = np.asarray(ops.convert_to_numpy(precisions))
@@ -134,10 +135,9 @@ def centers_figure(model, query):
 
 
 def figure_png(fig) -> bytes:
-    """The figure as PNG bytes (and closes it)."""
+    """The figure as PNG bytes."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI)
-    plt.close(fig)
     return buffer.getvalue()
 
 

@@ -13,46 +13,50 @@ from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
 _BN = dict(momentum=0.9, epsilon=1e-5)
 
 
-def _conv_bn(x, filters, kernel, stride, name, relu=True, initialization="reference"):
+def _conv_bn(x, filters, kernel, stride, name, relu=True, initialization="reference", dtype=None):
     padding = "same"
     if stride > 1 and kernel > 1:
         # PyTorch's padding=1 on both sides: Keras's "same" pads a strided 3x3 convolution on the
         # bottom and right only, which samples every window one pixel further (a different
         # function from the reference's, and from its imported weights).
-        x = keras.layers.ZeroPadding2D(kernel // 2, name=f"{name}_pad")(x)
+        x = keras.layers.ZeroPadding2D(kernel // 2, name=f"{name}_pad", dtype=dtype)(x)
         padding = "valid"
     x = keras.layers.Conv2D(filters, kernel, strides=stride, padding=padding, use_bias=False,
                             kernel_initializer=FanInUniform() if initialization == "reference" else "he_normal",
-                            name=f"{name}_conv")(x)
-    x = keras.layers.BatchNormalization(name=f"{name}_bn", **_BN)(x)
-    return keras.layers.ReLU(name=f"{name}_relu")(x) if relu else x
+                            name=f"{name}_conv", dtype=dtype)(x)
+    x = keras.layers.BatchNormalization(name=f"{name}_bn", dtype=dtype, **_BN)(x)
+    return keras.layers.ReLU(name=f"{name}_relu", dtype=dtype)(x) if relu else x
 
 
-def _basic_block(x, filters, stride, name, initialization):
+def _basic_block(x, filters, stride, name, initialization, dtype=None):
     shortcut = x
-    y = _conv_bn(x, filters, 3, stride, f"{name}_1", initialization=initialization)
-    y = _conv_bn(y, filters, 3, 1, f"{name}_2", relu=False, initialization=initialization)
+    y = _conv_bn(x, filters, 3, stride, f"{name}_1", initialization=initialization, dtype=dtype)
+    y = _conv_bn(y, filters, 3, 1, f"{name}_2", relu=False, initialization=initialization, dtype=dtype)
     if stride != 1 or x.shape[-1] != filters:
-        shortcut = _conv_bn(x, filters, 1, stride, f"{name}_shortcut", relu=False, initialization=initialization)
-    return keras.layers.ReLU(name=f"{name}_out")(keras.layers.Add(name=f"{name}_add")([y, shortcut]))
+        shortcut = _conv_bn(x, filters, 1, stride, f"{name}_shortcut", relu=False, initialization=initialization,
+                            dtype=dtype)
+    add = keras.layers.Add(name=f"{name}_add", dtype=dtype)([y, shortcut])
+    return keras.layers.ReLU(name=f"{name}_out", dtype=dtype)(add)
 
 
 def build_resnet(image_size=32, num_classes=10, blocks=(2, 2, 2, 2), widths=(64, 128, 256, 512), name="resnet18",
-                 image_channels=3, pixel_mean=CIFAR10_MEAN, pixel_std=CIFAR10_STD, initialization="reference"):
+                 image_channels=3, pixel_mean=CIFAR10_MEAN, pixel_std=CIFAR10_STD, initialization="reference",
+                 dtype=None):
     """A CIFAR ResNet as a functional `keras.Model`: ``image`` ``(batch, S, S, C)`` raw pixels
     (uint8 or float in [0, 255]) -> ``logits`` ``(batch, num_classes)``; ``pixel_mean`` and
     ``pixel_std`` are the statistics its `PixelNormalization` applies. ``initialization``:
     ``"reference"`` (PyTorch's defaults, as the reference: convolution and dense weights and
     biases ``U(+-1/sqrt(fan_in))``) or anything else for He-normal convolutions and Keras's
-    default dense layer."""
+    default dense layer. ``dtype``: the layers' dtype policy (None: Keras's global one); the
+    logits are float32 whatever it is."""
     inputs = keras.Input((image_size, image_size, image_channels), name="image")
-    x = PixelNormalization(pixel_mean, pixel_std, name="normalize")(inputs)
-    x = _conv_bn(x, widths[0], 3, 1, "stem", initialization=initialization)
+    x = PixelNormalization(pixel_mean, pixel_std, name="normalize", dtype=dtype)(inputs)
+    x = _conv_bn(x, widths[0], 3, 1, "stem", initialization=initialization, dtype=dtype)
     for stage, (count, filters) in enumerate(zip(blocks, widths)):
         for block in range(count):
             stride = 2 if stage > 0 and block == 0 else 1
-            x = _basic_block(x, filters, stride, f"stage{stage + 1}_block{block + 1}", initialization)
-    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+            x = _basic_block(x, filters, stride, f"stage{stage + 1}_block{block + 1}", initialization, dtype)
+    x = keras.layers.GlobalAveragePooling2D(name="pool", dtype=dtype)(x)
     dense = {}
     if initialization == "reference":
         dense = dict(kernel_initializer=FanInUniform(), bias_initializer=FanInUniform(widths[-1]))

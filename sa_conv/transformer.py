@@ -16,11 +16,14 @@ def exact_gelu(x):
     return 0.5 * x * (1.0 + ops.erf(x * ops.cast(1.0 / math.sqrt(2.0), x.dtype)))
 
 
-class _SeedWatchFilter(logging.Filter):
+class SeedWatchFilter(logging.Filter):
     """Drops TensorFlow's warning that a watched tensor is not floating point. ``tf.recompute_grad``
     (``keras.remat`` on TensorFlow) watches every argument of the recomputed function; the dropout
-    seeds are integers by design (they have no gradient), and TensorFlow would print the warning
-    for each rematerialized block."""
+    seeds of a rematerialized `TransformerBlock` are integers by design (they have no gradient),
+    and TensorFlow would print the warning for each such block.
+
+    The library installs nothing: a program adds `SEED_WATCH_FILTER` to the ``"tensorflow"``
+    logger in its entry point (`trainers.process.configure` does)."""
 
     MESSAGE = "The dtype of the watched tensor must be floating"
 
@@ -28,7 +31,7 @@ class _SeedWatchFilter(logging.Filter):
         return self.MESSAGE not in record.getMessage()
 
 
-_SEED_WATCH_FILTER = _SeedWatchFilter()
+SEED_WATCH_FILTER = SeedWatchFilter()
 
 
 def _refill(seeds, given):
@@ -150,8 +153,6 @@ class TransformerBlock(keras.layers.Layer):
         # (the attention's are (batch, heads, N, N)). tf.recompute_grad makes its arguments wait
         # for the incoming gradient, so the recomputation happens block by block in the backward
         # pass; seeds captured by closure would let every block's recomputation run at once.
-        # TensorFlow logs through the "tensorflow" logger; on other backends this is inert.
-        logging.getLogger("tensorflow").addFilter(_SEED_WATCH_FILTER)
         if self.attention.position_only and seeds[0] is not None:
             # The attention's own gradient already keeps no (batch, N, N) tensor and recomputes
             # one product per head (`dropout_seed`), cheaper than recomputing its whole forward:

@@ -3,6 +3,9 @@ that the tests write themselves in the official python format."""
 
 import os
 import pathlib
+import selectors
+import socket
+import time
 
 import numpy as np
 import pytest
@@ -84,5 +87,68 @@ def _stateless(loss_fn, x, variables, values):
         return loss_fn(x)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="Only the fast subset: the tests not marked slow (the one definition of that subset).")
+
+
 def pytest_configure(config):
     np.set_printoptions(precision=4, suppress=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--fast"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # A file whose tests are all slow runs none under --fast (Bazel runs one file per target).
+    if session.config.getoption("--fast") and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK
+
+
+# ------------------------------------------------------------------ processes started by tests
+
+
+def reserved_port() -> int:
+    """A localhost TCP port that the OS chose (bind to port 0), left reserved for the child
+    process it is handed to: a connection to it is accepted and closed from its side, which
+    keeps the address in TIME_WAIT for a minute. Meanwhile the OS gives the port to no other
+    bind (port 0 or not) except one that sets SO_REUSEADDR, as the gRPC servers of TensorFlow
+    and keras-tuner do when the children bind it. (SO_REUSEPORT would let the test hold the port
+    open, but TensorFlow's gRPC server turns it off.)"""
+    with socket.socket() as server, socket.socket() as client:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        client.connect(server.getsockname())
+        accepted, _ = server.accept()
+        accepted.close()  # the side that closes first holds TIME_WAIT: the server's address
+        return server.getsockname()[1]
+
+
+def read_until(proc, text: str, timeout: float) -> list[str]:
+    """Reads ``proc``'s standard output (a text pipe; start the child with ``PYTHONUNBUFFERED=1``)
+    line by line until a line contains ``text``, and returns the lines read. It waits on the pipe
+    itself (no polling): fails if the process ends first or ``timeout`` seconds pass."""
+    lines = []
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no line with {text!r} within {timeout}s; read: {lines[-20:]}")
+            if not selector.select(remaining):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"the process ended (exit {proc.wait()}) before printing {text!r}; read: "
+                                     f"{lines[-20:]}")
+            lines.append(line)
+            if text in line:
+                return lines

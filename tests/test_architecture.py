@@ -20,8 +20,8 @@ PROGRAMS = ("trainers", "export", "benchmarks")
 # Programs that compose another program, and which: the only imports between programs.
 COMPOSES = {"trainers/demo.py": {"export"}, "benchmarks/throughput.py": {"export", "trainers"},
             "benchmarks/vs_reference.py": {"trainers"},
-            # Importing trainers first sets the environment TensorFlow reads when it loads (oneDNN, logs).
-            "export/__init__.py": {"trainers"}, "benchmarks/__init__.py": {"trainers"},
+            # The export programs configure their process as every program does (trainers.process).
+            "export/export.py": {"trainers"}, "export/import_reference.py": {"trainers"},
             # --lockstep takes the trainer's own batches and schedule.
             "benchmarks/vs_reference_training.py": {"trainers"}}
 

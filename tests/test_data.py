@@ -139,10 +139,9 @@ def test_tfds_offline_fails_fast_with_the_offline_option(tmp_path, monkeypatch):
 def test_host_probe_is_false_for_a_closed_port():
     import socket
 
-    with socket.socket() as s:
+    with socket.socket() as s:  # bound by the OS and held, not listening: connections are refused
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    assert data._host_reachable(("127.0.0.1", port), timeout=1.0) is False
+        assert data._host_reachable(s.getsockname(), timeout=1.0) is False
 
 
 def test_tfds_code_path_with_mock_data(tmp_path, monkeypatch):

@@ -43,6 +43,7 @@ def _run_in_fresh_process(code):
     return proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["attention", "resnet"])
 def test_reload_in_a_fresh_process_matches_keras(family, attention_export, real_images, tmp_path):
     if family == "attention":
@@ -71,6 +72,7 @@ def test_reload_in_a_fresh_process_matches_keras(family, attention_export, real_
     assert set(meta["signatures"]) == expected_signatures
 
 
+@pytest.mark.slow
 def test_saved_model_cli_show_and_run(attention_export, real_images, tmp_path):
     model, version = attention_export
     cli = os.path.join(VENV_BIN, "saved_model_cli")
@@ -146,6 +148,7 @@ def test_bad_input_gives_a_clear_error(attention_export, signature, inputs, mess
         assert fn(images=tf.zeros((1, 32, 32, 3), tf.uint8))["probabilities"].shape == (1, 10)
 
 
+@pytest.mark.slow
 def test_atomic_write_and_no_silent_overwrite(real_images, tmp_path):
     _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
     out = tmp_path / "out"
@@ -179,6 +182,7 @@ def test_tflite_format_is_verified(real_images, tmp_path):
     assert probabilities.shape == (1, 10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,overrides", [("sa_quadratic_small", {"num_layers": 1}), ("resnet18", {})])
 def test_onnx_format_is_verified_with_onnx_runtime(preset, overrides, real_images, tmp_path):
     import onnxruntime
@@ -219,6 +223,7 @@ def test_corrupt_keras_file(tmp_path):
         export_lib.export(model_path=str(bad), export_dir=str(tmp_path), log=lambda s: None)
 
 
+@pytest.mark.slow
 def test_cli_from_a_trainer_model_dir(tmp_path):
     from trainers.config import make_config
     from trainers.train import train

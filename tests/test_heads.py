@@ -53,6 +53,7 @@ def test_pruning_heads_with_zero_value_rows_leaves_the_outputs(preset):
     assert count(pruned) < count(model)
 
 
+@pytest.mark.slow
 def test_pruned_model_trains_saves_reloads_and_exports(tmp_path):
     import tensorflow as tf
 
@@ -128,6 +129,7 @@ def _prune_config(tmp_path, epochs, **kwargs):
     ), **kwargs})
 
 
+@pytest.mark.slow
 def test_trainer_prunes_degenerate_heads_and_resumes_the_pruned_model(tmp_path):
     from trainers.train import Trainer
 

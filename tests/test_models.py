@@ -49,6 +49,7 @@ def _train_step(model, images, labels, steps=2, optimizer=None):
     return losses, changed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PAPER_PARAMETERS))
 def test_paper_presets_run_a_forward_and_training_step(name):
     model = sa_conv.build_model(name)
@@ -59,6 +60,7 @@ def test_paper_presets_run_a_forward_and_training_step(name):
     assert np.isfinite(losses).all() and changed > 0.9 * len(model.trainable_weights)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SMALL)
 def test_small_presets_fit_a_batch(name):
     """A training step really trains: the loss on one fixed batch falls."""

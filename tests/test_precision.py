@@ -13,9 +13,9 @@ from trainers.config import make_config
 
 
 @pytest.fixture(autouse=True)
-def _float32_afterwards():
+def _global_policy_untouched():
     yield
-    keras.mixed_precision.set_global_policy("float32")  # the trainer sets the global policy
+    assert keras.config.dtype_policy().name == "float32"  # the trainer's models carry their own policy
 
 
 def _config(tmp_path, policy, **overrides):
@@ -30,7 +30,6 @@ def _config(tmp_path, policy, **overrides):
 def float32_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("float32")
     results = train_lib.train(_config(tmp, "float32"), log=lambda s: None)
-    keras.mixed_precision.set_global_policy("float32")
     return results, json.loads((tmp / "float32" / "history.json").read_text())
 
 
@@ -39,11 +38,14 @@ def test_mixed_precision_trains_like_float32(policy, float32_run, tmp_path):
     """Two epochs on the synthetic data: float32 variables, 16-bit compute, float32 logits, and
     the float32 run's loss curve to within 16-bit rounding. The saved model reloads with its
     policy and reproduces the trainer's test accuracy."""
-    trainer = train_lib.Trainer(_config(tmp_path, policy), log=lambda s: None)
+    config = _config(tmp_path, policy)
+    keras.utils.set_random_seed(config.seed)  # the float32 run's initial weights (train() seeds it)
+    trainer = train_lib.Trainer(config, log=lambda s: None)
     results = trainer.run()
     dtype = policy.split("_")[1]
     block = sa_conv.attention_blocks(trainer.model)[0]
     assert block.compute_dtype == dtype and block.variable_dtype == "float32"
+    assert block.attention.compute_dtype == dtype and keras.config.dtype_policy().name == "float32"
     assert all(v.dtype == "float32" for v in trainer.model.trainable_variables)
     assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer) == (policy == "mixed_float16")
     reference, history32 = float32_run

@@ -102,6 +102,7 @@ def test_duplicated_archive_members_are_refused(tmp_path, tiny_cifar):
 # ------------------------------------------------------------------------------ resume
 
 
+@pytest.mark.slow
 def test_unreadable_newest_checkpoint_falls_back_then_stops_without_deleting(tmp_path):
     from trainers.config import make_config
     from trainers.train import TrainingError, train
@@ -173,6 +174,7 @@ print(json.dumps(results))
 """
 
 
+@pytest.mark.slow
 def test_serving_limits_hold_in_a_fresh_process(tmp_path):
     import json
     import subprocess

@@ -3,17 +3,15 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import sa_conv
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, read_until, reserved_port
 from trainers import train as train_lib
 from trainers.config import ConfigError, default_jit_compile, make_config
 
@@ -31,12 +29,6 @@ def _cli(*args, env=None, timeout=300, **kwargs):
 def _json(path):
     with open(path) as f:
         return json.load(f)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------ learning
@@ -79,6 +71,7 @@ def test_short_run_learns_on_real_cifar10(cifar10_mini_dir, tmp_path):
     assert accuracy == pytest.approx(results["test_accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_short_run_learns_on_generated_files(tiny_cifar, tmp_path):
     """The same loop on a dataset this test wrote in the official format."""
     path, _ = tiny_cifar
@@ -181,9 +174,9 @@ def test_batch_not_divisible_by_replicas(tmp_path):
     assert "not divisible by the 2 replicas" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_multi_worker_strategy_two_processes(tmp_path):
-    ports = [_free_port(), _free_port()]
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    cluster = {"worker": [f"127.0.0.1:{reserved_port()}" for _ in range(2)]}
     procs = []
     for index in range(2):
         env = {**ENV, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
@@ -208,22 +201,23 @@ def test_multi_worker_strategy_two_processes(tmp_path):
 # ------------------------------------------------------------------------------ resume
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_rerun_resumes(tmp_path):
     args = ["--model=sa_quadratic_small", "--dataset=synthetic", "--epochs=3", "--validation_size=100",
             "--global_batch_size=10", "--num_layers=1", "--strategy=one_device", f"--model_dir={tmp_path}"]
-    proc = subprocess.Popen([sys.executable, "-m", "trainers.train", *args], cwd=PROJECT_ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint = tmp_path / "checkpoints" / "checkpoint"
-    deadline = time.time() + 240
-    while not checkpoint.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert checkpoint.exists(), "no epoch checkpoint was written"
-    time.sleep(1.0)  # into epoch 2 (90 steps of 10 images)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc = subprocess.Popen([sys.executable, "-m", "trainers.train", *args], cwd=PROJECT_ROOT,
+                            env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        # The trainer prints an epoch's line once its checkpoint is written: killed then, the run
+        # has 1 of its 3 epochs saved and is in its second one.
+        read_until(proc, "epoch 1/3", timeout=240)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert (tmp_path / "checkpoints" / "checkpoint").exists()
     killed_history = _json(tmp_path / "history.json")
-    assert 1 <= len(killed_history) < 3
+    assert [h["epoch"] for h in killed_history][:1] == [1] and len(killed_history) < 3
     assert not (tmp_path / "results.json").exists()
 
     rerun = _cli(*args)
@@ -252,6 +246,7 @@ def test_sigkill_mid_epoch_then_rerun_resumes(tmp_path):
         (["--strategy=multi_worker"], "needs TF_CONFIG"),
     ],
 )
+@pytest.mark.slow
 def test_bad_flags_exit_nonzero_with_a_clear_message(args, message, tmp_path):
     env = {k: v for k, v in ENV.items() if k != "TF_CONFIG"}
     proc = _cli(*args, f"--model_dir={tmp_path}", env=env, timeout=120)
@@ -317,6 +312,7 @@ def _tiny(tmp_path, **overrides):
     return make_config(overrides={**settings, **overrides})
 
 
+@pytest.mark.slow
 def test_init_from_starts_from_the_saved_weights_and_refuses_other_models(tmp_path):
     source_config = _tiny(tmp_path / "a", seed=1)
     train_lib.train(source_config, log=lambda s: None)

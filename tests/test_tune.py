@@ -6,11 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, read_until, reserved_port
 from trainers import tune as tune_lib
 from trainers.config import ConfigError, make_config
 
@@ -22,6 +21,7 @@ def _rows(project):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tuner", ["random", "bayesian", "hyperband"])
 def test_tiny_search_writes_reports(tuner, tiny_cifar, tmp_path):
     base = make_config(overrides=dict(dataset="cifar10_files", data_dir=tiny_cifar[0], global_batch_size=25,
@@ -45,6 +45,7 @@ def test_tiny_search_writes_reports(tuner, tiny_cifar, tmp_path):
     assert summary["best"]["trial_id"] == best["trial_id"]
 
 
+@pytest.mark.slow
 def test_retrain_best_leaves_an_exportable_model_dir(tiny_cifar, tmp_path):
     base = make_config(overrides=dict(dataset="cifar10_files", data_dir=tiny_cifar[0], global_batch_size=25,
                                       validation_size=50, strategy="one_device", epochs=2))
@@ -63,21 +64,20 @@ def test_retrain_best_leaves_an_exportable_model_dir(tiny_cifar, tmp_path):
     assert os.path.isfile(os.path.join(version, "saved_model.pb"))
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_reuses_finished_trials(tmp_path):
     args = [sys.executable, "-m", "trainers.tune", "--search_space=tiny", "--tuner=random", "--max_trials=2",
             "--max_epochs=2", f"--directory={tmp_path}", "--project_name=p", "--dataset=synthetic",
             "--global_batch_size=50", "--strategy=one_device"]
-    proc = subprocess.Popen(args, cwd=PROJECT_ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(args, cwd=PROJECT_ROOT, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        read_until(proc, "Trial 0 ended and is recorded", timeout=240)  # the search's own event
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
     first = tmp_path / "p" / "trial_0"
-    deadline = time.time() + 240
-    def first_done():
-        path = first / "trial.json"
-        return path.exists() and json.load(open(path)).get("status") == "COMPLETED"
-    while time.time() < deadline and proc.poll() is None and not first_done():
-        time.sleep(0.2)
-    assert first_done(), "the first trial did not finish"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    assert json.load(open(first / "trial.json"))["status"] == "COMPLETED"
     record = first / "sa_conv_trial.json"
     stamp = os.path.getmtime(record)
     score = json.load(open(first / "trial.json"))["score"]
@@ -90,14 +90,7 @@ def test_sigkill_then_rerun_reuses_finished_trials(tmp_path):
     assert float(rows[0]["objective"]) == score
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+@pytest.mark.slow
 def test_distributed_search_chief_and_two_workers_survives_a_killed_worker(tmp_path):
     """keras-tuner's distributed mode, the unchanged command in three local processes: the chief
     serves the oracle, two workers run the trials. Worker tuner1 is killed mid-trial and restarted
@@ -108,13 +101,14 @@ def test_distributed_search_chief_and_two_workers_survives_a_killed_worker(tmp_p
     args = [sys.executable, "-m", "trainers.tune", "--search_space=tiny", "--tuner=random",
             f"--max_trials={max_trials}", "--max_epochs=2", f"--directory={tmp_path}", "--project_name=p",
             "--dataset=synthetic", "--global_batch_size=50", "--strategy=one_device"]
-    port = _free_port()
+    port = reserved_port()
 
-    def start(tuner_id):
+    def start(tuner_id, watch=False):
         env = {**ENV, "KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": str(port),
-               "KERASTUNER_TUNER_ID": tuner_id}
+               "KERASTUNER_TUNER_ID": tuner_id, "PYTHONUNBUFFERED": "1"}
         log = open(tmp_path / f"{tuner_id}.log", "a")
-        return subprocess.Popen(args, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(args, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE if watch else log,
+                                stderr=log, text=True)
 
     def records():
         found = {}
@@ -128,17 +122,15 @@ def test_distributed_search_chief_and_two_workers_survives_a_killed_worker(tmp_p
         return found
 
     chief = start("chief")
-    workers = {name: start(name) for name in ("tuner0", "tuner1")}
+    workers = {"tuner0": start("tuner0"), "tuner1": start("tuner1", watch=True)}
     try:
-        deadline = time.time() + 300
-        victim = None
-        while time.time() < deadline and victim is None:
-            victim = next((t for t, r in records().items() if r["tuner_id"] == "tuner1" and r["status"] == "running"),
-                          None)
-            time.sleep(0.2)
-        assert victim, "worker tuner1 never started a trial:\n" + (tmp_path / "tuner1.log").read_text()[-3000:]
-        os.kill(workers["tuner1"].pid, signal.SIGKILL)
-        workers["tuner1"].wait()
+        try:
+            started = read_until(workers["tuner1"], "started on tuner1", timeout=300)[-1]
+        finally:  # killed mid-trial, on the trial's start as the worker reports it
+            os.kill(workers["tuner1"].pid, signal.SIGKILL)
+            workers["tuner1"].wait()
+        victim = "trial_" + started.split("Trial ", 1)[1].split(" ", 1)[0]
+        assert records()[victim] == {"tuner_id": "tuner1", "attempts": 1, "status": "running"}
         workers["tuner1"] = start("tuner1")
         for name, proc in workers.items():
             assert proc.wait(timeout=600) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]

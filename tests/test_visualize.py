@@ -130,6 +130,7 @@ def test_attention_summaries_callback_writes_images(small_model, real_images, tm
     assert sorted(tags) == [("attention/centers", 2), ("attention/centers", 4), ("attention/maps", 2), ("attention/maps", 4)]
 
 
+@pytest.mark.slow
 def test_trainer_flag_writes_attention_summaries(tmp_path):
     from trainers.config import make_config
     from trainers.train import train

@@ -8,6 +8,10 @@ python-format files reads those instead (``CIFAR10_DIR=PATH make demo``).
 
 from __future__ import annotations
 
+from trainers import process
+
+process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
+
 import dataclasses
 import os
 from typing import Optional

@@ -22,6 +22,10 @@ Model directory layout: ``config.json``, ``history.json`` (one record per epoch)
 
 from __future__ import annotations
 
+from trainers import process
+
+process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
+
 import hashlib
 import json
 import math
@@ -42,7 +46,7 @@ from sa_conv import footprint
 from sa_conv import heads as heads_lib
 from sa_conv.errors import ConfigError, SaConvError
 from sa_conv.reference import REFERENCE_MEAN, REFERENCE_STD
-from trainers import distribute, memory
+from trainers import distribute
 from trainers.config import TrainConfig, default_jit_compile, default_keep_freed_memory, make_config
 from trainers.optimizers import PyTorchSGD
 from trainers.schedule import make_schedule
@@ -118,7 +122,10 @@ def _save_keras_atomically(model: keras.Model, path: str) -> None:
 
 
 class Trainer:
-    """Trains ``config`` under ``strategy`` (created once by the caller, or here)."""
+    """Trains ``config`` under ``strategy`` (created once by the caller, or here).
+
+    It changes no process-wide state: its models carry their dtype policy, and the process
+    settings of a run (seed, allocator) are its entry point's (`train`, `trainers.process`)."""
 
     def __init__(
         self,
@@ -140,8 +147,6 @@ class Trainer:
         # The strategy next: MultiWorkerMirroredStrategy must configure collective ops before
         # anything else initializes TensorFlow's context.
         self.strategy = strategy or distribute.create_strategy(config.strategy)
-        keras.mixed_precision.set_global_policy(config.mixed_precision)
-        keras.utils.set_random_seed(config.seed)
         self.replicas = self.strategy.num_replicas_in_sync
         if config.global_batch_size % self.replicas:
             raise ConfigError(
@@ -153,6 +158,7 @@ class Trainer:
                 f"--eval_batch_size={config.eval_batch_size} is not divisible by the "
                 f"{self.replicas} replicas; use a multiple of {self.replicas}."
             )
+        self.prepared = False
         self.chief = distribute.is_chief(self.strategy)
         self.output_dir = (
             config.model_dir if self.chief
@@ -188,7 +194,7 @@ class Trainer:
     def _build(self, model: keras.Model | None = None):
         c = self.config
         with self.strategy.scope():
-            self.model = model or sa_conv.build_model(self.model_config, name=c.model)
+            self.model = model or self.build_model()
             self.schedule = make_schedule(
                 c.lr_schedule,
                 c.learning_rate,
@@ -213,6 +219,11 @@ class Trainer:
         )
         ckpt_dir = os.path.join(self.output_dir, "checkpoints")
         self.manager = tf.train.CheckpointManager(self.checkpoint, ckpt_dir, max_to_keep=c.keep_checkpoints)
+
+    def build_model(self) -> keras.Model:
+        """A new model of this run's configuration and precision (``--mixed_precision``, as its
+        layers' dtype policy: the global policy is left alone)."""
+        return sa_conv.build_model(self.model_config, name=self.config.model, dtype=self.config.mixed_precision)
 
     def _per_example_loss(self, labels, logits):
         one_hot = tf.one_hot(labels, self.model_config.num_classes)
@@ -311,8 +322,6 @@ class Trainer:
         c = self.config
         steps = min(self.steps_per_epoch, self.total_steps - step)
         iterator = iter(self._train_dataset(epoch))
-        if self.keeps_freed_memory():
-            memory.keep_freed_memory()  # after tf.data's own setting (see trainers.memory)
         bar = keras.utils.Progbar(steps, stateful_metrics=["loss", "accuracy", "lr"]) if self.interactive else None
         totals, done, start = np.zeros(3), 0, time.perf_counter()
         while done < steps:
@@ -408,7 +417,7 @@ class Trainer:
         if counts == current:
             return
         with self.strategy.scope():
-            model = heads_lib.prune_to(sa_conv.build_model(self.model_config, name=self.config.model), counts)
+            model = heads_lib.prune_to(self.build_model(), counts)
         self._build(model)
         self._compile_functions()
         self.log(f"Checkpoint {path} holds a pruned model: heads per block {counts}.")
@@ -416,7 +425,8 @@ class Trainer:
     def _write_config(self):
         resolved = {**self.config.to_dict(), "resolved_model": self.model_config.to_dict(),
                     "replicas": self.replicas, "steps_per_epoch": self.steps_per_epoch,
-                    "total_steps": self.total_steps}
+                    "total_steps": self.total_steps,
+                    "process": process.describe(self.config.mixed_precision)}
         _write_json(os.path.join(self.output_dir, "config.json"), resolved)
 
     def prepare(self, model: keras.Model | None = None) -> None:
@@ -426,6 +436,7 @@ class Trainer:
         self._build(model)
         self._check_gaussian_heads()
         self._compile_functions()
+        self.prepared = True
 
     def train_epochs(self, start_epoch: int, history: list, callbacks=(), save=True) -> tuple[list, float]:
         """Trains epochs ``start_epoch .. total_epochs``, validating after each; calls the Keras
@@ -456,7 +467,6 @@ class Trainer:
             }
             best = max((h["val_accuracy"] for h in history), default=-1.0)
             history.append(record)
-            self._log_epoch(record, seconds)
             if self.config.reset_degenerate_heads:
                 self._reset_degenerate_heads(record)
             if self.config.prune_degenerate_heads:
@@ -467,14 +477,15 @@ class Trainer:
                     "val_loss": record["val_loss"], "val_accuracy": record["val_accuracy"]}
             for callback in callbacks:
                 callback.on_epoch_end(epoch, logs)
-            if not save:
-                continue
-            self._write_summaries(writers, record)
-            if self.chief and record["val_accuracy"] > best:
-                _save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
-            _write_json(os.path.join(self.output_dir, "history.json"), history)
-            self.epoch.assign(epoch + 1)
-            self.manager.save(checkpoint_number=epoch + 1)
+            if save:
+                self._write_summaries(writers, record)
+                if self.chief and record["val_accuracy"] > best:
+                    _save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
+                _write_json(os.path.join(self.output_dir, "history.json"), history)
+                self.epoch.assign(epoch + 1)
+                self.manager.save(checkpoint_number=epoch + 1)
+            # Last: once its line is printed, the epoch is saved and a rerun resumes after it.
+            self._log_epoch(record, seconds)
         for callback in callbacks:
             callback.on_train_end()
         return history, train_seconds
@@ -485,7 +496,8 @@ class Trainer:
         Returns the results written to ``results.json``.
         """
         wall_start = time.perf_counter()
-        self.prepare()
+        if not self.prepared:
+            self.prepare()
         self._write_config()
         start_epoch, history = self._restore()
         resumed_from = start_epoch if start_epoch else None
@@ -640,8 +652,17 @@ class Trainer:
 
 
 def train(config: TrainConfig, strategy=None, log=print) -> dict:
-    """Flag-free entry point: trains ``config`` and returns its results."""
-    return Trainer(config, strategy=strategy, log=log).run()
+    """Flag-free entry point: trains ``config`` and returns its results.
+
+    As a run's entry point it configures the process for it (`trainers.process`): it seeds
+    Python, NumPy and the backend with ``config.seed`` and, where ``--keep_freed_memory`` (or its
+    default for the model) says so, raises glibc's allocator thresholds. The `Trainer` itself
+    changes no process-wide state."""
+    process.seed(config.seed)
+    trainer = Trainer(config, strategy=strategy, log=log)
+    trainer.prepare()
+    process.keep_freed_memory(trainer.keeps_freed_memory())
+    return trainer.run()
 
 
 # ------------------------------------------------------------------------------------ CLI

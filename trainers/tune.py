@@ -35,6 +35,10 @@ hyperparameters, objective, epochs, wall time), ``best_hyperparameters.json`` an
 
 from __future__ import annotations
 
+from trainers import process
+
+process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
+
 import copy
 import csv
 import dataclasses
@@ -50,7 +54,7 @@ from sa_conv import cli, files
 from sa_conv import data as data_lib
 from sa_conv.errors import ConfigError
 from trainers import distribute
-from trainers.config import TrainConfig, make_config
+from trainers.config import TrainConfig, default_keep_freed_memory, make_config
 from trainers.train import TrainingError, Trainer, data_model_fields, remat_blocks, train
 
 MODEL_HYPERPARAMETERS = ("encoding", "num_heads", "num_layers", "hidden_size", "mlp_size", "dropout",
@@ -247,7 +251,10 @@ class SaConvHyperModel(kt.HyperModel):
         config = sa_conv.get_config(base_model, **model_values, **data_model_fields(self.base, self.dataset))
         replica_batch = self.base.global_batch_size // self.strategy.num_replicas_in_sync
         remat = remat_blocks(self.base, config, replica_batch, self.log)
-        return sa_conv.build_model(config.replace(remat=remat), name=base_model)
+        # Every trial starts from --seed: its initial weights, dropout and data order do not depend
+        # on the trials before it (nor, in a distributed search, on which worker runs it).
+        process.seed(self.base.seed)
+        return sa_conv.build_model(config.replace(remat=remat), name=base_model, dtype=self.base.mixed_precision)
 
     def fit(self, hp, model, *args, epochs=1, initial_epoch=0, callbacks=(), trial_dir=None, **kwargs):
         values = {entry["name"]: hp.get(entry["name"]) for entry in self.space["hyperparameters"]}
@@ -263,6 +270,16 @@ class SaConvHyperModel(kt.HyperModel):
                               "wall_time_seconds": time.perf_counter() - start})
         best = max(history, key=lambda h: h["val_accuracy"])
         return {"val_accuracy": best["val_accuracy"], "val_loss": best["val_loss"]}
+
+
+def search_keeps_freed_memory(base: TrainConfig, space: dict, dataset, strategy) -> bool:
+    """The allocator setting of a whole search (set once per process, `trainers.process`):
+    ``--keep_freed_memory``, or its default for the space's base model on this data."""
+    if base.keep_freed_memory is not None:
+        return base.keep_freed_memory
+    config = sa_conv.get_config(space.get("base_model", base.model), **data_model_fields(base, dataset))
+    remat = remat_blocks(base, config, base.global_batch_size // strategy.num_replicas_in_sync, log=None)
+    return default_keep_freed_memory(config.replace(remat=remat))
 
 
 ORACLE_ENVIRONMENT = ("KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT", "KERASTUNER_TUNER_ID")
@@ -305,7 +322,12 @@ class _Tuner:
         attempts = _read_record(trial_dir).get("attempts", 0) + 1
         files.write_json(_record_path(trial_dir), {"tuner_id": self.tuner_id, "attempts": attempts,
                                                    "status": "running"})
+        self.hypermodel.log(f"Trial {trial.trial_id} started on {self.tuner_id} (attempt {attempts}).")
         return super().run_trial(trial, *args, trial_dir=trial_dir, **kwargs)
+
+    def on_trial_end(self, trial):
+        super().on_trial_end(trial)  # the oracle records the trial's end
+        self.hypermodel.log(f"Trial {trial.trial_id} ended and is recorded ({self.tuner_id}).")
 
 
 class HyperbandTuner(_Tuner, kt.Hyperband):
@@ -388,6 +410,7 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
     space = load_search_space(config.search_space)  # before any trial
     strategy = strategy or distribute.create_strategy(base.strategy)
     dataset = data_lib.load_dataset(base.dataset, base.data_dir, seed=base.seed)
+    process.keep_freed_memory(search_keeps_freed_memory(base, space, dataset, strategy))
     hypermodel = SaConvHyperModel(space, base, strategy, dataset, log=log)
     tuner = make_tuner(config, hypermodel, strategy)
     project_dir = os.path.join(config.directory, config.project_name)

@@ -3,6 +3,10 @@ metrics of a trained model (see `sa_conv.plotting.visualize` for what is written
 
 from __future__ import annotations
 
+from trainers import process
+
+process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
+
 import dataclasses
 import json
 import os
