@@ -7,7 +7,7 @@ CIFAR10_DIR ?=
 DEMO_DIR ?= demo_output
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-backends demo bazel-test check-install clean
+.PHONY: venv test test-fast test-backends demo bazel-test check-install clean
 
 venv: $(STAMP)
 
@@ -19,6 +19,11 @@ $(STAMP): setup.py
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) tests
+
+# The fast subset: the tests not marked slow (defined once, by `--fast` in tests/conftest.py;
+# BUILD's targets take it too, through tools/bazel_test.sh).
+test-fast: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS) --fast tests
 
 # The backend-independent tests (layers, models, Theorem 1, the separable path, save and
 # reload) under Keras's JAX and PyTorch backends, in a second virtualenv without TensorFlow.

@@ -35,7 +35,7 @@ setup(
         "onnx": ["tf2onnx", "onnxruntime"],
         # Reading the reference implementation's PyTorch checkpoints (sa-conv-import-reference).
         "reference": ["torch"],
-        "test": ["pytest", "pytest-xdist", "hypothesis", "tf2onnx", "onnxruntime"],
+        "test": ["pytest", "pytest-xdist", "pytest-random-order", "hypothesis", "tf2onnx", "onnxruntime"],
     },
     entry_points={
         "console_scripts": [

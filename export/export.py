@@ -325,6 +325,7 @@ def export(
             "source": os.path.abspath(path),
             "training_results": {k: v for k, v in results.items() if k != "train_config"},
             "verification": {"images": f"{len(images)} {source}", "max_abs_error": checks},
+            "process": process.describe(),  # what the export and its verification ran with
         }
         files.write_json(os.path.join(tmp, METADATA), metadata, sort_keys=True)
         if _fail_before_rename:

@@ -3,6 +3,7 @@ another, and a new encoding is one class plus its registration that every consum
 
 import ast
 import pathlib
+import types
 
 import keras
 import numpy as np
@@ -160,3 +161,65 @@ def test_conversion_goes_through_public_accessors():
         layer.set_value_map(np.zeros((2, 2, 3)))
     with pytest.raises(ValueError, match="positive"):
         encoding.set_alphas(0.0)
+
+
+# ------------------------------------------------------------------ programs configure their process
+
+PROGRAM_MODULES = ("trainers/train.py", "trainers/tune.py", "trainers/visualize.py", "trainers/demo.py",
+                   "export/export.py", "export/import_reference.py")
+
+
+def _statements_before_configure(path):
+    body = ast.parse(path.read_text()).body
+    calls = [i for i, node in enumerate(body) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+             and ast.unparse(node.value) == "process.configure_if_main(__name__)"]
+    return body[:calls[0]] if calls else None
+
+
+@pytest.mark.parametrize("module", PROGRAM_MODULES)
+def test_program_modules_configure_the_process_before_their_imports(module):
+    """Run as ``python -m``, a program configures its process (`trainers.process`) before it
+    imports anything that loads TensorFlow: only the docstring, ``from __future__`` and the
+    import of `trainers.process` come first. Imported as a module, that call does nothing."""
+    before = _statements_before_configure(PROJECT_ROOT / module)
+    assert before is not None, f"{module} does not call process.configure_if_main(__name__)"
+    imports = [ast.unparse(n) for n in before if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert imports[-1] == "from trainers import process" and all(
+        i == "from trainers import process" or i.startswith("from __future__") for i in imports), imports
+    assert __import__("trainers.process").process.configure_if_main("trainers.train") is None
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (PROJECT_ROOT / "benchmarks").glob("*.py")
+                                        if "__main__" in p.read_text()))
+def test_benchmarks_configure_the_process_in_main_before_tensorflow_loads(path):
+    """A benchmark's module-level imports load neither TensorFlow nor Keras (so its ``main`` can
+    configure the process first), and ``main`` calls `trainers.process.configure` or hands that to
+    the child processes it measures."""
+    source = (PROJECT_ROOT / "benchmarks" / path).read_text()
+    tree = ast.parse(source)
+    top = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+    top |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
+    assert not top & {"tensorflow", "keras", "sa_conv", "trainers", "export"}, top
+    assert "process.configure()" in source
+
+
+def test_console_scripts_configure_the_process_before_importing_their_program(monkeypatch):
+    import re
+
+    from trainers import launch, process
+
+    setup = (PROJECT_ROOT / "setup.py").read_text()
+    scripts = dict(re.findall(r'"(sa-conv-[a-z-]+)=([\w.:]+)"', setup))
+    programs = {"sa-conv-train": "trainers.train", "sa-conv-tune": "trainers.tune", "sa-conv-export": "export.export",
+                "sa-conv-visualize": "trainers.visualize", "sa-conv-import-reference": "export.import_reference"}
+    assert set(scripts) == set(programs)
+    seen = []
+    program = type("Program", (), {"run": staticmethod(lambda: seen.append("run"))})
+    monkeypatch.setattr(launch, "importlib", types.SimpleNamespace(import_module=lambda name: seen.append(name) or program))
+    monkeypatch.setattr(process, "configure", lambda: seen.append("configure"))
+    for script, target in scripts.items():
+        module, function = target.split(":")
+        assert module == "trainers.launch"
+        seen.clear()
+        getattr(launch, function)()
+        assert seen == ["configure", programs[script], "run"], script

@@ -68,6 +68,7 @@ def test_reload_in_a_fresh_process_matches_keras(family, attention_export, real_
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
     assert meta["parameters"] == int(sum(np.prod(v.shape) for v in model.trainable_variables))
     assert meta["class_names"][0] == "airplane" and len(meta["class_names"]) == 10
+    assert meta["process"]["tensorflow"] == tf.__version__ and "on" in meta["process"]["onednn"]
     expected_signatures = {"serving_default", "predict_encoded"} | ({"attention_maps"} if family == "attention" else set())
     assert set(meta["signatures"]) == expected_signatures
 

@@ -34,6 +34,7 @@ def _json(path):
 # ------------------------------------------------------------------------------ learning
 
 
+@pytest.mark.slow
 def test_short_run_learns_on_real_cifar10(cifar10_mini_dir, tmp_path):
     """60 steps of 32 images of the small preset on the real subset: validation accuracy well
     above chance (0.10; its std over 417 images is 0.015). Measured here: val 0.216, test 0.220;

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import keras
 import pytest
 
 from tests.conftest import PROJECT_ROOT, read_until, reserved_port
@@ -40,6 +41,7 @@ def test_tiny_search_writes_reports(tuner, tiny_cifar, tmp_path):
     best = json.load(open(project / "best_hyperparameters.json"))
     assert best["score"] == max(float(r["objective"]) for r in rows)
     assert best["hyperparameters"] == {k: v for k, v in best["hyperparameters"].items()}
+    assert best["process"]["keras"] == keras.__version__ and best["process"]["cpu"]["machine"]
     winner = next(r for r in rows if r["trial_id"] == best["trial_id"])
     assert winner["encoding"] == best["hyperparameters"]["encoding"]
     assert summary["best"]["trial_id"] == best["trial_id"]
