@@ -180,6 +180,7 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
         "train_gflops_per_image": 3 * train_fwd / 1e9,
         "train_achieved_gflops_per_second": 3 * train_fwd * train_ips / 1e9,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "process": process.describe(),  # the measuring process's own configuration
     }
 
 

@@ -233,3 +233,25 @@ def test_keep_freed_memory_is_set_once_per_process():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, True, True, 1,
                                                                  {"keep_freed_memory": True, "applied": True}]
+
+
+@pytest.mark.slow
+def test_a_benchmark_records_the_process_it_measured(tmp_path):
+    """The throughput benchmark configures its process in ``main`` and writes that record to its
+    JSON beside the results; its measuring child configures itself from the user's environment
+    (the parent's own settings are not passed down as the user's)."""
+    output = tmp_path / "throughput.json"
+    proc = subprocess.run([sys.executable, "benchmarks/throughput.py", "--cases=sa_quadratic_small", "--train_steps=1",
+                           "--infer_steps=1", f"--output={output}"], cwd=PROJECT_ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(output.read_text())
+    (result,) = report["results"]
+    assert result["case"] == "sa_quadratic_small" and result["train_images_per_second"] > 0
+    recorded = report["process"]
+    assert recorded["configured_by_program"] and recorded["tensorflow"] and recorded["cpu"]["machine"]
+    x86 = recorded["cpu"]["machine"].lower() in ("x86_64", "amd64")
+    for record in (recorded, result["process"]):
+        assert record["environment"].get("TF_ENABLE_ONEDNN_OPTS") == ("1" if x86 else None)
+        if x86:
+            assert record["onednn"] == {"on": True, "why": "TF_ENABLE_ONEDNN_OPTS=1 set by this program (on x86-64)"}
