@@ -44,9 +44,9 @@ for name in names:
         importlib.import_module(name)
 after = state()
 ours = ("sa_conv", "trainers", "export", "benchmarks", "tests")
-third_party = sorted({m for m in sys.modules if "." not in m and not m.startswith("_")
-                      and getattr(sys.modules[m], "__file__", None) and "site-packages" in sys.modules[m].__file__}
-                     - set(ours))
+third_party = sorted({m for m in sys.modules if "." not in m and m.isidentifier() and not m.startswith("_")
+                      and getattr(sys.modules[m], "__file__", None)}
+                     - set(sys.stdlib_module_names) - set(ours))
 print(json.dumps({"before": before, "after": after, "dup2_targets": dup2_targets, "third_party": third_party}))
 """
 
