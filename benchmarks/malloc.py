@@ -39,10 +39,12 @@ print(json.dumps({"images_per_second": results["images_per_second"], "remat": re
 
 
 def run_case(preset: str, keep: bool, steps: int) -> dict:
+    from trainers import process
+
     with tempfile.TemporaryDirectory() as model_dir:
         out = subprocess.run([sys.executable, "-c", _CHILD, preset, "1" if keep else "0", str(steps), model_dir],
                              cwd=ROOT, capture_output=True, text=True, check=True,
-                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT})
+                             env={**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -54,6 +56,10 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true", help="Keep the presets already in --output.")
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "malloc.json"))
     args = parser.parse_args()
+    sys.path.insert(0, ROOT)
+    from trainers import process
+
+    process.configure()  # the parent's matmul peak under the kernels its children run with
     table, processes = {}, {}
     for preset in args.presets.split(","):
         runs = {"keep": [], "return": []}

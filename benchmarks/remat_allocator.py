@@ -76,7 +76,10 @@ print(json.dumps({"remat": bool(trainer.model_config.remat), "xla": trainer._use
 
 def run_variant(preset: str, variant: str, steps: int) -> dict:
     remat, jit, extra = VARIANTS[variant]
-    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR")}
+    from trainers import process
+
+    env = {k: v for k, v in process.child_environment().items()
+           if k not in ("MALLOC_ARENA_MAX", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR")}
     with tempfile.TemporaryDirectory() as model_dir:
         proc = subprocess.run([sys.executable, "-c", _CHILD, preset, remat, str(steps), model_dir, json.dumps(jit)], cwd=ROOT,
                               capture_output=True, text=True,
@@ -95,6 +98,10 @@ def main() -> None:
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "remat_allocator.json"))
     parser.add_argument("--merge", action="store_true", help="Keep the presets already in --output.")
     args = parser.parse_args()
+    sys.path.insert(0, ROOT)
+    from trainers import process
+
+    process.configure()  # the parent's matmul peak under the kernels its children run with
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
