@@ -50,24 +50,25 @@ process.configure()  # as the trainer's entry point does, before TensorFlow load
 import json, resource, sys, time
 import tensorflow as tf
 from trainers.config import make_config
-from trainers.train import Trainer
+from trainers.task import Task
 preset, remat, steps, model_dir, jit = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
 config = make_config(overrides=dict(model=preset, dataset="synthetic", global_batch_size=100, eval_batch_size=100,
                                     validation_size=100, epochs=1, strategy="one_device", model_dir=model_dir,
                                     remat=remat, jit_compile=jit))
-trainer = Trainer(config, log=lambda s: None)
-trainer.prepare()
-process.keep_freed_memory(trainer.keeps_freed_memory())  # as trainers.train.train does
-iterator = iter(trainer._train_dataset(0))
+task = Task(config, log=lambda s: None)
+model = task.build_model()
+process.keep_freed_memory(task.keeps_freed_memory())  # as trainers.train.train does
+train_steps = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
+iterator = iter(task.train_dataset(0))
 one = tf.constant(1)
 times = []
 for _ in range(steps + 1):
     start = time.perf_counter()
-    trainer.train_steps(iterator, one).numpy()
+    train_steps(iterator, one).numpy()
     times.append(time.perf_counter() - start)
 usage = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"remat": bool(trainer.model_config.remat), "xla": trainer._use_xla(),
-                  "keep_freed_memory": trainer.keeps_freed_memory(), "step_seconds": times[1:],
+print(json.dumps({"remat": bool(task.model_config.remat), "xla": task.use_xla(),
+                  "keep_freed_memory": task.keeps_freed_memory(), "step_seconds": times[1:],
                   "images_per_second": 100 / min(times[1:]), "peak_rss_mb": usage.ru_maxrss / 1024,
                   "minor_page_faults": usage.ru_minflt, "system_seconds": usage.ru_stime,
                   "user_seconds": usage.ru_utime, "process": process.describe(config.mixed_precision)}))

@@ -133,36 +133,38 @@ def _time(fn, steps):
 
 
 def measure(case: str, train_steps: int, infer_steps: int) -> dict:
-    """Runs one case in this process."""
-    import keras
+    """Runs one case in this process: the trainer's own step (`trainers.task.Task`: its loss,
+    weight decay, SGD, XLA decision and allocator setting), without remat."""
     import numpy as np
     import tensorflow as tf
 
-    import sa_conv
     from benchmarks import flops
     from trainers import process
-    from trainers.config import default_jit_compile, default_keep_freed_memory
+    from trainers.config import make_config
+    from trainers.task import Task
 
     preset, overrides, batch, jit = CASES[case]
-    config = sa_conv.get_config("sa_quadratic" if preset == "keras_mha" else preset,
-                                **({} if preset == "keras_mha" else overrides))
-    process.keep_freed_memory(default_keep_freed_memory(config))  # the trainer's default for the model
+    config = make_config(overrides=dict(
+        model="sa_quadratic" if preset == "keras_mha" else preset, dataset="synthetic", global_batch_size=batch,
+        eval_batch_size=batch, validation_size=100, epochs=1, strategy="one_device", remat="none", jit_compile=jit,
+        model_dir=tempfile.mkdtemp(prefix="throughput_")))
+    task = Task(config, log=lambda s: None, model_fields=None if preset == "keras_mha" else overrides)
+    process.keep_freed_memory(task.keeps_freed_memory())  # the trainer's setting for the model
+    model_config = task.model_config
     if preset == "keras_mha":
-        model = build_keras_mha_classifier(config)
-        fwd = keras_mha_flops(config)
-        train_fwd = fwd
+        with task.strategy.scope():
+            model = build_keras_mha_classifier(model_config)
+        fwd = train_fwd = keras_mha_flops(model_config)
     else:
-        model = sa_conv.build_model(config)
-        if jit is None:
-            jit = default_jit_compile(config)
-        fwd = flops.forward_flops(config, fast=True)
-        train_fwd = flops.training_flops(config) // 3
-    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+        model = task.build_model()
+        fwd = flops.forward_flops(model_config, fast=True)
+        train_fwd = flops.training_flops(model_config) // 3
+    jit = task.use_xla()
+    train_function = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
+    iterator = iter(task.train_dataset(0))
+    one = tf.constant(1)
+    train_seconds, train_median = _time(lambda: train_function(iterator, one).numpy(), train_steps)
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, size=(batch, 32, 32, 3), dtype=np.uint8)
-    labels = rng.integers(0, 10, size=batch)
-    train_seconds, train_median = _time(lambda: model.train_on_batch(images, labels), train_steps)
     infer = tf.function(lambda x: model(x, training=False), jit_compile=jit)
     infer_results = {}
     for b in (1, 100):
@@ -172,6 +174,7 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
     train_ips = batch / train_seconds
     return {
         "case": case, "preset": preset, "overrides": overrides, "train_batch": batch, "xla": jit,
+        "keep_freed_memory": task.keeps_freed_memory(),
         "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
         "train_images_per_second": train_ips,
         "train_images_per_second_median": batch / train_median,
@@ -214,14 +217,14 @@ def main():
     parser.add_argument("--train_steps", type=int, default=3)
     parser.add_argument("--infer_steps", type=int, default=5)
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "throughput.json"))
-    parser.add_argument("--_single", help=argparse.SUPPRESS)
+    parser.add_argument("--_single", dest="single", help=argparse.SUPPRESS)
     args = parser.parse_args()
     from trainers import process
 
     process.configure()  # before TensorFlow loads, as in the programs measured
-    if args._single:
-        result = measure_export(args.infer_steps) if args._single == "export" else measure(
-            args._single, args.train_steps, args.infer_steps)
+    if args.single:
+        result = measure_export(args.infer_steps) if args.single == "export" else measure(
+            args.single, args.train_steps, args.infer_steps)
         print("RESULT " + json.dumps(result))
         return
     names = []

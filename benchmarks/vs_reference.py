@@ -80,35 +80,35 @@ def sa_conv_side(args):
     import sa_conv
     from trainers import process
     from trainers.config import make_config
-    from trainers.train import Trainer
+    from trainers.task import Task
 
     # Inference runs in a process of its own, as in an export or a server.
-    inference = args._phase == "inference"
+    inference = args.phase == "inference"
     config = make_config(overrides=dict(
         model=args.preset, dataset="synthetic", global_batch_size=args.batch, eval_batch_size=args.batch,
         validation_size=100, epochs=1, strategy="one_device", model_dir=os.path.join(args.workdir, "run"),
         remat="none" if inference else args.remat, mixed_precision=args.mixed_precision))
     process.seed(config.seed)
-    trainer = Trainer(config, log=lambda s: None)
-    trainer.prepare()
+    task = Task(config, log=lambda s: None)
+    model = task.build_model()
     if not inference:  # as `trainers.train.train` sets it for the run
-        process.keep_freed_memory(trainer.keeps_freed_memory())
-    model = trainer.model
+        process.keep_freed_memory(task.keeps_freed_memory())
     rng = np.random.default_rng(0)
     result = {"parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
-              "xla": trainer._use_xla(), "process": process.describe(args.mixed_precision)}
+              "xla": task.use_xla(), "process": process.describe(args.mixed_precision)}
     if inference:
-        infer = tf.function(lambda x: model(x, training=False), jit_compile=trainer._use_xla())
+        infer = tf.function(lambda x: model(x, training=False), jit_compile=task.use_xla())
         for b in (1, args.batch):
             x = tf.constant(rng.integers(0, 256, (b, 32, 32, 3), dtype=np.uint8))
             result[f"inference_images_per_second_batch{b}"] = b / _fastest(lambda: infer(x).numpy(), args.infer_steps)
         result["inference_peak_rss_mb"] = _peak_rss_mb()
         return result
-    result.update(remat=bool(trainer.model_config.remat), keep_freed_memory=trainer.keeps_freed_memory())
-    iterator = iter(trainer._train_dataset(0))
+    result.update(remat=bool(task.model_config.remat), keep_freed_memory=task.keeps_freed_memory())
+    train_steps = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
+    iterator = iter(task.train_dataset(0))
     one = tf.constant(1)
     result["train_images_per_second"] = args.batch / _fastest(
-        lambda: trainer.train_steps(iterator, one).numpy(), args.train_steps)
+        lambda: train_steps(iterator, one).numpy(), args.train_steps)
     result["peak_rss_mb"] = _peak_rss_mb()
     return result
 
@@ -233,7 +233,7 @@ def main():
     parser.add_argument("--merge", action="store_true",
                         help="Keep the cases already in --output; with --sides, also a case's sides not run now "
                              "(every side records its date: compare speeds within one date).")
-    parser.add_argument("--_side", help=argparse.SUPPRESS)
+    parser.add_argument("--_side", dest="side", help=argparse.SUPPRESS)
     parser.add_argument("--preset", help=argparse.SUPPRESS)
     parser.add_argument("--remat", default="auto", help=argparse.SUPPRESS)
     parser.add_argument("--preset_config", help=argparse.SUPPRESS)
@@ -242,7 +242,7 @@ def main():
                         help="Cases also measured with mixed_bfloat16 and mixed_float16 (sa-conv only).")
     parser.add_argument("--onednn_cases", default="sa_quadratic,resnet18",
                         help="Cases also measured with TensorFlow's oneDNN kernels off (sa-conv only).")
-    parser.add_argument("--_phase", help=argparse.SUPPRESS)
+    parser.add_argument("--_phase", dest="phase", help=argparse.SUPPRESS)
     parser.add_argument("--sides", default="",
                         help="Run only these sides (e.g. sa_conv,reference: leaves out sa_conv_no_remat, which "
                              "needs about 18 GB for sa_learned_content). Default: all.")
@@ -251,11 +251,11 @@ def main():
     from trainers import process
 
     process.configure()  # before TensorFlow loads, as in the programs measured
-    if args._side:
-        if args._side.startswith("sa_conv"):
-            args.remat = "none" if args._side == "sa_conv_no_remat" else "auto"
-            if args._side.startswith("sa_conv_mixed_"):
-                args.mixed_precision = args._side[len("sa_conv_"):]
+    if args.side:
+        if args.side.startswith("sa_conv"):
+            args.remat = "none" if args.side == "sa_conv_no_remat" else "auto"
+            if args.side.startswith("sa_conv_mixed_"):
+                args.mixed_precision = args.side[len("sa_conv_"):]
             result = sa_conv_side(args)
         else:
             result = reference_side(args)

@@ -173,19 +173,19 @@ def lockstep_batches(encoding, seed, args, path):
     """Writes sa-conv-train's training batches for ``seed`` (augmented, in its order) and the
     learning rate of every step to ``path`` (npz), from the trainer's own pipeline and schedule."""
     from trainers.config import make_config
-    from trainers.train import Trainer
+    from trainers.task import Task
 
     config = make_config(overrides=sa_conv_settings(encoding, seed, args, path + ".run"))
-    trainer = Trainer(config, log=lambda s: None)
-    trainer.prepare()
+    task = Task(config, log=lambda s: None)
+    schedule = task.build_schedule(task.total_steps())
     images, labels = [], []
     for epoch in range(args.epochs):
-        iterator = iter(trainer._train_dataset(epoch))  # one device: plain tensors
-        batches = [next(iterator) for _ in range(trainer.steps_per_epoch)]
+        iterator = iter(task.train_dataset(epoch))  # one device: plain tensors
+        batches = [next(iterator) for _ in range(task.steps_per_epoch)]
         images.append(np.stack([b[0].numpy() for b in batches]))
         labels.append(np.stack([b[1].numpy() for b in batches]))
-    steps = np.arange(args.epochs * trainer.steps_per_epoch).reshape(args.epochs, -1)
-    rates = np.vectorize(lambda step: float(trainer.schedule(step)))(steps)
+    steps = np.arange(args.epochs * task.steps_per_epoch).reshape(args.epochs, -1)
+    rates = np.vectorize(lambda step: float(schedule(step)))(steps)
     np.savez(path, images=np.stack(images), labels=np.stack(labels), learning_rates=rates)
 
 
@@ -239,7 +239,7 @@ def main():
                         help="Keep the runs already in --output (other seeds) and add these.")
     parser.add_argument("--output", help="Default: benchmarks/results/vs_reference_training.json, "
                                          "or vs_reference_lockstep.json with --lockstep.")
-    parser.add_argument("--_reference", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_reference", dest="reference_side", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--encoding", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -249,11 +249,11 @@ def main():
                              "on sa-conv's batches in its order (augmented) at its learning rates, without dropout: "
                              "what is left is floating-point rounding. Written under 'lockstep' in --output.")
     args = parser.parse_args()
-    if not args._reference:  # the reference's side is a PyTorch process
+    if not args.reference_side:  # the reference's side is a PyTorch process
         from trainers import process
 
         process.configure()  # before TensorFlow loads (--lockstep reads the trainer's batches here)
-    if args._reference:
+    if args.reference_side:
         reference_main(args)
         return
     if not args.reference_dir:

@@ -56,9 +56,9 @@ def test_mixed_precision_trains_like_float32(policy, float32_run, tmp_path):
     assert results["test_accuracy"] >= reference["test_accuracy"] - 0.05
     model = keras.models.load_model(tmp_path / policy / "model.keras")
     assert model.get_layer("block_0").compute_dtype == dtype
-    logits = model(trainer.test_split.images[:200], training=False)
+    logits = model(trainer.task.test_split.images[:200], training=False)
     assert logits.dtype == "float32"  # the classifier's output layer stays float32
-    accuracy = float(np.mean(np.argmax(logits, -1) == trainer.test_split.labels[:200]))
+    accuracy = float(np.mean(np.argmax(logits, -1) == trainer.task.test_split.labels[:200]))
     assert accuracy == pytest.approx(results["test_accuracy"], abs=0.03)
 
 
@@ -70,7 +70,7 @@ def test_float16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path):
     optimizer = trainer.optimizer
     optimizer.dynamic_scale.assign(2.0 ** 40)  # float16 overflows at 65504
     before = [v.numpy().copy() for v in trainer.model.trainable_variables]
-    iterator = iter(trainer._train_dataset(0))
+    iterator = iter(trainer.task.train_dataset(0))
     sums = trainer.train_steps(iterator, tf.constant(1)).numpy()
     assert np.isfinite(sums[0])  # the reported loss is the unscaled one
     assert float(optimizer.dynamic_scale.numpy()) == 2.0 ** 39

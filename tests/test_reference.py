@@ -68,23 +68,21 @@ def test_trainer_steps_from_imported_weights_match_the_reference_optimizer(name,
     """Same weights, same batch: the trainer's loss, coupled weight decay (not on centers and
     spreads) and PyTorch-form SGD, one step per learning rate (0 first, so the momentum buffer
     must take that step's gradient), give the reference's logits after its own steps."""
-    from trainers import train as train_lib
     from trainers.config import make_config
     from trainers.optimizers import PyTorchSGD
+    from trainers.task import Task
 
     fixture = _fixture(name)
     config = {**_config(fixture), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     model = reference.import_reference(_state(fixture), config)
-    trainer = train_lib.Trainer(make_config(overrides=dict(
+    task = Task(make_config(overrides=dict(
         dataset="synthetic", global_batch_size=len(fixture["images"]), momentum_form="pytorch",
         weight_decay=1e-4, model_dir=str(tmp_path))), strategy=tf.distribute.get_strategy(), log=lambda s: None)
-    trainer._load_data()
-    trainer._build(model)
     optimizer = PyTorchSGD(learning_rate=0.0, momentum=0.9)
     optimizer.build(model.trainable_variables)
     for lr in fixture["train_learning_rates"]:
         optimizer.learning_rate = float(lr)
-        grads, _ = trainer._replica_gradients(fixture["images"], fixture["labels"])
+        grads, _ = task.gradients(model, optimizer, fixture["images"], fixture["labels"])
         optimizer.apply(grads, model.trainable_variables)
     logits = np.asarray(model(fixture["images"], training=False))
     assert np.abs(fixture["trained_logits"] - fixture["logits"]).max() > 0.5  # the steps moved the model

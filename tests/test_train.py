@@ -13,6 +13,7 @@ import tensorflow as tf
 import sa_conv
 from tests.conftest import PROJECT_ROOT, read_until, reserved_port
 from trainers import train as train_lib
+from trainers.task import Task, decays
 from trainers.config import ConfigError, default_jit_compile, make_config
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT)}
@@ -94,30 +95,28 @@ def test_weight_decay_applies_to_exactly_the_listed_variables(tmp_path):
         model="sa_learned_content_small", num_layers=1, dataset="synthetic", dropout=0.0,
         weight_decay=0.01, model_dir=str(tmp_path), global_batch_size=8, jit_compile=False,
     ))
-    trainer = train_lib.Trainer(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
-    trainer._load_data()
-    trainer._build()
-    trainer.config.no_weight_decay = "centers,spreads,gamma,beta,bias"  # BERT's convention
-    trainer._build()
-    excluded = trainer.config.weight_decay_exclusions()
-    names = {v.path: train_lib.decays(v, excluded) for v in trainer.model.trainable_variables}
+    config.no_weight_decay = "centers,spreads,gamma,beta,bias"  # BERT's convention
+    task = Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+    model = task.build_model()
+    optimizer = task.build_optimizer(model, task.build_schedule(task.total_steps()))
+    excluded = config.weight_decay_exclusions()
+    names = {v.path: decays(v, excluded) for v in model.trainable_variables}
     assert not any(ok for path, ok in names.items() if path.endswith(("/bias", "/gamma", "/beta")))
     assert all(ok for path, ok in names.items() if path.endswith(("/kernel", "_embeddings")))
-    images = trainer.train_split.images[:8]
-    labels = trainer.train_split.labels[:8]
-    with_decay, _ = trainer._replica_gradients(images, labels)
-    trainer.config.weight_decay = 0.0
-    without, _ = trainer._replica_gradients(images, labels)
-    for v, g1, g0 in zip(trainer.model.trainable_variables, with_decay, without):
-        expected = 0.01 * v.numpy() if train_lib.decays(v, excluded) else np.zeros(v.shape)
+    assert [v.path for v in task.decayed_variables(model)] == [p for p, ok in names.items() if ok]
+    images = task.train_split.images[:8]
+    labels = task.train_split.labels[:8]
+    with_decay, _ = task.gradients(model, optimizer, images, labels)
+    without, _ = task.gradients(model, optimizer, images, labels, decayed=[])
+    for v, g1, g0 in zip(model.trainable_variables, with_decay, without):
+        expected = 0.01 * v.numpy() if decays(v, excluded) else np.zeros(v.shape)
         diff = tf.convert_to_tensor(g1) - tf.convert_to_tensor(g0)
         np.testing.assert_allclose(diff.numpy(), expected, atol=1e-6, err_msg=v.path)
 
     quadratic = make_config(overrides=dict(model="sa_quadratic_full_small", model_dir=str(tmp_path)))
-    t2 = train_lib.Trainer(quadratic, strategy=tf.distribute.get_strategy(), log=lambda s: None)
-    model = sa_conv.build_model(t2.config.model)
+    model = sa_conv.build_model(quadratic.model)
     skipped = sorted({v.name for v in model.trainable_variables
-                      if not train_lib.decays(v, t2.config.weight_decay_exclusions())})
+                      if not decays(v, quadratic.weight_decay_exclusions())})
     assert skipped == ["centers", "spreads"]  # the reference's default: everything else decays
 
 
@@ -279,28 +278,26 @@ def test_config_error_for_model_overrides(tmp_path):
 def test_pixel_statistics_decide_the_models_normalization(statistics, tmp_path):
     config = make_config(overrides=dict(model="sa_quadratic_small", num_layers=1, dataset="synthetic",
                                         pixel_statistics=statistics, model_dir=str(tmp_path)))
-    trainer = train_lib.Trainer(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
-    trainer._load_data()
-    trainer._build()
-    images = trainer.train_split.images
+    task = Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+    model = task.build_model()
+    images = task.train_split.images
     # "data": the statistics of the official training split (before the validation hold-out).
-    scaled = np.concatenate([images, trainer.val_split.images]).reshape(-1, 3).astype(np.float64) / 255.0
+    scaled = np.concatenate([images, task.val_split.images]).reshape(-1, 3).astype(np.float64) / 255.0
     if statistics == "data":
         mean, std = scaled.mean(0), scaled.std(0)
     else:  # the reference train.py's constants
         mean, std = np.array([0.4914, 0.4822, 0.4465]), np.array([0.2023, 0.1994, 0.2010])
-    normalized = trainer.model.get_layer("normalize")(images[:4]).numpy()
+    normalized = model.get_layer("normalize")(images[:4]).numpy()
     np.testing.assert_allclose(normalized, (images[:4] / 255.0 - mean) / std, atol=1e-4)
-    assert trainer.model_config.pixel_std == pytest.approx(tuple(std), abs=1e-3)
+    assert task.model_config.pixel_std == pytest.approx(tuple(std), abs=1e-3)
 
 
 def test_reference_statistics_refuse_other_channel_counts(tmp_path):
     gray = sa_conv.data.make_synthetic(num_train=64, num_test=16, image_shape=(32, 32, 1))
     config = make_config(overrides=dict(model="sa_quadratic_small", dataset="synthetic",
                                         pixel_statistics="reference", model_dir=str(tmp_path)))
-    trainer = train_lib.Trainer(config, strategy=tf.distribute.get_strategy(), log=lambda s: None, dataset=gray)
     with pytest.raises(ConfigError, match="3 channels.*has 1.*--pixel_statistics=data"):
-        trainer._load_data()
+        Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None, dataset=gray)
 
 
 # ------------------------------------------------------------------------------ --init_from

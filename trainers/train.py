@@ -28,7 +28,6 @@ process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
 
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -37,66 +36,18 @@ from typing import Callable
 import keras
 import numpy as np
 import tensorflow as tf
-from keras import ops
 
 import sa_conv
 from sa_conv import cli, files
 from sa_conv import data as data_lib
-from sa_conv import footprint
 from sa_conv import heads as heads_lib
-from sa_conv.errors import ConfigError, SaConvError
-from sa_conv.reference import REFERENCE_MEAN, REFERENCE_STD
-from trainers import distribute
-from trainers.config import TrainConfig, default_jit_compile, default_keep_freed_memory, make_config
-from trainers.optimizers import PyTorchSGD
-from trainers.schedule import make_schedule
+from sa_conv.errors import ConfigError
+from trainers import checkpoints, distribute, pruning
+from trainers.checkpoints import TrainingError
+from trainers.config import TrainConfig, make_config
+from trainers.task import Task, count_parameters
 
-# Variables (by their short name) that get no weight decay by default: the attention centers and
-# spreads, as in the reference implementation (which decays everything else, biases and
-# LayerNorm included; --no_weight_decay).
-NO_WEIGHT_DECAY = ("centers", "spreads")
-
-
-def data_model_fields(config: TrainConfig, dataset: data_lib.ImageData) -> dict:
-    """The `sa_conv.ModelConfig` fields that ``dataset`` decides (image size, channels, classes,
-    normalization), with ``config.pixel_statistics`` applied."""
-    try:
-        fields = dataset.model_fields()
-    except ValueError as exc:
-        raise ConfigError(f"--dataset={config.dataset}: {exc}") from None
-    if config.pixel_statistics == "reference":
-        if fields["image_channels"] != len(REFERENCE_MEAN):
-            raise ConfigError(
-                f"--pixel_statistics=reference has statistics for {len(REFERENCE_MEAN)} channels; "
-                f"--dataset={config.dataset} has {fields['image_channels']}. Use --pixel_statistics=data.")
-        fields.update(pixel_mean=REFERENCE_MEAN, pixel_std=REFERENCE_STD)
-    return fields
-
-
-def remat_blocks(config: TrainConfig, model_config, replica_batch: int, log=print) -> bool:
-    """Whether the transformer blocks rematerialize (``--remat``; for ``auto``, whether the
-    estimated activations of a ``replica_batch`` step exceed ``--memory_budget_gb``, which
-    ``log``, unless None, reports)."""
-    attention = model_config.architecture == "attention"
-    if config.remat == "blocks" and not attention:
-        raise ConfigError(f"--remat=blocks: {config.model} has no transformer blocks; use --remat=none or auto.")
-    if config.remat != "auto":
-        return config.remat == "blocks"
-    estimate = footprint.training_activation_bytes(model_config, replica_batch, remat=False)
-    remat = estimate > config.memory_budget_gb * 2**30
-    if remat and log:
-        log(f"Rematerializing the transformer blocks (--remat=auto): a step's activations are estimated at "
-            f"{estimate / 2**30:.1f} GB per replica, above --memory_budget_gb={config.memory_budget_gb:g}.")
-    return remat
-
-
-class TrainingError(SaConvError):
-    """Training cannot go on (e.g. the loss diverged); the message says what to change."""
-
-
-def decays(variable, excluded=NO_WEIGHT_DECAY) -> bool:
-    """Whether weight decay applies to ``variable``: its short name is not in ``excluded``."""
-    return variable.name.split("/")[-1].split(":")[0] not in excluded
+__all__ = ["Trainer", "TrainingError", "train", "weights_checksum"]
 
 
 def weights_checksum(model: keras.Model) -> str:
@@ -107,25 +58,26 @@ def weights_checksum(model: keras.Model) -> str:
     return digest.hexdigest()
 
 
-def _count_parameters(model: keras.Model) -> int:
-    return int(sum(np.prod(v.shape) for v in model.trainable_variables))
-
-
 def _write_json(path: str, value) -> None:
     files.write_json(path, value, sort_keys=True)
 
 
-def _save_keras_atomically(model: keras.Model, path: str) -> None:
-    tmp = f"{path}.tmp.keras"
-    model.save(tmp)
-    os.replace(tmp, path)
-
-
 class Trainer:
-    """Trains ``config`` under ``strategy`` (created once by the caller, or here).
+    """The training loop over a `trainers.task.Task`: epochs, validation, checkpoints, logs,
+    TensorBoard and callbacks. What is computed (model, optimizer, steps, data) is the Task's.
+
+    Args:
+      config: the run's settings; ``epochs``, ``max_steps``, ``model_dir`` and the per-epoch
+        options are the loop's, the rest the Task's.
+      strategy, dataset: for the Task (see `Task`), when ``task`` is None.
+      log: where progress lines go.
+      interactive: show a progress bar (default: when stdout is a terminal).
+      task: a Task built for a config with the same model and data settings (the tuner builds
+        a trial's model from it), or None to make one.
 
     It changes no process-wide state: its models carry their dtype policy, and the process
-    settings of a run (seed, allocator) are its entry point's (`train`, `trainers.process`)."""
+    settings of a run (seed, allocator) are its entry point's (`train`, `trainers.process`).
+    """
 
     def __init__(
         self,
@@ -134,30 +86,17 @@ class Trainer:
         log: Callable[[str], None] = print,
         interactive: bool | None = None,
         dataset: data_lib.ImageData | None = None,
+        task: Task | None = None,
     ):
         config.validate()
-        self.dataset = dataset
-        self.config = config
-        self.log = log
+        self.config, self.log = config, log
         self.interactive = sys.stdout.isatty() if interactive is None else interactive
-        try:
-            self.model_config = sa_conv.get_config(config.model, **config.model_overrides())
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        # The strategy next: MultiWorkerMirroredStrategy must configure collective ops before
-        # anything else initializes TensorFlow's context.
-        self.strategy = strategy or distribute.create_strategy(config.strategy)
-        self.replicas = self.strategy.num_replicas_in_sync
-        if config.global_batch_size % self.replicas:
-            raise ConfigError(
-                f"--global_batch_size={config.global_batch_size} is not divisible by the "
-                f"{self.replicas} replicas; use a multiple of {self.replicas}."
-            )
-        if config.eval_batch_size % self.replicas:
-            raise ConfigError(
-                f"--eval_batch_size={config.eval_batch_size} is not divisible by the "
-                f"{self.replicas} replicas; use a multiple of {self.replicas}."
-            )
+        self.task = task or Task(config, strategy=strategy, dataset=dataset, log=log)
+        self.strategy = self.task.strategy
+        self.steps_per_epoch = self.task.steps_per_epoch
+        self.total_steps = self.task.total_steps(config.epochs)
+        self.total_epochs = -(-self.total_steps // self.steps_per_epoch)
+        self.schedule = self.task.build_schedule(self.total_steps)
         self.prepared = False
         self.chief = distribute.is_chief(self.strategy)
         self.output_dir = (
@@ -166,162 +105,43 @@ class Trainer:
         )
         os.makedirs(self.output_dir, exist_ok=True)
 
+    @property
+    def model_config(self) -> sa_conv.ModelConfig:
+        """The Task's resolved model configuration."""
+        return self.task.model_config
+
     # ----------------------------------------------------------------------------- set-up
 
-    def _load_data(self):
-        c = self.config
-        dataset = self.dataset or data_lib.load_dataset(c.dataset, c.data_dir, seed=c.seed)
-        self.label_names = dataset.label_names
-        self.train_split, self.val_split = data_lib.split_train_validation(
-            dataset.train, c.validation_size, seed=c.seed
-        )
-        self.test_split = dataset.test
-        # Image size, classes and normalization statistics (of the official training split) come
-        # from the data, so the model and its exports take this dataset's raw pixels.
-        self.model_config = self.model_config.replace(**data_model_fields(c, dataset))
-        self.steps_per_epoch = len(self.train_split) // c.global_batch_size
-        if self.steps_per_epoch < 1:
-            raise ConfigError(
-                f"{len(self.train_split)} training images make no full batch of "
-                f"--global_batch_size={c.global_batch_size}; lower the batch size."
-            )
-        self.model_config = self.model_config.replace(
-            remat=remat_blocks(c, self.model_config, c.global_batch_size // self.replicas, self.log))
-        total = c.epochs * self.steps_per_epoch
-        self.total_steps = min(total, c.max_steps) if c.max_steps else total
-        self.total_epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+    def prepare(self, model: keras.Model | None = None) -> None:
+        """Builds the model (or takes ``model``, built under the Task's strategy), the optimizer
+        and the step functions."""
+        self.install(model or self.task.build_model())
+        pruning.check_gaussian_heads(self.model, self.config)
+        self.prepared = True
 
-    def _build(self, model: keras.Model | None = None):
-        c = self.config
+    def install(self, model: keras.Model) -> None:
+        """Makes ``model`` the one trained: a new optimizer for it, its checkpoint and its Task
+        step functions (after a pruning changes the architecture, too)."""
+        self.model = model
+        self.optimizer = self.task.build_optimizer(model, self.schedule)
         with self.strategy.scope():
-            self.model = model or self.build_model()
-            self.schedule = make_schedule(
-                c.lr_schedule,
-                c.learning_rate,
-                self.total_steps,
-                c.warmup_ratio,
-                [e * self.steps_per_epoch for e in c.milestone_epochs()],
-                c.lr_decay_factor,
-                steps_per_update=self.steps_per_epoch if c.lr_update == "epoch" else 1,
-            )
-            sgd = PyTorchSGD if c.momentum_form == "pytorch" else keras.optimizers.SGD
-            optimizer = sgd(self.schedule, momentum=c.momentum)
-            if c.mixed_precision == "mixed_float16":
-                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            self.optimizer = optimizer
-            self.optimizer.build(self.model.trainable_variables)
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-            self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch=self.epoch)
-        excluded = self.config.weight_decay_exclusions()
-        self.decayed = [v for v in self.model.trainable_variables if decays(v, excluded)]
-        self.loss_fn = keras.losses.CategoricalCrossentropy(
-            from_logits=True, label_smoothing=c.label_smoothing, reduction=None
-        )
-        ckpt_dir = os.path.join(self.output_dir, "checkpoints")
-        self.manager = tf.train.CheckpointManager(self.checkpoint, ckpt_dir, max_to_keep=c.keep_checkpoints)
-
-    def build_model(self) -> keras.Model:
-        """A new model of this run's configuration and precision (``--mixed_precision``, as its
-        layers' dtype policy: the global policy is left alone)."""
-        return sa_conv.build_model(self.model_config, name=self.config.model, dtype=self.config.mixed_precision)
-
-    def _per_example_loss(self, labels, logits):
-        one_hot = tf.one_hot(labels, self.model_config.num_classes)
-        return self.loss_fn(one_hot, tf.cast(logits, tf.float32))
-
-    def _replica_gradients(self, images, labels):
-        c = self.config
-        with tf.GradientTape() as tape:
-            logits = self.model(images, training=True)
-            per_example = self._per_example_loss(labels, logits)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=c.global_batch_size)
-            if c.weight_decay and self.decayed:
-                # Coupled L2, as PyTorch's SGD(weight_decay=): adds weight_decay * w to the gradient.
-                l2 = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in self.decayed])
-                loss += tf.nn.scale_regularization_loss(0.5 * c.weight_decay * l2)
-            scaled = self.optimizer.scale_loss(loss) if hasattr(self.optimizer, "scale_loss") else loss
-        grads = tape.gradient(scaled, self.model.trainable_variables)
-        return grads, self._sums(per_example, labels, logits)
-
-    def _replica_eval_step(self, images, labels):
-        logits = self.model(images, training=False)
-        return self._sums(self._per_example_loss(labels, logits), labels, logits)
-
-    @staticmethod
-    def _sums(per_example, labels, logits):
-        correct = tf.cast(tf.equal(tf.argmax(logits, -1), tf.cast(labels, tf.int64)), tf.float32)
-        count = tf.cast(tf.shape(labels)[0], tf.float32)
-        return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct), count])
-
-    def keeps_freed_memory(self, remat: bool | None = None) -> bool:
-        """``--keep_freed_memory``, or its default for this model (`default_keep_freed_memory`), or
-        for it with ``remat`` if given."""
-        c = self.config
-        if c.keep_freed_memory is not None:
-            return c.keep_freed_memory
-        return default_keep_freed_memory(self.model_config if remat is None else self.model_config.replace(remat=remat))
-
-    def _use_xla(self) -> bool:
-        jit = self.config.jit_compile
-        if jit is None:
-            jit = default_jit_compile(self.model_config)
-        if not jit:
-            return False
-        if self.strategy.extended.worker_devices and self.replicas > len(
-            {d.split("/device:")[0] for d in self.strategy.extended.worker_devices}
-        ) and not tf.config.list_logical_devices("GPU"):
-            # Logical CPU devices share one XLA CPU device; XLA cannot address their variables.
-            self.log("Note: XLA is off with several logical CPU replicas (--jit_compile ignored).")
-            return False
-        return True
-
-    def _compile_functions(self):
-        strategy = self.strategy
-        # XLA compiles the forward and backward pass; the optimizer update (which aggregates
-        # gradients across replicas) runs outside it.
-        gradients = tf.function(self._replica_gradients, jit_compile=self._use_xla())
-
-        def replica_step(images, labels):
-            grads, sums = gradients(images, labels)
-            self.optimizer.apply(grads, self.model.trainable_variables)
-            return sums
-
-        @tf.function
-        def train_steps(iterator, steps):
-            totals = tf.zeros([3])
-            for _ in tf.range(steps):
-                images, labels = next(iterator)
-                sums = strategy.run(replica_step, args=(images, labels))
-                totals += strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None)
-            return totals
-
-        @tf.function
-        def eval_step(batch):
-            sums = strategy.run(self._replica_eval_step, args=batch)
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None)
-
-        self.train_steps, self.eval_step = train_steps, eval_step
-
-    # ----------------------------------------------------------------------------- loops
-
-    def _train_dataset(self, epoch: int):
-        # One deterministic order per epoch, so a resumed epoch sees the data the lost one did.
-        seed = self.config.seed * 100_003 + epoch
-        ds = data_lib.make_dataset(self.train_split, self.config.global_batch_size, training=True, seed=seed)
-        return self.strategy.experimental_distribute_dataset(ds)
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=self.optimizer, epoch=self.epoch)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, os.path.join(self.output_dir, "checkpoints"), max_to_keep=self.config.keep_checkpoints)
+        self.train_steps = self.task.train_function(model, self.optimizer)
+        self.eval_step = self.task.eval_function(model)
 
     def evaluate(self, split: data_lib.Split) -> dict:
         """Loss and accuracy of the current model on ``split``."""
-        ds = data_lib.make_dataset(split, self.config.eval_batch_size, training=False, seed=None)
-        totals = np.zeros(3)
-        for batch in self.strategy.experimental_distribute_dataset(ds):
-            totals += self.eval_step(batch).numpy()
-        return {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
+        return self.task.evaluate(self.eval_step, split)
+
+    # ----------------------------------------------------------------------------- loops
 
     def _run_epoch(self, epoch: int, step: int) -> tuple[dict, int, float]:
         c = self.config
         steps = min(self.steps_per_epoch, self.total_steps - step)
-        iterator = iter(self._train_dataset(epoch))
+        iterator = iter(self.task.train_dataset(epoch))
         bar = keras.utils.Progbar(steps, stateful_metrics=["loss", "accuracy", "lr"]) if self.interactive else None
         totals, done, start = np.zeros(3), 0, time.perf_counter()
         while done < steps:
@@ -340,103 +160,47 @@ class Trainer:
         metrics = {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
         return metrics, step + done, seconds
 
-    def _init_from(self, path: str) -> None:
-        """Sets every weight from the model saved at ``path`` (``--init_from``); an error names
-        what differs when it is not this run's architecture or normalization."""
-        if not os.path.isfile(path):
-            raise ConfigError(f"--init_from={path} does not exist.")
-        try:
-            source = keras.saving.load_model(path, compile=False)
-        except Exception as exc:  # not a .keras archive, or one of unknown classes
-            raise ConfigError(f"--init_from={path} cannot be read as a Keras model: {exc}") from None
-
-        def weights(model):
-            return [v for v in model.weights if "seed_generator" not in v.path]
-
-        def normalization(model):
-            layer = next((l for l in model.layers if isinstance(l, sa_conv.PixelNormalization)), None)
-            return layer and (tuple(layer.mean), tuple(layer.std))
-
-        mine, theirs = weights(self.model), weights(source)
-        layout = [(v.path, tuple(v.shape)) for v in mine]
-        other = [(v.path, tuple(v.shape)) for v in theirs]
-        if layout != other:
-            diff = [f"{a} vs {b}" for a, b in zip(layout, other) if a != b][:3]
-            raise ConfigError(
-                f"--init_from={path} holds a different architecture ({len(other)} weights against this run's "
-                f"{len(layout)}; first differences: {'; '.join(diff) or 'missing weights'}). Use the flags "
-                "(--model, --num_layers, ...) of the run or import that wrote it.")
-        ours, its = normalization(self.model), normalization(source)
-        if bool(ours) != bool(its) or (ours and not np.allclose(ours, its, rtol=1e-6, atol=0)):
-            raise ConfigError(
-                f"--init_from={path} normalizes with mean, std {its}; this run with {ours}. Set --pixel_statistics to match (reference for an imported "
-                "reference model).")
-        for variable, value in zip(mine, theirs):
-            variable.assign(value)
-        self.log(f"Initialized {len(mine)} weights from {path}.")
-
-    def _restore(self) -> tuple[int, list]:
-        """Restores the newest readable checkpoint. An unreadable one (truncated, corrupted) is
-        reported and skipped for the one before it; when checkpoints exist but none is readable,
-        stops with an error naming the directory, deleting nothing."""
-        history_path = os.path.join(self.output_dir, "history.json")
+    def restore(self) -> tuple[int, list]:
+        """Restores the newest readable checkpoint (`checkpoints.restore_newest`), with the
+        architecture it was written with. Returns the epochs done and their history."""
         candidates = list(reversed(self.manager.checkpoints))
         if not candidates:
             return 0, []
+        history_path = os.path.join(self.output_dir, "history.json")
         recorded = []
         if os.path.isfile(history_path):
             with open(history_path) as f:
                 recorded = json.load(f)
-        for path in candidates:
-            try:
-                self._match_architecture(path, recorded)
-                self.checkpoint.restore(path).assert_existing_objects_matched()
-                break
-            except Exception as exc:  # a damaged file raises OpError, IndexError, ValueError, ...
-                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                self.log(f"Warning: checkpoint {path} is unreadable ({first_line[:200]}); trying an older one.")
-        else:
-            raise TrainingError(
-                f"None of the {len(candidates)} checkpoint(s) in {self.manager.directory} can be read "
-                "(truncated or corrupted files). Nothing was deleted: move that directory away to start "
-                "over, or restore the files."
-            )
-        latest = path
+
+        def restore(path):
+            self._match_architecture(path, recorded)
+            self.checkpoint.restore(path).assert_existing_objects_matched()
+
+        latest = checkpoints.restore_newest(candidates, restore, self.manager.directory, self.log)
         epoch = int(self.epoch.numpy())
         history = [h for h in recorded if h["epoch"] <= epoch]
         self.log(f"Resuming from {latest}: {epoch} epoch(s), step {int(self.optimizer.iterations.numpy())} done.")
         return epoch, history
 
     def _match_architecture(self, path: str, recorded: list) -> None:
-        """Rebuilds the model with the head counts it had when checkpoint ``path`` (``ckpt-<epoch>``)
-        was written, as recorded in the history by --prune_degenerate_heads."""
-        epoch = int(path.rsplit("-", 1)[1])
+        """Rebuilds the model with the head counts it had when checkpoint ``path`` was written, as
+        recorded in the history by --prune_degenerate_heads."""
         current = heads_lib.heads_per_block(self.model)
-        counts = next((h["num_heads"] for h in reversed(recorded) if h["epoch"] <= epoch and "num_heads" in h),
-                      [self.model_config.num_heads] * len(current))
+        counts = checkpoints.recorded_head_counts(recorded, checkpoints.checkpoint_epoch(path)) \
+            or [self.model_config.num_heads] * len(current)
         if counts == current:
             return
         with self.strategy.scope():
-            model = heads_lib.prune_to(self.build_model(), counts)
-        self._build(model)
-        self._compile_functions()
+            model = heads_lib.prune_to(self.task.build_model(), counts)
+        self.install(model)
         self.log(f"Checkpoint {path} holds a pruned model: heads per block {counts}.")
 
     def _write_config(self):
         resolved = {**self.config.to_dict(), "resolved_model": self.model_config.to_dict(),
-                    "replicas": self.replicas, "steps_per_epoch": self.steps_per_epoch,
+                    "replicas": self.task.replicas, "steps_per_epoch": self.steps_per_epoch,
                     "total_steps": self.total_steps,
                     "process": process.describe(self.config.mixed_precision)}
         _write_json(os.path.join(self.output_dir, "config.json"), resolved)
-
-    def prepare(self, model: keras.Model | None = None) -> None:
-        """Loads the data, builds the model (or takes ``model``, built under this strategy),
-        the optimizer with its schedule, and the step functions."""
-        self._load_data()
-        self._build(model)
-        self._check_gaussian_heads()
-        self._compile_functions()
-        self.prepared = True
 
     def train_epochs(self, start_epoch: int, history: list, callbacks=(), save=True) -> tuple[list, float]:
         """Trains epochs ``start_epoch .. total_epochs``, validating after each; calls the Keras
@@ -458,7 +222,7 @@ class Trainer:
                 callback.on_epoch_begin(epoch)
             train_metrics, step, seconds = self._run_epoch(epoch, step)
             train_seconds += seconds
-            val_metrics = self.evaluate(self.val_split)
+            val_metrics = self.evaluate(self.task.val_split)
             record = {
                 "epoch": epoch + 1, "step": step, "learning_rate": float(self.schedule(step - 1)),
                 "train_seconds": seconds,
@@ -468,7 +232,7 @@ class Trainer:
             best = max((h["val_accuracy"] for h in history), default=-1.0)
             history.append(record)
             if self.config.reset_degenerate_heads:
-                self._reset_degenerate_heads(record)
+                pruning.reset_degenerate_heads(self.model, record, self.log)
             if self.config.prune_degenerate_heads:
                 self._prune_degenerate_heads(record)
                 for callback in callbacks:
@@ -480,7 +244,7 @@ class Trainer:
             if save:
                 self._write_summaries(writers, record)
                 if self.chief and record["val_accuracy"] > best:
-                    _save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
+                    checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
                 _write_json(os.path.join(self.output_dir, "history.json"), history)
                 self.epoch.assign(epoch + 1)
                 self.manager.save(checkpoint_number=epoch + 1)
@@ -499,14 +263,14 @@ class Trainer:
         if not self.prepared:
             self.prepare()
         self._write_config()
-        start_epoch, history = self._restore()
+        start_epoch, history = self.restore()
         resumed_from = start_epoch if start_epoch else None
         if self.config.init_from and not self.manager.checkpoints:
-            self._init_from(self.config.init_from)
-        params = _count_parameters(self.model)
+            checkpoints.init_from(self.model, self.config.init_from, self.log)
+        params = count_parameters(self.model)
         self.log(
-            f"Training {self.config.model} ({params:,} parameters) on {len(self.train_split)} images "
-            f"({len(self.val_split)} held out for validation), {self.replicas} replica(s), "
+            f"Training {self.config.model} ({params:,} parameters) on {len(self.task.train_split)} images "
+            f"({len(self.task.val_split)} held out for validation), {self.task.replicas} replica(s), "
             f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all."
         )
         earlier_seconds = sum(h.get("train_seconds", 0.0) for h in history)
@@ -514,8 +278,8 @@ class Trainer:
         return self._finish(history, resumed_from, earlier_seconds + seconds, wall_start)
 
     def _finish(self, history, resumed_from, train_seconds, wall_start) -> dict:
-        params = _count_parameters(self.model)  # after any --prune_degenerate_heads
-        test = self.evaluate(self.test_split)
+        params = count_parameters(self.model)  # after any --prune_degenerate_heads
+        test = self.evaluate(self.task.test_split)
         last = history[-1] if history else {}
         best = max(history, key=lambda h: h["val_accuracy"]) if history else {}
         images = sum(h["step"] - (history[i - 1]["step"] if i else 0) for i, h in enumerate(history))
@@ -525,7 +289,7 @@ class Trainer:
             "parameters": params,
             "epochs": len(history),
             "steps": int(self.optimizer.iterations.numpy()),
-            "replicas": self.replicas,
+            "replicas": self.task.replicas,
             "global_batch_size": self.config.global_batch_size,
             "train_loss": last.get("train_loss"),
             "train_accuracy": last.get("train_accuracy"),
@@ -538,76 +302,34 @@ class Trainer:
             "images_per_second": images * self.config.global_batch_size / train_seconds if train_seconds else None,
             "wall_time_seconds": time.perf_counter() - wall_start,
             "resumed_from_epoch": resumed_from,
-            "label_names": list(self.label_names),
+            "label_names": list(self.task.label_names),
             "weights_sha256": weights_checksum(self.model),
         }
         _write_json(os.path.join(self.output_dir, "results.json"), results)
         if self.chief:
-            _save_keras_atomically(self.model, os.path.join(self.output_dir, "model.keras"))
+            checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, "model.keras"))
         self.log(
             f"Test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) after {results['steps']} "
             f"steps; results in {os.path.join(self.output_dir, 'results.json')}."
         )
         return results
 
-    def _reset_degenerate_heads(self, record):
-        found = sa_conv.degenerate_heads(self.model)
-        record["reset_heads"] = {str(k): v for k, v in found.items()}
-        if found:
-            sa_conv.reset_heads(self.model, found)
-            self.log("Re-initialized degenerate heads (block: heads): "
-                     + ", ".join(f"{k}: {v}" for k, v in found.items()))
-
-    def _check_gaussian_heads(self):
-        flag = ("--reset_degenerate_heads" if self.config.reset_degenerate_heads
-                else "--prune_degenerate_heads" if self.config.prune_degenerate_heads else None)
-        if flag is None:
-            return
-        blocks = sa_conv.attention_blocks(self.model)
-        if not blocks or any(b.attention.position_encoding.gaussian() is None for b in blocks):
-            raise ConfigError(
-                f"{flag} needs a model whose heads are Gaussian (a quadratic encoding); "
-                f"{self.config.model} with encoding {self.model_config.encoding!r} has none."
-            )
-
     def _prune_degenerate_heads(self, record):
-        found = sa_conv.degenerate_heads(self.model)
-        counts = heads_lib.heads_per_block(self.model)
-        for block, heads in found.items():
-            if len(heads) == counts[block]:
-                # A block needs one head: keep its first and say so.
-                self.log(f"Block {block}: all {counts[block]} heads are degenerate; head {heads[0]} is kept.")
-                heads.pop(0)
-        found = {block: heads for block, heads in found.items() if heads}
+        found = pruning.heads_to_prune(self.model, self.log)
         record["pruned_heads"] = {str(k): v for k, v in found.items()}
         if found:
             old_model, old_optimizer = self.model, self.optimizer
             take = heads_lib.head_slicer(old_model, found)
             with self.strategy.scope():
                 model = sa_conv.prune_heads(old_model, found)
-            before = _count_parameters(old_model)
-            self._build(model)
-            self._transfer_optimizer_state(old_optimizer, old_model, take)
-            self._compile_functions()
+            before = count_parameters(old_model)
+            self.install(model)
+            pruning.transfer_optimizer_state(old_optimizer, old_model, self.optimizer, take)
             self.log("Pruned degenerate heads (block: heads): "
                      + ", ".join(f"{k}: {v}" for k, v in found.items())
-                     + f"; {before:,} -> {_count_parameters(self.model):,} parameters.")
+                     + f"; {before:,} -> {count_parameters(self.model):,} parameters.")
         record["num_heads"] = heads_lib.heads_per_block(self.model)
-        record["parameters"] = _count_parameters(self.model)
-
-    def _transfer_optimizer_state(self, old_optimizer, old_model, take):
-        """Copies the optimizer's step and momentums into the pruned model's new optimizer,
-        keeping the momentum slices of the kept heads: training goes on as if the pruned heads'
-        weights had never existed."""
-        shadowed = {}  # id(optimizer variable) -> the model variable it shadows
-        inner = getattr(old_optimizer, "inner_optimizer", old_optimizer)
-        for variable, momentum in zip(old_model.trainable_variables, getattr(inner, "momentums", [])):
-            shadowed[id(momentum)] = variable
-        for old, new in zip(old_optimizer.variables, self.optimizer.variables):
-            value = ops.convert_to_numpy(old)
-            if tuple(new.shape) != value.shape:
-                value = take(shadowed[id(old)], value, new.shape)
-            new.assign(value)
+        record["parameters"] = count_parameters(self.model)
 
     # ----------------------------------------------------------------------------- logging
 
@@ -627,7 +349,7 @@ class Trainer:
             raise ConfigError(f"--attention_summaries_every needs an attention model, not {self.config.model}.")
         from trainers.attention_summaries import AttentionSummaries
 
-        callback = AttentionSummaries(self.val_split.images[:4], os.path.join(self.output_dir, "logs", "attention"), every)
+        callback = AttentionSummaries(self.task.val_split.images[:4], os.path.join(self.output_dir, "logs", "attention"), every)
         callback.set_model(self.model)
         return [callback]
 
@@ -661,7 +383,7 @@ def train(config: TrainConfig, strategy=None, log=print) -> dict:
     process.seed(config.seed)
     trainer = Trainer(config, strategy=strategy, log=log)
     trainer.prepare()
-    process.keep_freed_memory(trainer.keeps_freed_memory())
+    process.keep_freed_memory(trainer.task.keeps_freed_memory())
     return trainer.run()
 
 

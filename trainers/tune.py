@@ -54,8 +54,10 @@ from sa_conv import cli, files
 from sa_conv import data as data_lib
 from sa_conv.errors import ConfigError
 from trainers import distribute
+from trainers.checkpoints import TrainingError
 from trainers.config import TrainConfig, default_keep_freed_memory, make_config
-from trainers.train import TrainingError, Trainer, data_model_fields, remat_blocks, train
+from trainers.task import Task, resolve_model_config
+from trainers.train import Trainer, train
 
 MODEL_HYPERPARAMETERS = ("encoding", "num_heads", "num_layers", "hidden_size", "mlp_size", "dropout",
                          "attention_dropout")
@@ -243,23 +245,26 @@ class SaConvHyperModel(kt.HyperModel):
                 "with sa-conv-train --prune_degenerate_heads."
             )
         self.space, self.base, self.strategy, self.dataset, self.log = space, base, strategy, dataset, log
+        self.tasks = {}  # id(model) -> the Task that built it, until its fit
 
     def build(self, hp):
+        """The trial's model, from its `Task` (which ``fit`` then trains: the model configuration
+        is resolved once per trial)."""
         values = define_hyperparameters(hp, self.space)
-        model_values = {k: v for k, v in values.items() if k in MODEL_HYPERPARAMETERS}
-        base_model = self.space.get("base_model", self.base.model)
-        config = sa_conv.get_config(base_model, **model_values, **data_model_fields(self.base, self.dataset))
-        replica_batch = self.base.global_batch_size // self.strategy.num_replicas_in_sync
-        remat = remat_blocks(self.base, config, replica_batch, self.log)
+        config = trial_config(self.base, self.space, values, self.base.epochs, self.base.model_dir)
+        task = Task(config, strategy=self.strategy, dataset=self.dataset, log=self.log)
         # Every trial starts from --seed: its initial weights, dropout and data order do not depend
         # on the trials before it (nor, in a distributed search, on which worker runs it).
         process.seed(self.base.seed)
-        return sa_conv.build_model(config.replace(remat=remat), name=base_model, dtype=self.base.mixed_precision)
+        model = task.build_model()
+        self.tasks[id(model)] = task
+        return model
 
     def fit(self, hp, model, *args, epochs=1, initial_epoch=0, callbacks=(), trial_dir=None, **kwargs):
         values = {entry["name"]: hp.get(entry["name"]) for entry in self.space["hyperparameters"]}
         config = trial_config(self.base, self.space, values, epochs, trial_dir or self.base.model_dir)
-        trainer = Trainer(config, strategy=self.strategy, log=self.log, dataset=self.dataset)
+        task = self.tasks.pop(id(model), None)
+        trainer = Trainer(config, log=self.log, task=task or Task(config, self.strategy, self.dataset, self.log))
         trainer.prepare(model)
         start = time.perf_counter()
         history, _ = trainer.train_epochs(initial_epoch, [], callbacks=callbacks, save=False)
@@ -277,9 +282,9 @@ def search_keeps_freed_memory(base: TrainConfig, space: dict, dataset, strategy)
     ``--keep_freed_memory``, or its default for the space's base model on this data."""
     if base.keep_freed_memory is not None:
         return base.keep_freed_memory
-    config = sa_conv.get_config(space.get("base_model", base.model), **data_model_fields(base, dataset))
-    remat = remat_blocks(base, config, base.global_batch_size // strategy.num_replicas_in_sync, log=None)
-    return default_keep_freed_memory(config.replace(remat=remat))
+    base = dataclasses.replace(base, model=space.get("base_model", base.model))
+    model_config = resolve_model_config(base, dataset, base.global_batch_size // strategy.num_replicas_in_sync, log=None)
+    return default_keep_freed_memory(model_config)
 
 
 ORACLE_ENVIRONMENT = ("KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT", "KERASTUNER_TUNER_ID")

@@ -1,0 +1,88 @@
+"""Model files and checkpoints of a run: atomic ``.keras`` saves, ``--init_from``, and restoring
+the newest readable checkpoint (skipping damaged ones)."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+
+import sa_conv
+from sa_conv.errors import ConfigError, SaConvError
+
+
+class TrainingError(SaConvError):
+    """Training cannot go on (e.g. the loss diverged); the message says what to change."""
+
+
+def save_keras_atomically(model: keras.Model, path: str) -> None:
+    """Saves ``model`` to ``path`` through a temporary file: a kill leaves the old file or the new."""
+    tmp = f"{path}.tmp.keras"
+    model.save(tmp)
+    os.replace(tmp, path)
+
+
+def init_from(model: keras.Model, path: str, log=print) -> None:
+    """Sets every weight of ``model`` from the model saved at ``path`` (``--init_from``); an
+    error names what differs when it is not the same architecture or normalization."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--init_from={path} does not exist.")
+    try:
+        source = keras.saving.load_model(path, compile=False)
+    except Exception as exc:  # not a .keras archive, or one of unknown classes
+        raise ConfigError(f"--init_from={path} cannot be read as a Keras model: {exc}") from None
+
+    def weights(m):
+        return [v for v in m.weights if "seed_generator" not in v.path]
+
+    def normalization(m):
+        layer = next((l for l in m.layers if isinstance(l, sa_conv.PixelNormalization)), None)
+        return layer and (tuple(layer.mean), tuple(layer.std))
+
+    mine, theirs = weights(model), weights(source)
+    layout = [(v.path, tuple(v.shape)) for v in mine]
+    other = [(v.path, tuple(v.shape)) for v in theirs]
+    if layout != other:
+        diff = [f"{a} vs {b}" for a, b in zip(layout, other) if a != b][:3]
+        raise ConfigError(
+            f"--init_from={path} holds a different architecture ({len(other)} weights against this run's "
+            f"{len(layout)}; first differences: {'; '.join(diff) or 'missing weights'}). Use the flags "
+            "(--model, --num_layers, ...) of the run or import that wrote it.")
+    ours, its = normalization(model), normalization(source)
+    if bool(ours) != bool(its) or (ours and not np.allclose(ours, its, rtol=1e-6, atol=0)):
+        raise ConfigError(
+            f"--init_from={path} normalizes with mean, std {its}; this run with {ours}. Set --pixel_statistics "
+            "to match (reference for an imported reference model).")
+    for variable, value in zip(mine, theirs):
+        variable.assign(value)
+    log(f"Initialized {len(mine)} weights from {path}.")
+
+
+def checkpoint_epoch(path: str) -> int:
+    """The epoch of checkpoint ``path`` (``.../ckpt-<epoch>``)."""
+    return int(path.rsplit("-", 1)[1])
+
+
+def recorded_head_counts(history: list, epoch: int):
+    """The per-block head counts recorded in ``history`` (``--prune_degenerate_heads``) at or
+    before ``epoch``, or None when no epoch recorded them."""
+    return next((h["num_heads"] for h in reversed(history) if h["epoch"] <= epoch and "num_heads" in h), None)
+
+
+def restore_newest(candidates: list, restore, directory: str, log=print) -> str:
+    """Calls ``restore(path)`` on the checkpoints ``candidates`` (newest first) until one
+    succeeds, and returns its path. An unreadable one (truncated, corrupted: ``restore`` raises)
+    is reported and skipped; when none is readable, raises TrainingError naming ``directory``,
+    deleting nothing."""
+    for path in candidates:
+        try:
+            restore(path)
+            return path
+        except Exception as exc:  # a damaged file raises OpError, IndexError, ValueError, ...
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log(f"Warning: checkpoint {path} is unreadable ({first_line[:200]}); trying an older one.")
+    raise TrainingError(
+        f"None of the {len(candidates)} checkpoint(s) in {directory} can be read "
+        "(truncated or corrupted files). Nothing was deleted: move that directory away to start "
+        "over, or restore the files.")

@@ -1,0 +1,298 @@
+"""`Task`: what a training run computes, as a public API (after TF Model Garden's Task).
+
+A `Task` is made from a `TrainConfig` and its data. It resolves the model configuration once
+(the preset, the flags' overrides, what the data decides, the remat decision) and builds what
+a training loop needs:
+
+* the model (`build_model`), the learning-rate schedule and optimizer (`build_schedule`,
+  `build_optimizer`);
+* the replica step: loss with coupled L2 weight decay and its gradients (`gradients`), and the
+  distributed training and evaluation functions (`train_function`, `eval_function`), with the
+  XLA decision (`use_xla`);
+* the datasets: the training split in a deterministic order per epoch (`train_dataset`) and
+  evaluation of any split (`evaluate`).
+
+The `trainers.train.Trainer` runs the loop over a Task (epochs, checkpoints, logs, callbacks);
+the tuner builds its trials' models and the benchmarks their steps through the same API.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import sa_conv
+from sa_conv import data as data_lib
+from sa_conv import footprint
+from sa_conv.errors import ConfigError
+from sa_conv.reference import REFERENCE_MEAN, REFERENCE_STD
+from trainers import distribute
+from trainers.config import TrainConfig, default_jit_compile, default_keep_freed_memory
+from trainers.optimizers import PyTorchSGD
+from trainers.schedule import make_schedule
+
+# Variables (by their short name) that get no weight decay by default: the attention centers and
+# spreads, as in the reference implementation (which decays everything else, biases and
+# LayerNorm included; --no_weight_decay).
+NO_WEIGHT_DECAY = ("centers", "spreads")
+
+
+def data_model_fields(config: TrainConfig, dataset: data_lib.ImageData) -> dict:
+    """The `sa_conv.ModelConfig` fields that ``dataset`` decides (image size, channels, classes,
+    normalization), with ``config.pixel_statistics`` applied."""
+    try:
+        fields = dataset.model_fields()
+    except ValueError as exc:
+        raise ConfigError(f"--dataset={config.dataset}: {exc}") from None
+    if config.pixel_statistics == "reference":
+        if fields["image_channels"] != len(REFERENCE_MEAN):
+            raise ConfigError(
+                f"--pixel_statistics=reference has statistics for {len(REFERENCE_MEAN)} channels; "
+                f"--dataset={config.dataset} has {fields['image_channels']}. Use --pixel_statistics=data.")
+        fields.update(pixel_mean=REFERENCE_MEAN, pixel_std=REFERENCE_STD)
+    return fields
+
+
+def remat_blocks(config: TrainConfig, model_config, replica_batch: int, log=print) -> bool:
+    """Whether the transformer blocks rematerialize (``--remat``; for ``auto``, whether the
+    estimated activations of a ``replica_batch`` step exceed ``--memory_budget_gb``, which
+    ``log``, unless None, reports)."""
+    attention = model_config.architecture == "attention"
+    if config.remat == "blocks" and not attention:
+        raise ConfigError(f"--remat=blocks: {config.model} has no transformer blocks; use --remat=none or auto.")
+    if config.remat != "auto":
+        return config.remat == "blocks"
+    estimate = footprint.training_activation_bytes(model_config, replica_batch, remat=False)
+    remat = estimate > config.memory_budget_gb * 2**30
+    if remat and log:
+        log(f"Rematerializing the transformer blocks (--remat=auto): a step's activations are estimated at "
+            f"{estimate / 2**30:.1f} GB per replica, above --memory_budget_gb={config.memory_budget_gb:g}.")
+    return remat
+
+
+def resolve_model_config(config: TrainConfig, dataset: data_lib.ImageData, replica_batch: int,
+                         log=print, model_fields: dict | None = None) -> sa_conv.ModelConfig:
+    """The model configuration of a run: ``config.model``'s preset with the flags' overrides and
+    ``model_fields`` (any further `sa_conv.ModelConfig` fields), the fields ``dataset`` decides
+    (`data_model_fields`) and the remat decision (`remat_blocks`)."""
+    try:
+        preset = sa_conv.get_config(config.model, **config.model_overrides(), **(model_fields or {}))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    model_config = preset.replace(**data_model_fields(config, dataset))
+    return model_config.replace(remat=remat_blocks(config, model_config, replica_batch, log))
+
+
+def decays(variable, excluded=NO_WEIGHT_DECAY) -> bool:
+    """Whether weight decay applies to ``variable``: its short name is not in ``excluded``."""
+    return variable.name.split("/")[-1].split(":")[0] not in excluded
+
+
+def count_parameters(model: keras.Model) -> int:
+    """Trainable parameters of ``model``."""
+    return int(sum(np.prod(v.shape) for v in model.trainable_variables))
+
+
+class Task:
+    """The model, data, loss, optimizer and steps of a `TrainConfig` (see the module docstring).
+
+    Args:
+      config: the run's settings (validated here).
+      strategy: the `tf.distribute` strategy, created once by the program; None creates the one
+        ``config.strategy`` names.
+      dataset: the data, if already loaded (the tuner loads it once for every trial); None loads
+        ``config.dataset``.
+      log: where decisions are reported (remat, XLA).
+      model_fields: further `sa_conv.ModelConfig` fields that have no flag (the benchmarks set the
+        grid and the attention path with them).
+
+    Attributes set once, here: ``model_config`` (the resolved `sa_conv.ModelConfig`),
+    ``train_split``, ``val_split`` (held out from the training split, seeded), ``test_split``,
+    ``label_names``, ``steps_per_epoch``, ``replicas``. The Task changes no process-wide state.
+    """
+
+    def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy | None = None,
+                 dataset: data_lib.ImageData | None = None, log: Callable[[str], None] = print,
+                 model_fields: dict | None = None):
+        config.validate()
+        self.config, self.log = config, log
+        try:  # the preset and overrides first: their errors need no data
+            sa_conv.get_config(config.model, **config.model_overrides(), **(model_fields or {}))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        # The strategy before the data: MultiWorkerMirroredStrategy must configure collective ops
+        # before anything else initializes TensorFlow's context.
+        self.strategy = strategy or distribute.create_strategy(config.strategy)
+        self.replicas = self.strategy.num_replicas_in_sync
+        for name in ("global_batch_size", "eval_batch_size"):
+            if getattr(config, name) % self.replicas:
+                raise ConfigError(
+                    f"--{name}={getattr(config, name)} is not divisible by the {self.replicas} replicas; "
+                    f"use a multiple of {self.replicas}.")
+        dataset = dataset or data_lib.load_dataset(config.dataset, config.data_dir, seed=config.seed)
+        self.label_names = dataset.label_names
+        self.train_split, self.val_split = data_lib.split_train_validation(
+            dataset.train, config.validation_size, seed=config.seed)
+        self.test_split = dataset.test
+        # Image size, classes and normalization statistics (of the official training split) come
+        # from the data, so the model and its exports take this dataset's raw pixels.
+        self.model_config = resolve_model_config(
+            config, dataset, config.global_batch_size // self.replicas, log, model_fields)
+        self.steps_per_epoch = len(self.train_split) // config.global_batch_size
+        if self.steps_per_epoch < 1:
+            raise ConfigError(
+                f"{len(self.train_split)} training images make no full batch of "
+                f"--global_batch_size={config.global_batch_size}; lower the batch size.")
+
+    # ------------------------------------------------------------------------- model, optimizer
+
+    def build_model(self) -> keras.Model:
+        """A new model of the resolved configuration, under the strategy, in ``--mixed_precision``
+        (as its layers' dtype policy: the global policy is left alone)."""
+        with self.strategy.scope():
+            return sa_conv.build_model(self.model_config, name=self.config.model, dtype=self.config.mixed_precision)
+
+    def total_steps(self, epochs: int | None = None) -> int:
+        """Optimizer steps of ``epochs`` (default ``--epochs``), capped by ``--max_steps``."""
+        total = (self.config.epochs if epochs is None else epochs) * self.steps_per_epoch
+        return min(total, self.config.max_steps) if self.config.max_steps else total
+
+    def build_schedule(self, total_steps: int):
+        """The learning-rate schedule (`trainers.schedule`) of a run of ``total_steps``."""
+        c = self.config
+        return make_schedule(
+            c.lr_schedule, c.learning_rate, total_steps, c.warmup_ratio,
+            [e * self.steps_per_epoch for e in c.milestone_epochs()], c.lr_decay_factor,
+            steps_per_update=self.steps_per_epoch if c.lr_update == "epoch" else 1)
+
+    def build_optimizer(self, model: keras.Model, schedule) -> keras.optimizers.Optimizer:
+        """SGD (``--momentum_form``) following ``schedule``, loss-scaled under mixed_float16, built
+        for ``model``'s variables under the strategy."""
+        c = self.config
+        with self.strategy.scope():
+            sgd = PyTorchSGD if c.momentum_form == "pytorch" else keras.optimizers.SGD
+            optimizer = sgd(schedule, momentum=c.momentum)
+            if c.mixed_precision == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            optimizer.build(model.trainable_variables)
+        return optimizer
+
+    def decayed_variables(self, model: keras.Model) -> list:
+        """``model``'s variables under weight decay (all but ``--no_weight_decay``'s names)."""
+        excluded = self.config.weight_decay_exclusions()
+        return [v for v in model.trainable_variables if decays(v, excluded)]
+
+    def keeps_freed_memory(self) -> bool:
+        """``--keep_freed_memory``, or its default for this model (`default_keep_freed_memory`)."""
+        if self.config.keep_freed_memory is not None:
+            return self.config.keep_freed_memory
+        return default_keep_freed_memory(self.model_config)
+
+    def use_xla(self) -> bool:
+        """Whether the forward and backward pass compile with XLA: ``--jit_compile``, or its default
+        for the encoding; off with several logical CPU replicas (which XLA cannot address)."""
+        jit = self.config.jit_compile
+        if jit is None:
+            jit = default_jit_compile(self.model_config)
+        if not jit:
+            return False
+        devices = self.strategy.extended.worker_devices
+        if devices and self.replicas > len({d.split("/device:")[0] for d in devices}) \
+                and not tf.config.list_logical_devices("GPU"):
+            self.log("Note: XLA is off with several logical CPU replicas (--jit_compile ignored).")
+            return False
+        return True
+
+    # ------------------------------------------------------------------------- steps
+
+    def per_example_loss(self, labels, logits):
+        """Cross-entropy (with ``--label_smoothing``) per example, float32: ``(batch,)``."""
+        one_hot = tf.one_hot(labels, self.model_config.num_classes)
+        loss = keras.losses.CategoricalCrossentropy(
+            from_logits=True, label_smoothing=self.config.label_smoothing, reduction=None)
+        return loss(one_hot, tf.cast(logits, tf.float32))
+
+    @staticmethod
+    def sums(per_example, labels, logits):
+        """``[sum of losses, correct predictions, examples]`` of a batch: summed across replicas
+        and batches, they give the mean loss and accuracy."""
+        correct = tf.cast(tf.equal(tf.argmax(logits, -1), tf.cast(labels, tf.int64)), tf.float32)
+        count = tf.cast(tf.shape(labels)[0], tf.float32)
+        return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct), count])
+
+    def gradients(self, model: keras.Model, optimizer, images, labels, decayed=None):
+        """One replica's gradients of its share of the global batch's mean loss plus the coupled
+        L2 term ``weight_decay / 2 * sum w^2`` over ``decayed`` (default `decayed_variables`), as
+        PyTorch's ``SGD(weight_decay=)`` adds ``weight_decay * w`` to the gradient; loss-scaled
+        when ``optimizer`` scales. Returns ``(gradients, sums)`` (`sums`)."""
+        c = self.config
+        decayed = self.decayed_variables(model) if decayed is None else decayed
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            per_example = self.per_example_loss(labels, logits)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=c.global_batch_size)
+            if c.weight_decay and decayed:
+                l2 = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in decayed])
+                loss += tf.nn.scale_regularization_loss(0.5 * c.weight_decay * l2)
+            scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
+        return tape.gradient(scaled, model.trainable_variables), self.sums(per_example, labels, logits)
+
+    def train_function(self, model: keras.Model, optimizer):
+        """``train_steps(iterator, steps)``: runs ``steps`` distributed optimizer steps on batches
+        of ``iterator`` (of `train_dataset`) and returns their `sums`, reduced across replicas."""
+        strategy, decayed = self.strategy, self.decayed_variables(model)
+        # XLA compiles the forward and backward pass; the optimizer update (which aggregates
+        # gradients across replicas) runs outside it.
+        gradients = tf.function(lambda x, y: self.gradients(model, optimizer, x, y, decayed),
+                                jit_compile=self.use_xla())
+
+        def replica_step(images, labels):
+            grads, sums = gradients(images, labels)
+            optimizer.apply(grads, model.trainable_variables)
+            return sums
+
+        @tf.function
+        def train_steps(iterator, steps):
+            totals = tf.zeros([3])
+            for _ in tf.range(steps):
+                images, labels = next(iterator)
+                sums = strategy.run(replica_step, args=(images, labels))
+                totals += strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None)
+            return totals
+
+        return train_steps
+
+    def eval_function(self, model: keras.Model):
+        """``eval_step(batch)``: the `sums` of a distributed evaluation batch."""
+        strategy = self.strategy
+
+        def replica_step(images, labels):
+            logits = model(images, training=False)
+            return self.sums(self.per_example_loss(labels, logits), labels, logits)
+
+        @tf.function
+        def eval_step(batch):
+            sums = strategy.run(replica_step, args=batch)
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None)
+
+        return eval_step
+
+    # ------------------------------------------------------------------------- data
+
+    def train_dataset(self, epoch: int):
+        """Epoch ``epoch``'s shuffled, augmented batches of the training split, distributed. One
+        deterministic order per epoch, so a resumed epoch sees the data the lost one did."""
+        seed = self.config.seed * 100_003 + epoch
+        ds = data_lib.make_dataset(self.train_split, self.config.global_batch_size, training=True, seed=seed)
+        return self.strategy.experimental_distribute_dataset(ds)
+
+    def evaluate(self, eval_step, split: data_lib.Split) -> dict:
+        """Mean loss and accuracy on ``split`` with ``eval_step`` (`eval_function`)."""
+        ds = data_lib.make_dataset(split, self.config.eval_batch_size, training=False, seed=None)
+        totals = np.zeros(3)
+        for batch in self.strategy.experimental_distribute_dataset(ds):
+            totals += eval_step(batch).numpy()
+        return {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
