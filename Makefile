@@ -45,7 +45,7 @@ test-backends: $(BSTAMP)
 	done
 
 demo: $(STAMP)
-	$(PY) -m trainers.demo --output_dir=$(DEMO_DIR) $(if $(CIFAR10_DIR),--data_dir=$(CIFAR10_DIR))
+	$(PY) -m programs.demo --output_dir=$(DEMO_DIR) $(if $(CIFAR10_DIR),--data_dir=$(CIFAR10_DIR))
 
 # The GPU install resolves to one TensorFlow (checked with pip's resolver; no GPU needed).
 check-install: $(STAMP)

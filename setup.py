@@ -13,7 +13,7 @@ setup(
         "Convolutional Layers'."
     ),
     python_requires=">=3.10",
-    packages=find_packages(include=["sa_conv", "sa_conv.*", "trainers", "trainers.*", "export", "export.*"]),
+    packages=find_packages(include=["sa_conv", "sa_conv.*", "trainers", "trainers.*", "export", "export.*", "programs", "programs.*"]),
     # TensorFlow comes from exactly one of the extras "cpu" or "gpu" (see README): both
     # distributions write the same `tensorflow` package, so the core names neither.
     install_requires=[

@@ -414,7 +414,7 @@ def make_synthetic(num_train: int = 1000, num_test: int = 200, seed: int = 0, im
 # TensorFlow Datasets.
 
 
-def _host_reachable(host_port: tuple[str, int], timeout: float = 3.0) -> bool:
+def host_reachable(host_port: tuple[str, int], timeout: float = 3.0) -> bool:
     try:
         with socket.create_connection(host_port, timeout=timeout):
             return True
@@ -459,7 +459,7 @@ def load_tfds(name: str = "cifar10", data_dir: str | None = None, download: bool
         if not download:
             raise DatasetError(f"tfds {name} is not prepared in {builder.data_dir!r} and download is off. " + OFFLINE_HINT)
         host = urllib.parse.urlparse(info.homepage or "").hostname or "www.tensorflow.org"
-        if not _host_reachable((host, 443)):
+        if not host_reachable((host, 443)):
             raise DatasetError(
                 f"tfds {name} is not prepared in {builder.data_dir!r} and its download host "
                 f"{host} cannot be reached (no internet?). " + OFFLINE_HINT

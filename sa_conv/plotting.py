@@ -1,5 +1,5 @@
 """Figures of attention: maps per layer and head, centers of attention, locality metrics.
-The command line is ``sa-conv-visualize`` (`trainers.visualize`).
+The command line is ``sa-conv-visualize`` (`programs.visualize`).
 
 `visualize` writes to ``output_dir``:
 
@@ -75,7 +75,7 @@ def attention_grid_figure(maps, query, image=None, pooling=1, title=""):
     return fig
 
 
-def _contour(center, inverse_covariance, mass):
+def contour_ellipse(center, inverse_covariance, mass):
     """Ellipse (as a patch) holding ``mass`` of a 2-D Gaussian with precision matrix
     ``inverse_covariance`` (rows, cols): ``(d - c)^T S^-1 (d - c) = -2 ln(1 - mass)``."""
     radius2 = -2.0 * np.log(1.0 - mass)
@@ -114,7 +114,7 @@ def centers_figure(model, query):
             color = colors(h % 10)
             precision = precisions[h]
             for mass, style in ((0.5, "-"), (0.9, ":")):
-                patch = _contour(target, precision, mass)
+                patch = contour_ellipse(target, precision, mass)
                 patch.set_edgecolor(color)
                 patch.set_linestyle(style)
                 ax.add_patch(patch)

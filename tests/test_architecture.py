@@ -17,12 +17,12 @@ from sa_conv.encodings import base as encodings_base
 from tests.conftest import PROJECT_ROOT
 from trainers.config import default_jit_compile
 
-PROGRAMS = ("trainers", "export", "benchmarks")
+PROGRAMS = ("trainers", "export", "programs", "benchmarks")
 # Programs that compose another program, and which: the only imports between programs.
-COMPOSES = {"trainers/demo.py": {"export"}, "benchmarks/throughput.py": {"export", "trainers"},
+COMPOSES = {"programs/demo.py": {"export", "trainers"}, "programs/visualize.py": {"trainers"}, "benchmarks/throughput.py": {"export", "trainers"},
             "benchmarks/vs_reference.py": {"trainers"},
             # The export programs configure their process as every program does (trainers.process).
-            "export/export.py": {"trainers"}, "export/import_reference.py": {"trainers"},
+            "export/export.py": {"trainers"}, "programs/import_reference.py": {"trainers"},
             # Measured children configured as the trainer's; the parent configures itself too.
             "benchmarks/malloc.py": {"trainers"}, "benchmarks/remat_allocator.py": {"trainers"},
             # --lockstep takes the trainer's own batches and schedule.
@@ -100,7 +100,7 @@ def row_only_encoding():
             return row, ops.zeros((self.num_heads, width, width))
 
     yield RowOffsetEncoding
-    del encodings_base._REGISTRY["test_rows"]
+    sa_conv.encodings.unregister_encoding("test_rows")
 
 
 def test_a_registered_encoding_reaches_every_consumer(row_only_encoding, tmp_path):
@@ -167,8 +167,8 @@ def test_conversion_goes_through_public_accessors():
 
 # ------------------------------------------------------------------ programs configure their process
 
-PROGRAM_MODULES = ("trainers/train.py", "trainers/tune.py", "trainers/visualize.py", "trainers/demo.py",
-                   "export/export.py", "export/import_reference.py")
+PROGRAM_MODULES = ("trainers/train.py", "trainers/tune.py", "programs/visualize.py", "programs/demo.py",
+                   "export/export.py", "programs/import_reference.py")
 
 
 def _statements_before_configure(path):
@@ -213,7 +213,7 @@ def test_console_scripts_configure_the_process_before_importing_their_program(mo
     setup = (PROJECT_ROOT / "setup.py").read_text()
     scripts = dict(re.findall(r'"(sa-conv-[a-z-]+)=([\w.:]+)"', setup))
     programs = {"sa-conv-train": "trainers.train", "sa-conv-tune": "trainers.tune", "sa-conv-export": "export.export",
-                "sa-conv-visualize": "trainers.visualize", "sa-conv-import-reference": "export.import_reference"}
+                "sa-conv-visualize": "programs.visualize", "sa-conv-import-reference": "programs.import_reference"}
     assert set(scripts) == set(programs)
     seen = []
     program = type("Program", (), {"run": staticmethod(lambda: seen.append("run"))})
@@ -225,3 +225,75 @@ def test_console_scripts_configure_the_process_before_importing_their_program(mo
         seen.clear()
         getattr(launch, function)()
         assert seen == ["configure", programs[script], "run"], script
+
+
+# ------------------------------------------------------------------ no private access across modules
+
+SOURCE_TREES = ("sa_conv", "trainers", "export", "programs", "benchmarks", "tests", "tools", "examples")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_definitions(tree) -> set[str]:
+    """The private names a module defines: its functions, classes, module-level variables and
+    the attributes it assigns (``self._x = ...``, ``obj._x = ...``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name):
+                        names.add(sub.id)
+                    elif isinstance(sub, ast.Attribute):
+                        names.add(sub.attr)
+    return {n for n in names if _private(n)}
+
+
+def _private_uses(tree) -> list[tuple[int, str]]:
+    """``obj._x`` on anything but ``self``/``cls``, and ``from m import _x``: (line, name)."""
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                uses.append((node.lineno, node.attr))
+        elif isinstance(node, ast.ImportFrom):
+            uses += [(node.lineno, alias.name) for alias in node.names if _private(alias.name)]
+    return uses
+
+
+def private_access_across_modules(paths) -> dict[str, list[str]]:
+    """Where a module uses a private name that another of ``paths`` defines and it does not."""
+    trees = {path: ast.parse(pathlib.Path(path).read_text(), filename=str(path)) for path in paths}
+    defined = {path: _private_definitions(tree) for path, tree in trees.items()}
+    found = {}
+    for path, tree in trees.items():
+        elsewhere = set().union(*(names for other, names in defined.items() if other != path))
+        hits = [f"line {line}: {name}" for line, name in _private_uses(tree)
+                if name in elsewhere and name not in defined[path]]
+        if hits:
+            found[str(path)] = hits
+    return found
+
+
+def test_no_module_touches_another_modules_private_names():
+    """Modules (tests and benchmarks included) use each other's public names only: no
+    ``trainer._restore()``, no ``from sa_conv.data import _host_reachable``."""
+    paths = [p for tree in SOURCE_TREES for p in _sources(tree)]
+    assert len(paths) > 80
+    found = private_access_across_modules(paths)
+    assert {str(pathlib.Path(k).relative_to(PROJECT_ROOT)): v for k, v in found.items()} == {}
+
+
+def test_private_access_check_catches_it(tmp_path):
+    (tmp_path / "lib.py").write_text("def _helper():\n    pass\n\nclass T:\n    def _step(self):\n"
+                                     "        self._state = 1\n")
+    (tmp_path / "user.py").write_text("from lib import _helper\nimport lib\n\ndef f(t):\n    t._step()\n"
+                                      "    return t._state, lib._helper, t._own\n\ndef _own():\n    pass\n")
+    found = private_access_across_modules(sorted(tmp_path.glob("*.py")))
+    assert found == {str(tmp_path / "user.py"): ["line 1: _helper", "line 5: _step", "line 6: _state",
+                                                 "line 6: _helper"]}

@@ -27,12 +27,12 @@ def _run(module, *args, timeout=300):
     ("trainers.train", "sa-conv-train", ["--global_batch_size=0"], "--global_batch_size must be a positive integer"),
     ("trainers.tune", "sa-conv-tune", ["--search_space=nope"], "neither a named space"),
     ("export.export", "sa-conv-export", ["--model_path=/nonexistent.keras"], "does not exist"),
-    ("trainers.visualize", "sa-conv-visualize", [], "exactly one of --model_dir or --model_path"),
-    ("trainers.demo", "make demo", ["--dataset=mnist"], "Unknown dataset 'mnist'"),
+    ("programs.visualize", "sa-conv-visualize", [], "exactly one of --model_dir or --model_path"),
+    ("programs.demo", "make demo", ["--dataset=mnist"], "Unknown dataset 'mnist'"),
     ("trainers.train", "sa-conv-train", ["stray"], "unexpected arguments ['stray']"),
-    ("export.import_reference", "sa-conv-import-reference", ["--checkpoint=/nonexistent.npz",
+    ("programs.import_reference", "sa-conv-import-reference", ["--checkpoint=/nonexistent.npz",
      "--config=/nonexistent.yaml", "--model_dir=/tmp/unused"], "--config '/nonexistent.yaml' does not exist"),
-    ("export.import_reference", "sa-conv-import-reference", ["--config=x"], "--checkpoint is required"),
+    ("programs.import_reference", "sa-conv-import-reference", ["--config=x"], "--checkpoint is required"),
 ])
 def test_project_errors_exit_2_with_the_message_and_no_traceback(module, prog, args, message):
     proc = _run(module, *args)

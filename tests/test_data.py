@@ -131,7 +131,7 @@ def test_unknown_dataset_and_missing_data_dir():
 
 
 def test_tfds_offline_fails_fast_with_the_offline_option(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "_host_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(data, "host_reachable", lambda *a, **k: False)
     with pytest.raises(data.DatasetError, match="--dataset=cifar10 --data_dir=PATH"):
         data.load_tfds(data_dir=str(tmp_path))
 
@@ -141,13 +141,13 @@ def test_host_probe_is_false_for_a_closed_port():
 
     with socket.socket() as s:  # bound by the OS and held, not listening: connections are refused
         s.bind(("127.0.0.1", 0))
-        assert data._host_reachable(s.getsockname(), timeout=1.0) is False
+        assert data.host_reachable(s.getsockname(), timeout=1.0) is False
 
 
 def test_tfds_code_path_with_mock_data(tmp_path, monkeypatch):
     import tensorflow_datasets as tfds
 
-    monkeypatch.setattr(data, "_host_reachable", lambda *a, **k: True)
+    monkeypatch.setattr(data, "host_reachable", lambda *a, **k: True)
     with tfds.testing.mock_data(num_examples=12):
         loaded = data.load_tfds(data_dir=str(tmp_path))
     assert loaded.train.images.shape == (12, 32, 32, 3) and loaded.train.images.dtype == np.uint8

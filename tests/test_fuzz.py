@@ -99,7 +99,7 @@ def _config_types():
     from export.export import ExportConfig
     from trainers.config import TrainConfig
     from trainers.tune import TuneConfig
-    from trainers.visualize import VisualizeConfig
+    from programs.visualize import VisualizeConfig
 
     return [TrainConfig, TuneConfig, ExportConfig, VisualizeConfig]
 

@@ -43,7 +43,7 @@ for name in names:
     else:
         importlib.import_module(name)
 after = state()
-ours = ("sa_conv", "trainers", "export", "benchmarks", "tests")
+ours = ("sa_conv", "trainers", "export", "programs", "benchmarks", "tests")
 third_party = sorted({m for m in sys.modules if "." not in m and m.isidentifier() and not m.startswith("_")
                       and getattr(sys.modules[m], "__file__", None)}
                      - set(sys.stdlib_module_names) - set(ours))
@@ -63,7 +63,7 @@ def _changed(probe):
     return {k: after.get(k) for k in set(before) | set(after) if before.get(k) != after.get(k)}
 
 
-@pytest.mark.parametrize("package", ["sa_conv", "trainers", "export", "benchmarks"])
+@pytest.mark.parametrize("package", ["sa_conv", "trainers", "export", "programs", "benchmarks"])
 def test_importing_a_package_and_all_its_modules_changes_no_process_state(package):
     """Imported first in a fresh process, every module of the package: no environment variable
     beyond what its third-party dependencies set themselves on import (measured in a second

@@ -168,7 +168,7 @@ def test_unsupported_reference_settings_are_named(key, value, message):
 @pytest.mark.slow
 def test_command_imports_a_checkpoint_and_its_export_serves_the_reference_probabilities(tmp_path):
     from export.export import export
-    from export.import_reference import import_checkpoint
+    from programs.import_reference import import_checkpoint
 
     fixture = _fixture("learned_content")
     checkpoint = tmp_path / "ckpt.npz"

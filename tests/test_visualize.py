@@ -108,7 +108,7 @@ def test_centers_figure_contours(small_model):
 def test_isotropic_contour_radius():
     """50% mass of exp(-alpha ||d||^2): radius sqrt(ln 2 / alpha)."""
     alpha = 0.5
-    patch = plotting._contour(np.zeros(2), 2 * alpha * np.eye(2), 0.5)
+    patch = plotting.contour_ellipse(np.zeros(2), 2 * alpha * np.eye(2), 0.5)
     assert patch.width / 2 == pytest.approx(np.sqrt(np.log(2) / alpha))
 
 
@@ -149,7 +149,7 @@ def test_cli(small_model, tmp_path, cifar10_mini_dir):
     small_model.save(path)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "trainers.visualize", f"--model_path={path}", f"--output_dir={tmp_path / 'out'}",
+        [sys.executable, "-m", "programs.visualize", f"--model_path={path}", f"--output_dir={tmp_path / 'out'}",
          "--images=0,3", "--query_pixel=8,8", "--dataset=cifar10_files", f"--data_dir={cifar10_mini_dir}"],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
@@ -157,7 +157,7 @@ def test_cli(small_model, tmp_path, cifar10_mini_dir):
     assert "mass 3x3" in proc.stdout
     assert (tmp_path / "out" / "attention_image1.png").is_file()
     bad = subprocess.run(
-        [sys.executable, "-m", "trainers.visualize", f"--model_path={path}", "--query_pixel=40,1",
+        [sys.executable, "-m", "programs.visualize", f"--model_path={path}", "--query_pixel=40,1",
          "--dataset=cifar10_files", f"--data_dir={cifar10_mini_dir}", f"--output_dir={tmp_path / 'o2'}"],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )

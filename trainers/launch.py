@@ -21,7 +21,7 @@ def tune():
 
 
 def visualize():
-    _launch("trainers.visualize")
+    _launch("programs.visualize")
 
 
 def export():
@@ -29,4 +29,4 @@ def export():
 
 
 def import_reference():
-    _launch("export.import_reference")
+    _launch("programs.import_reference")

@@ -14,7 +14,7 @@
 
 from sa_conv.encodings.base import (
     ENCODINGS, EncodingSpec, RelativeEncoding, axis_offsets, check_table_bound, get_encoding,
-    register_encoding, relative_indices, relative_offsets,
+    register_encoding, relative_indices, relative_offsets, unregister_encoding,
 )
 # Registration order is the order of `ENCODINGS`.
 from sa_conv.encodings.quadratic import QuadraticEncoding  # isort: skip
@@ -26,5 +26,5 @@ from sa_conv.encodings.mlp import MLPRelativeEncoding  # isort: skip
 __all__ = [
     "ENCODINGS", "EncodingSpec", "LearnedContentEncoding", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
     "RelativeEncoding", "SinusoidalRelativeEncoding", "axis_offsets", "check_table_bound", "get_encoding", "register_encoding",
-    "relative_indices", "relative_offsets",
+    "relative_indices", "relative_offsets", "unregister_encoding",
 ]

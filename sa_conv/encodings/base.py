@@ -190,6 +190,13 @@ def register_encoding(name: str, **options):
     return register
 
 
+def unregister_encoding(name: str) -> None:
+    """Removes the encoding registered as ``name`` (e.g. one a test registered); KeyError if none."""
+    if name not in _REGISTRY:
+        raise KeyError(f"No encoding named {name!r} is registered.")
+    del _REGISTRY[name]
+
+
 def get_encoding(name: str) -> EncodingSpec:
     """The registered encoding ``name``; ValueError listing the known names otherwise."""
     try:

@@ -1,6 +1,6 @@
 """`make demo`: train a small self-attention model on CIFAR-10 for a few minutes on CPU,
 evaluate it on the test split, export it and ask the reloaded SavedModel for one prediction
-(``python -m trainers.demo``).
+(``python -m programs.demo``).
 
 Reads CIFAR-10 through tfds by default; ``--data_dir=PATH`` pointing at the official
 python-format files reads those instead (``CIFAR10_DIR=PATH make demo``).

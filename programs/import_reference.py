@@ -1,5 +1,5 @@
 """Import a checkpoint of the reference implementation (``epfml/attention-cnn``) as an sa-conv
-model (``python -m export.import_reference``, ``sa-conv-import-reference``).
+model (``python -m programs.import_reference``, ``sa-conv-import-reference``).
 
     sa-conv-import-reference --checkpoint=best.checkpoint --config=config.yaml --model_dir=DIR
     sa-conv-export --model_dir=DIR

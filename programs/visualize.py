@@ -1,4 +1,4 @@
-"""``sa-conv-visualize`` (``python -m trainers.visualize``): attention figures and locality
+"""``sa-conv-visualize`` (``python -m programs.visualize``): attention figures and locality
 metrics of a trained model (see `sa_conv.plotting.visualize` for what is written)."""
 
 from __future__ import annotations
