@@ -7,7 +7,7 @@ update are not. Training = 3 x forward (backward ~ 2 x forward).
 
 from __future__ import annotations
 
-from sa_conv.attention import separable_pays
+from sa_conv.separable import separable_pays
 from sa_conv.config import ModelConfig
 from sa_conv.encodings import get_encoding
 

@@ -1,54 +1,19 @@
-"""Multi-head self-attention over 2-D feature maps with relative positional encodings."""
+"""Multi-head self-attention over 2-D feature maps with relative positional encodings: the
+paper's Eq. (5)-(6) (`MultiHeadSelfAttention2D`).
+
+The layer holds the maths; two modules beside it hold the speed and memory machinery: the exact
+separable path of position-only encodings (`sa_conv.separable`) and dropout from seeds for
+memory-lean training (`sa_conv.seeded_dropout`, used by `sa_conv.TransformerBlock`).
+"""
 
 import keras
 from keras import ops
 
+from sa_conv import seeded_dropout, separable
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS, bias_for, clone_initializer, dense_initializers
 
-__all__ = ["MultiHeadSelfAttention2D", "apply_keep_mask", "clone_initializer", "draw_keep_mask", "separable_pays"]
-
-
-class GivenSeed(keras.random.SeedGenerator):
-    """A seed tensor handed to `keras.random` functions (which accept only seed generators and
-    ints). Deliberately skips ``SeedGenerator.__init__``: it owns no state variable."""
-
-    def __init__(self, seed):  # pylint: disable=super-init-not-called
-        self._seed = seed
-
-    def next(self, ordered=True):
-        return self._seed
-
-
-def draw_keep_mask(shape, seed, rate):
-    """Boolean keep-mask of dropout at ``rate`` drawn from a seed tensor (a seed generator's
-    ``next()``): the same seed gives the same mask, so a backward pass can draw it again
-    instead of keeping it."""
-    return keras.random.uniform(shape, seed=GivenSeed(seed)) >= rate
-
-
-def after(seed, tensor):
-    """``seed`` unchanged, with a data dependency on ``tensor``. The runtime runs an op as soon
-    as its inputs are ready; a mask drawn from a seed alone would be drawn at the start of the
-    step, every block's at once. Tied to ``tensor``, it is drawn when ``tensor`` exists."""
-    first = ops.reshape(tensor, (-1,))[:1]
-    return seed + ops.cast(ops.where(ops.isnan(first), 0.0, 0.0)[0], seed.dtype)
-
-
-def apply_keep_mask(x, keep, rate):
-    """Inverted dropout from a boolean keep-mask: ``x / (1 - rate)`` where ``keep``, else 0;
-    ``x`` unchanged when ``keep`` is None. ``where`` leaves only the booleans for the backward
-    pass (a float mask would be kept at full size)."""
-    if keep is None:
-        return x
-    return ops.where(keep, x * ops.cast(1.0 / (1.0 - rate), x.dtype), ops.zeros((), x.dtype))
-
-
-def separable_pays(height, width):
-    """Whether ``fast_position_attention="auto"`` takes the separable path on an ``H x W`` grid:
-    when ``H * W >= 4 * (H + W)`` (8x8 and larger), the size from which the separable path
-    measured faster than the dense one in training (``benchmarks/results/throughput.json``)."""
-    return height * width >= 4 * (height + width)
+__all__ = ["MultiHeadSelfAttention2D"]
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
@@ -61,31 +26,34 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     full ``D``-dimensional input ``X`` (no per-head value projection); the heads are merged by one
     dense map from ``heads * D`` to ``output_dim`` (the paper's ``W^(h)``, stacked), with bias.
 
-    Encodings (``encoding=``, any name registered in `sa_conv.encodings.ENCODINGS`):
+    Encodings (``encoding=``, any name registered in `sa_conv.encodings.ENCODINGS`); the paper
+    presets use ``quadratic``, ``quadratic_full``, ``learned`` and ``content_plus_learned_bias``:
 
     * ``"quadratic"``: Gaussian, isotropic (paper Eq. 9), ``A_h = -alpha_h ||delta - Delta_h||^2``.
     * ``"quadratic_full"``: Gaussian with full covariance ``Sigma_h^-1 = A_h A_h^T``.
     * ``"learned"``: learned row and column offset embeddings, position only.
-    * ``"learned_content"``: ``(q.k + q.r_delta) / sqrt(D)`` with per-head queries and keys of
-      size ``D`` (dense maps ``D -> heads * D``, built only for content-based encodings) and
-      learned row/column offset embeddings.
+    * ``"content_plus_learned_bias"`` (the paper's "learned embedding w/ content", the
+      reference's; formerly ``learned_plus_content``): ``q.k / sqrt(D) + b_h(delta)``, content
+      logits plus the ``learned`` encoding's position-only logits.
+    * ``"content_with_relative_keys"`` (Ramachandran et al., 2019; formerly
+      ``learned_content``): ``(q.k + q.r_delta) / sqrt(D)``, row and column offset embeddings
+      against each head's query.
+    * ``"sinusoidal"``, ``"mlp"``: fixed sinusoidal features, or a small MLP, of the offset.
+
+    The two content encodings have per-head queries and keys of size ``D`` (dense maps
+    ``D -> heads * D``, built only for content-based encodings).
 
     The position-only encodings do not depend on the input: their probabilities
     ``(heads, H*W, H*W)`` are computed once per call and shared by the batch. Attention dropout
     (training only) draws an independent mask for every example.
 
-    **Fast exact path** (``fast_position_attention``: ``"auto"``, the default, True or False).
-    For separable encodings (``"quadratic"``, ``"learned"``) the logit is a row term plus a column term,
-    ``s(q, k) = r(qi, ki) + c(qj, kj)``, so the softmax over all keys factorizes exactly:
-    ``P(q, k) = softmax_ki(r(qi, .))[ki] * softmax_kj(c(qj, .))[kj]`` (each 1-D softmax subtracts
-    its own maximum, so large spreads do not underflow). The aggregation is then two 1-D passes,
-    over key columns and then key rows, ``O(N (H + W))`` per head and channel instead of
-    ``O(N^2)``, with no truncation; the heads' value maps run first, so that every step is a plain
-    matrix product (see `_separable_attention`). It runs when the encoding separates, no
-    attention dropout is active and (for ``"auto"``) `separable_pays` for the grid (8x8 and up).
-    Otherwise (``"quadratic_full"``, ``"learned_content"``, attention dropout in training, or
-    small grids) the dense ``(heads, N, N)`` path runs. Both give the same output to float32
-    rounding; measured speed-ups are in ``benchmarks/results/throughput.json``.
+    **Paths.** `_compute_attention` holds Eq. (5)-(6) as written, with dense ``(heads, N, N)``
+    probabilities. For separable position-only encodings (``fast_position_attention``:
+    ``"auto"``, the default, True or False) the same sum runs in ``O(N (H + W))`` per head and
+    channel through `sa_conv.separable` (exact: the same output to float32 rounding), when no
+    attention dropout is active and (for ``"auto"``) `separable.separable_pays` for the grid.
+    `attend_with_dropout` applies attention dropout from a given mask or its seed, head by
+    head (`sa_conv.seeded_dropout`), for `TransformerBlock`'s memory-lean training.
 
     Args:
       num_heads: number of heads ``N_h``.
@@ -245,7 +213,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     def uses_fast_path(self, training=False, grid=None):
         """Whether a call with this ``training`` flag on a ``grid`` ``(H, W)`` runs the separable
         path (``grid`` matters only for ``"auto"``; None: assume it pays)."""
-        if self.fast_position_attention == "auto" and grid is not None and not separable_pays(*grid):
+        if self.fast_position_attention == "auto" and grid is not None and not separable.separable_pays(*grid):
             return False
         return (
             bool(self.fast_position_attention)
@@ -254,151 +222,73 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             and not (training and self.attention_dropout > 0)
         )
 
-    def _separable_attention(self, inputs):
-        """The fast path, value map included: ``(batch, H, W, output_dim)``.
-
-        ``sum_h sum_k P_h(q, k) x_k W^(h)`` with ``P_h`` = row factor x column factor, in the
-        order that keeps every step a plain (batched) matrix product: the heads' value maps
-        first, ``y_h = x W^(h)``; then the column pass for every head; then the row pass with
-        the sum over heads folded into its contraction (``K = H * heads``).
-        """
+    def call(self, inputs, training=None, return_attention_scores=False):
         height, width = self._check_grid(inputs)
-        heads, d = self.num_heads, self.input_dim
-        out = self.output_dim or d
-        row, col = self.position_encoding.factor_logits(height, width)
-        p_row = ops.cast(ops.softmax(row, axis=-1), self.compute_dtype)  # (heads, Hq, Hk)
-        p_col = ops.cast(ops.softmax(col, axis=-1), self.compute_dtype)  # (heads, Wq, Wk)
-        batch = ops.shape(inputs)[0]
-        # W^(h) side by side: (D, heads * out), columns ordered [head, channel].
-        kernel = ops.cast(self.value_dense.kernel, self.compute_dtype)
-        kernel = ops.reshape(ops.transpose(ops.reshape(kernel, (heads, d, out)), (1, 0, 2)), (d, heads * out))
-        y = ops.matmul(ops.reshape(inputs, (-1, d)), kernel)
-        y = ops.transpose(ops.reshape(y, (-1, height, width, heads, out)), (0, 1, 3, 2, 4))  # [b, ki, h, kj, e]
-        # Columns: (Wq, Wk) @ (Wk, out) for every (example, key row, head).
-        t = ops.matmul(ops.broadcast_to(p_col, (batch, height, heads, width, width)), y)  # [b, ki, h, qj, e]
-        # Rows and heads in one contraction: [qi, (ki, h)] @ [(ki, h), (qj, e)].
-        r = ops.reshape(ops.transpose(p_row, (1, 2, 0)), (height, height * heads))
-        outputs = ops.matmul(ops.broadcast_to(r, (batch, height, height * heads)),
-                             ops.reshape(t, (-1, height * heads, width * out)))
-        outputs = ops.reshape(outputs, (-1, height, width, out))
-        if self.value_dense.use_bias:
-            outputs = outputs + ops.cast(self.value_dense.bias, self.compute_dtype)
-        return outputs
-
-    def call(self, inputs, training=None, return_attention_scores=False, dropout_keep=None, dropout_seed=None):
-        """``dropout_keep``: optional boolean keep-mask of the attention dropout, ``(batch, heads, N,
-        N)``, used in place of the layer's own draw (`TransformerBlock` draws its masks once per
-        step, so a rematerialized block applies the same ones when it recomputes).
-        ``dropout_seed``: optional seed tensor of that mask (`draw_keep_mask`) instead; the
-        gradient then draws the mask again and recomputes what it needs head by head
-        (`_seeded_sum_over_heads`), so the backward pass keeps no ``(batch, N, N)`` tensor."""
-        height, width = self._check_grid(inputs)
-        n = height * width
-        if dropout_keep is not None and dropout_seed is not None:
-            raise ValueError("Pass dropout_keep or dropout_seed, not both.")
-        if (dropout_keep is not None or dropout_seed is not None) and training:
-            return self._masked_attention(inputs, keep=dropout_keep, seed=dropout_seed)
         if self.uses_fast_path(training, (height, width)):
-            outputs = self._separable_attention(inputs)
+            row, col = self.position_encoding.factor_logits(height, width)
+            outputs = separable.separable_attention(
+                inputs, row, col, self.value_dense.kernel,
+                self.value_dense.bias if self.value_dense.use_bias else None, self.compute_dtype)
             if not return_attention_scores:
                 return outputs
             probs = self.attention_probabilities(inputs)
-            return outputs, ops.broadcast_to(probs[None], (ops.shape(inputs)[0],) + tuple(probs.shape))
-        x = ops.reshape(inputs, (-1, n, self.input_dim))
-        probs = self.attention_probabilities(inputs)
+        else:
+            outputs, probs = self._compute_attention(inputs, self.attention_probabilities(inputs), training)
+            if not return_attention_scores:
+                return outputs
+        if len(probs.shape) == 3:
+            probs = ops.broadcast_to(probs[None], (ops.shape(inputs)[0],) + tuple(probs.shape))
+        return outputs, probs
+
+    def _compute_attention(self, inputs, probabilities, training=None):
+        """Eq. (5)-(6), dense: ``sum_h Dropout(P_h) X W^(h) + b``.
+
+        Args:
+          inputs: ``X``, ``(batch, H, W, D)``.
+          probabilities: ``P``, ``(heads, N, N)`` (position only) or ``(batch, heads, N, N)``.
+          training: whether attention dropout (a mask per example) is active.
+
+        Returns:
+          ``(outputs (batch, H, W, output_dim), probabilities)``, the probabilities as given.
+        """
+        _, height, width, d = inputs.shape
+        x = ops.reshape(inputs, (-1, height * width, d))
+        weights = probabilities
         if self.position_only and training and self.attention_dropout > 0:
-            batch = ops.shape(x)[0]
-            probs = ops.broadcast_to(probs[None], (batch,) + tuple(probs.shape))
-        dropped = self.dropout(probs, training=training)
-        weights = ops.cast(dropped, self.compute_dtype)
+            weights = ops.broadcast_to(weights[None], (ops.shape(x)[0],) + tuple(weights.shape))
+        weights = ops.cast(self.dropout(weights, training=training), self.compute_dtype)
         if len(weights.shape) == 3:  # shared by the batch
             mixed = ops.einsum("hqk,bkd->bqhd", weights, x)
         else:
             mixed = ops.einsum("bhqk,bkd->bqhd", weights, x)
-        mixed = ops.reshape(mixed, (-1, height, width, self.num_heads * self.input_dim))
-        outputs = self.value_dense(mixed)
-        if not return_attention_scores:
-            return outputs
-        if len(probs.shape) == 3:
-            probs = ops.broadcast_to(probs[None], (ops.shape(x)[0],) + tuple(probs.shape))
-        return outputs, probs
+        mixed = ops.reshape(mixed, (-1, height, width, self.num_heads * d))
+        return self.value_dense(mixed), probabilities
 
-    def _masked_attention(self, inputs, keep=None, seed=None):
-        """The dense path with attention dropout from a given keep-mask (`apply_keep_mask`) or from
-        the seed of one (`_seeded_sum_over_heads`), one head at a time: ``sum_h (Dropout(P_h) X) W^(h) + b`` (the value map split by head, as in
-        `_separable_attention`). Same FLOPs as the all-heads path, but no ``(batch, N, heads * D)``
-        concatenation and only ``(batch, N, N)`` pieces of the weights, in the forward pass and in
-        its gradient: rematerialized training holds a fraction of the memory. Position-only
-        probabilities ``(heads, N, N)`` broadcast against the mask without a per-example copy."""
+    def attend_with_dropout(self, inputs, keep=None, seed=None):
+        """The layer in training with attention dropout from a given boolean keep-mask ``keep``
+        ``(batch, heads, N, N)``, or from the ``seed`` of one (`seeded_dropout.draw_keep_mask`),
+        in place of the layer's own draw: `TransformerBlock` draws its masks once per step, so a
+        rematerialized block applies the same ones when it recomputes. Computed head by head
+        (`seeded_dropout.sum_over_heads`): the FLOPs of `_compute_attention`, without its
+        ``(batch, N, heads * D)`` concatenation. With ``seed``, the gradient draws the mask again
+        and recomputes one product per head (`seeded_dropout.seeded_sum_over_heads`): the
+        backward pass keeps no ``(batch, N, N)`` tensor. Returns ``(batch, H, W, output_dim)``."""
+        if (keep is None) == (seed is None):
+            raise ValueError("Pass exactly one of keep (a keep-mask) or seed (the seed of one).")
+        if not self.built:
+            raise ValueError(f"{self.name} is not built: call it on inputs (or build it) before attend_with_dropout.")
         height, width = self._check_grid(inputs)
-        x = ops.reshape(inputs, (-1, height * width, self.input_dim))
+        x = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, height * width, self.input_dim))
         kernel = ops.cast(self.value_dense.kernel, self.compute_dtype)  # (heads * D, out), rows [head, channel]
         probs = self.attention_probabilities(inputs)
+        rate, dtype = self.attention_dropout, self.compute_dtype
         if seed is None:
-            outputs = self._sum_over_heads(x, probs, kernel, keep)
+            outputs = seeded_dropout.sum_over_heads(x, probs, kernel, keep, rate, dtype)
         else:
-            outputs = self._seeded_sum_over_heads(x, probs, kernel, seed)
+            outputs = seeded_dropout.seeded_sum_over_heads(x, probs, kernel, seed, rate, dtype)
         if self.value_dense.use_bias:
             outputs = outputs + ops.cast(self.value_dense.bias, self.compute_dtype)
         return ops.reshape(outputs, (-1, height, width, self.value_dense.units))
-
-    def _dropped_weights(self, probs, keep, h):
-        """Head ``h``'s dropped, rescaled probabilities, ``(batch, N, N)`` in the compute dtype;
-        ``probs`` is ``(heads, N, N)`` (shared by the batch) or ``(batch, heads, N, N)``."""
-        p = probs[h] if len(probs.shape) == 3 else probs[:, h]
-        return ops.cast(apply_keep_mask(p, keep[:, h], self.attention_dropout), self.compute_dtype)
-
-    def _sum_over_heads(self, x, probs, kernel, keep):
-        """``sum_h (Dropout(P_h) X) W^(h)``, ``(batch, N, out)``, one head at a time."""
-        d = self.input_dim
-        outputs = None
-        for h in range(self.num_heads):
-            term = ops.matmul(ops.matmul(self._dropped_weights(probs, keep, h), x), kernel[h * d:(h + 1) * d])
-            outputs = term if outputs is None else outputs + term
-        return outputs
-
-    def _seeded_sum_over_heads(self, x, probs, kernel, seed):
-        """`_sum_over_heads` with the keep-mask drawn from ``seed``, and a gradient that keeps
-        only ``X``, the probabilities, ``W^(h)`` and the seed: it draws the mask again and, head
-        by head, recomputes ``Z_h = Dropout(P_h) X`` for the value map's gradient. Per head the
-        backward pass is then five products of the forward's sizes instead of four (one
-        aggregation recomputed), against recomputing the whole forward under `keras.remat`;
-        nothing of size ``(batch, N, N)`` or ``(batch, N, heads * D)`` outlives its head.
-
-        Gradients, per head, with ``G`` the upstream gradient ``(batch, N, out)``, ``M_h`` the
-        dropped weights and ``s = 1 / (1 - rate)``::
-
-            dW^(h) = Z_h^T G,  dZ_h = G W^(h)T,  dX += M_h^T dZ_h,
-            dP_h = s * keep_h * (dZ_h X^T)   (summed over the batch when P is shared)
-        """
-        heads, d, n = self.num_heads, self.input_dim, x.shape[1]
-        units, rate = self.value_dense.units, self.attention_dropout
-        shared = len(probs.shape) == 3
-
-        @ops.custom_gradient
-        def attend(x, probs, kernel, seed):
-            mask_shape = (ops.shape(x)[0], heads, n, n)
-            outputs = self._sum_over_heads(x, probs, kernel, draw_keep_mask(mask_shape, seed, rate))
-
-            def grad(*args, upstream=None):
-                g = args[0] if upstream is None else upstream
-                keep = draw_keep_mask(mask_shape, after(seed, g), rate)  # after G: block by block
-                g_flat = ops.reshape(g, (-1, units))
-                dx, dprobs, dkernel = None, [], []
-                for h in range(heads):
-                    m = self._dropped_weights(probs, keep, h)
-                    z = ops.matmul(m, x)
-                    dkernel.append(ops.matmul(ops.transpose(ops.reshape(z, (-1, d))), g_flat))
-                    dz = ops.matmul(g, ops.transpose(kernel[h * d:(h + 1) * d]))
-                    term = ops.einsum("bqk,bqd->bkd", m, dz)
-                    dx = term if dx is None else dx + term
-                    dp = apply_keep_mask(ops.einsum("bqd,bkd->bqk", dz, x), keep[:, h], rate)
-                    dprobs.append(ops.cast(ops.sum(dp, axis=0) if shared else dp, probs.dtype))
-                return dx, ops.stack(dprobs, axis=0 if shared else 1), ops.concatenate(dkernel, axis=0), None
-
-            return outputs, grad
-
-        return attend(x, probs, kernel, seed)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)

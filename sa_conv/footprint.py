@@ -24,7 +24,7 @@ figure is an estimate for deciding, not a measurement: measured peaks are in
 
 from __future__ import annotations
 
-from sa_conv.attention import separable_pays
+from sa_conv.separable import separable_pays
 from sa_conv.config import ModelConfig
 from sa_conv.encodings import get_encoding
 

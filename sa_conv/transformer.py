@@ -6,7 +6,8 @@ import math
 import keras
 from keras import ops
 
-from sa_conv.attention import MultiHeadSelfAttention2D, after, apply_keep_mask, draw_keep_mask
+from sa_conv.attention import MultiHeadSelfAttention2D
+from sa_conv.seeded_dropout import after, apply_keep_mask, draw_keep_mask, rematerialize
 from sa_conv.initializers import bias_for, clone_initializer, dense_initializers
 
 
@@ -34,13 +35,6 @@ class SeedWatchFilter(logging.Filter):
 SEED_WATCH_FILTER = SeedWatchFilter()
 
 
-def _refill(seeds, given):
-    """``seeds`` with its non-None entries replaced, in order, by ``given`` (the same seeds as
-    the rematerialized function's arguments)."""
-    given = iter(given)
-    return [None if s is None else next(given) for s in seeds]
-
-
 @keras.saving.register_keras_serializable(package="sa_conv")
 class TransformerBlock(keras.layers.Layer):
     """Attention, dropout, residual, LayerNorm; GELU MLP, dropout, residual, LayerNorm.
@@ -50,18 +44,24 @@ class TransformerBlock(keras.layers.Layer):
     Input and output shape: ``(batch, H, W, hidden)``. Keyword arguments not listed are passed
     to `MultiHeadSelfAttention2D` through ``attention_config``.
 
-    In training, the block draws its dropout keep-masks once per call (booleans, from its
-    dropout layers' seed generators) and applies them with ``where``: the backward pass keeps
-    the booleans rather than float masks.
+    One call path (`_block`): in training the block draws its three dropout masks from seeds
+    (booleans, `sa_conv.seeded_dropout`, one seed per dropout layer and call) and applies them
+    with ``where``, so the backward pass keeps booleans rather than float masks; in inference
+    there are no seeds and no dropout.
 
-    ``remat=True`` rematerializes the block in training (`keras.remat`): the backward pass keeps
-    only the block's input and its dropout seeds and recomputes its activations from them, so a
-    step holds one block's activations instead of all blocks'. The recomputation draws the same
-    masks from the same seeds, so the gradients are those without remat, to float32 rounding.
-    With a position-only encoding and attention dropout, the attention is not recomputed: its
-    gradient draws its mask again and recomputes one product per head
-    (`MultiHeadSelfAttention2D` ``dropout_seed``), and only the rest of the block is
-    rematerialized (from the block's input and the attention's output).
+    ``remat=True`` wraps that path in `keras.remat` in training (`seeded_dropout.rematerialize`):
+    the backward pass keeps only the block's input and its dropout seeds and recomputes its
+    activations from them, so a step holds one block's activations instead of all blocks'. The
+    recomputation draws the same masks from the same seeds, so the gradients are those without
+    remat, to float32 rounding. With a position-only encoding and attention dropout, the
+    attention is left out of the wrapper: its own gradient draws its mask again and recomputes
+    one product per head (`MultiHeadSelfAttention2D.attend_with_dropout` with a seed), cheaper
+    than recomputing its forward; only the rest of the block is rematerialized (from the
+    block's input and the attention's output).
+
+    Sublayers: ``attention``, ``attention_output`` (dense), ``attention_output_dropout`` (at rate
+    ``dropout``; the attention's own ``attention_dropout`` acts on its probabilities),
+    ``attention_norm``, ``intermediate``, ``output``, ``output_dropout``, ``output_norm``.
     """
 
     def __init__(
@@ -103,7 +103,8 @@ class TransformerBlock(keras.layers.Layer):
         dense, norm = keras.layers.Dense, keras.layers.LayerNormalization
         self.attention.build(input_shape)
         self.attention_output = self._sublayer(dense, "attention_output", hidden, units=hidden)
-        self.attention_dropout = self._sublayer(keras.layers.Dropout, "attention_output_dropout", rate=self.dropout_rate)
+        self.attention_output_dropout = self._sublayer(
+            keras.layers.Dropout, "attention_output_dropout", rate=self.dropout_rate)
         self.attention_norm = self._sublayer(norm, "attention_norm", epsilon=self.layer_norm_epsilon)
         self.intermediate = self._sublayer(dense, "intermediate", hidden, units=self.mlp_size)
         self.output_dense = self._sublayer(dense, "output", self.mlp_size, units=hidden)
@@ -126,72 +127,48 @@ class TransformerBlock(keras.layers.Layer):
             # runtime draws every block's masks at the start of the step, all alive at once.
             return None if layer.rate <= 0 else after(layer.seed_generator.next(), inputs)
 
-        return seed(self.attention.dropout), seed(self.attention_dropout), seed(self.output_dropout)
-
-    def _keep_masks(self, inputs, seeds):
-        """Boolean keep-masks drawn from ``seeds`` (`_mask_seeds`): ``(batch, heads, N, N)`` for the
-        attention, ``(batch, H, W, hidden)`` for the two others; None where the seed is."""
-        batch = ops.shape(inputs)[0]
-        height, width, channels = inputs.shape[1:]
-        n = height * width
-        shapes = ((batch, self.attention.num_heads, n, n), (batch, height, width, channels),
-                  (batch, height, width, channels))
-        layers = (self.attention.dropout, self.attention_dropout, self.output_dropout)
-        return tuple(None if seed is None else draw_keep_mask(shape, seed, layer.rate)
-                     for seed, shape, layer in zip(seeds, shapes, layers))
+        return seed(self.attention.dropout), seed(self.attention_output_dropout), seed(self.output_dropout)
 
     def call(self, inputs, training=None, return_attention_scores=False):
-        if not training or return_attention_scores:
-            return self._forward(inputs, training, return_attention_scores)
-        seeds = self._mask_seeds(inputs)
-        if not self.remat:
-            keeps = self._keep_masks(inputs, seeds)
-            return self._tail(inputs, self._attend(inputs, keep=keeps[0]), *keeps[1:])
-
-        # The seeds, not the masks, enter the rematerialized function, which draws the masks from
-        # them again when it recomputes: no block's masks outlive its forward or recomputation
-        # (the attention's are (batch, heads, N, N)). tf.recompute_grad makes its arguments wait
-        # for the incoming gradient, so the recomputation happens block by block in the backward
-        # pass; seeds captured by closure would let every block's recomputation run at once.
+        seeds = self._mask_seeds(inputs) if training else (None, None, None)
+        if not (self.remat and training) or return_attention_scores:
+            return self._block(inputs, *seeds, return_attention_scores=return_attention_scores)
         if self.attention.position_only and seeds[0] is not None:
-            # The attention's own gradient already keeps no (batch, N, N) tensor and recomputes
-            # one product per head (`dropout_seed`), cheaper than recomputing its whole forward:
-            # only the rest of the block is rematerialized, from its input and the attention's
-            # output.
-            attended = self._attend(inputs, seed=seeds[0])
-            tail_seeds = (None,) + seeds[1:]
+            # The attention's seeded gradient keeps no (batch, N, N) tensor and recomputes one
+            # product per head: only the rest of the block is rematerialized.
+            attended = self.attention.attend_with_dropout(inputs, seed=seeds[0])
+            return rematerialize(self._tail, inputs, attended, *seeds[1:])
+        return rematerialize(self._block, inputs, *seeds)
 
-            def tail(x, a, *given):
-                return self._tail(x, a, *self._keep_masks(x, _refill(tail_seeds, given))[1:])
+    def _block(self, inputs, attention_seed=None, attention_output_seed=None, output_seed=None,
+               return_attention_scores=False):
+        """The block from its input and its dropouts' seeds (None: no dropout there)."""
+        if return_attention_scores:  # the attention's own dropout, as a plain layer call
+            attended, probs = self.attention(inputs, training=attention_seed is not None, return_attention_scores=True)
+            return self._tail(inputs, attended, attention_output_seed, output_seed), probs
+        if attention_seed is None:
+            attended = self.attention(inputs, training=False)  # no attention dropout here
+        else:
+            keep = draw_keep_mask(self._attention_mask_shape(inputs), attention_seed, self.attention.dropout.rate)
+            attended = self.attention.attend_with_dropout(inputs, keep=keep)
+        return self._tail(inputs, attended, attention_output_seed, output_seed)
 
-            return keras.remat(tail)(inputs, attended, *(s for s in tail_seeds if s is not None))
-
-        def block(x, *given):
-            keeps = self._keep_masks(x, _refill(seeds, given))
-            return self._tail(x, self._attend(x, keep=keeps[0]), *keeps[1:])
-
-        return keras.remat(block)(inputs, *(s for s in seeds if s is not None))
-
-    def _attend(self, inputs, keep=None, seed=None):
-        """The attention in training, its dropout from a keep-mask or a seed (or none)."""
-        return self.attention(inputs, training=True, dropout_keep=keep, dropout_seed=seed)
-
-    def _tail(self, inputs, attended, attention_output_keep, output_keep):
+    def _tail(self, inputs, attended, attention_output_seed=None, output_seed=None):
         """The block after the attention: output map, dropouts, residuals, LayerNorms and MLP."""
-        x = apply_keep_mask(self.attention_output(attended), attention_output_keep, self.dropout_rate)
+        shape = (ops.shape(inputs)[0],) + tuple(inputs.shape[1:])
+        x = apply_keep_mask(self.attention_output(attended), self._keep(shape, attention_output_seed),
+                            self.dropout_rate)
         x = self.attention_norm(inputs + x)
-        y = apply_keep_mask(self.output_dense(exact_gelu(self.intermediate(x))), output_keep, self.dropout_rate)
+        y = apply_keep_mask(self.output_dense(exact_gelu(self.intermediate(x))), self._keep(shape, output_seed),
+                            self.dropout_rate)
         return self.output_norm(x + y)
 
-    def _forward(self, inputs, training=None, return_attention_scores=False):
-        attended = self.attention(inputs, training=training, return_attention_scores=return_attention_scores)
-        if return_attention_scores:
-            attended, probs = attended
-        x = self.attention_dropout(self.attention_output(attended), training=training)
-        x = self.attention_norm(inputs + x)
-        y = self.output_dropout(self.output_dense(exact_gelu(self.intermediate(x))), training=training)
-        y = self.output_norm(x + y)
-        return (y, probs) if return_attention_scores else y
+    def _keep(self, shape, seed):
+        return None if seed is None else draw_keep_mask(shape, seed, self.dropout_rate)
+
+    def _attention_mask_shape(self, inputs):
+        n = inputs.shape[1] * inputs.shape[2]
+        return (ops.shape(inputs)[0], self.attention.num_heads, n, n)
 
     def compute_output_shape(self, input_shape):
         return input_shape

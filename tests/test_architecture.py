@@ -254,16 +254,29 @@ def _private_definitions(tree) -> set[str]:
     return {n for n in names if _private(n)}
 
 
+_BY_NAME = {"setattr", "getattr", "hasattr", "delattr", "object"}  # object: mock.patch.object
+
+
 def _private_uses(tree) -> list[tuple[int, str]]:
-    """``obj._x`` on anything but ``self``/``cls``, and ``from m import _x``: (line, name)."""
+    """``obj._x`` on anything but ``self``/``cls``, ``from m import _x``, and the name as a string
+    (``getattr(m, "_x")``, ``monkeypatch.setattr(m, "_x", ...)``, ``mock.patch.object(m, "_x")``):
+    (line, name)."""
     uses = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _private(node.attr):
             if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 uses.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Call) and len(node.args) >= 2:
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            name = node.args[1]
+            if (called in _BY_NAME and isinstance(name, ast.Constant) and isinstance(name.value, str)
+                    and _private(name.value)
+                    and not (isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls"))):
+                uses.append((node.lineno, name.value))
         elif isinstance(node, ast.ImportFrom):
             uses += [(node.lineno, alias.name) for alias in node.names if _private(alias.name)]
-    return uses
+    return sorted(uses, key=lambda use: use[0])
 
 
 def private_access_across_modules(paths) -> dict[str, list[str]]:
@@ -293,7 +306,8 @@ def test_private_access_check_catches_it(tmp_path):
     (tmp_path / "lib.py").write_text("def _helper():\n    pass\n\nclass T:\n    def _step(self):\n"
                                      "        self._state = 1\n")
     (tmp_path / "user.py").write_text("from lib import _helper\nimport lib\n\ndef f(t):\n    t._step()\n"
-                                      "    return t._state, lib._helper, t._own\n\ndef _own():\n    pass\n")
+                                      "    return t._state, lib._helper, t._own\n\ndef _own():\n    pass\n"
+                                      "\ndef g(monkeypatch):\n    monkeypatch.setattr(lib, '_helper', None)\n")
     found = private_access_across_modules(sorted(tmp_path.glob("*.py")))
     assert found == {str(tmp_path / "user.py"): ["line 1: _helper", "line 5: _step", "line 6: _state",
-                                                 "line 6: _helper"]}
+                                                 "line 6: _helper", "line 12: _helper"]}

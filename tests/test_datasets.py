@@ -65,7 +65,7 @@ def test_tfds_dataset_with_other_size_and_channels_trains_end_to_end(tmp_path, m
 
     from export.export import export
 
-    monkeypatch.setattr(data, "_host_reachable", lambda *a, **k: True)
+    monkeypatch.setattr(data, "host_reachable", lambda *a, **k: True)
     with tfds.testing.mock_data(num_examples=60):
         loaded = data.load_dataset("tfds:mnist")
         assert loaded.image_shape == (28, 28, 1) and loaded.num_classes == 10

@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 import sa_conv
 from sa_conv import footprint
 from tests.conftest import PROJECT_ROOT
-from sa_conv.attention import MultiHeadSelfAttention2D, draw_keep_mask
+from sa_conv.attention import MultiHeadSelfAttention2D
+from sa_conv.seeded_dropout import draw_keep_mask
 from sa_conv.transformer import TransformerBlock
 from trainers import train as train_lib
+from trainers.task import remat_blocks
 from trainers.config import ConfigError, make_config
 
 
@@ -41,9 +43,9 @@ class TestTransformerBlockRemat(testing.TestCase):
 
 @pytest.mark.parametrize("encoding", ["quadratic", "learned", "learned_plus_content"])
 def test_seeded_dropout_has_the_gradients_of_the_given_mask(encoding):
-    """``dropout_seed`` (the gradient draws the mask again and recomputes per head) gives the
-    output and the gradients, for the input and every weight, of the same mask given as
-    ``dropout_keep`` (plain autodiff)."""
+    """`attend_with_dropout` from a seed (the gradient draws the mask again and recomputes per
+    head) gives the output and the gradients, for the input and every weight, of the same mask
+    given as a keep-mask (plain autodiff)."""
     rate = 0.3
     layer = MultiHeadSelfAttention2D(3, output_dim=5, encoding=encoding, max_grid_size=6, attention_dropout=rate,
                                      seed=2)
@@ -52,10 +54,10 @@ def test_seeded_dropout_has_the_gradients_of_the_given_mask(encoding):
     seed = tf.constant([7, 11], "int32")
     upstream = tf.constant(np.random.default_rng(5).normal(size=(2, 4, 6, 5)).astype(np.float32))
     results = []
-    for kwargs in ({"dropout_seed": seed}, {"dropout_keep": draw_keep_mask((2, 3, 24, 24), seed, rate)}):
+    for kwargs in ({"seed": seed}, {"keep": draw_keep_mask((2, 3, 24, 24), seed, rate)}):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            out = layer(x, training=True, **kwargs)
+            out = layer.attend_with_dropout(x, **kwargs)
             loss = tf.reduce_sum(out * upstream)
         results.append((out, tape.gradient(loss, [x] + layer.trainable_weights)))
     (out_a, grads_a), (out_b, grads_b) = results
@@ -126,22 +128,26 @@ def test_remat_recomputes_the_block_in_the_backward_pass(encoding, attention_rec
     images = tf.constant(np.zeros((2, 32, 32, 3)), tf.float32)
     for model, tails, attends in ((plain, 1, 1), (remat, 2, 1 + attention_recomputed)):
         block = model.get_layer("block_0")
-        calls = {"_tail": 0, "_attend": 0}
-        for name in calls:
-            def counted(*a, _name=name, _method=getattr(block, name), **k):
+        # The tail starts with the attention output map; the attention with dropout is
+        # `attend_with_dropout`: count the calls of both (public methods, patched per instance).
+        targets = {"tail": (block.attention_output, "call"), "attend": (block.attention, "attend_with_dropout")}
+        calls = {"tail": 0, "attend": 0}
+        for name, (owner, method) in targets.items():
+            def counted(*a, _name=name, _method=getattr(owner, method), **k):
                 calls[_name] += 1
                 return _method(*a, **k)
-            setattr(block, name, counted)
+            setattr(owner, method, counted)
         try:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(model(images, training=True))
             tape.gradient(loss, model.trainable_variables)
-            assert calls == {"_tail": tails, "_attend": attends}, model.name
-            calls.update(_tail=0, _attend=0)
-            model(images, training=False)  # inference takes the plain path
-            assert calls == {"_tail": 0, "_attend": 0}
+            assert calls == {"tail": tails, "attend": attends}, model.name
+            calls.update(tail=0, attend=0)
+            model(images, training=False)  # inference: the tail once, no attention dropout
+            assert calls == {"tail": 1, "attend": 0}
         finally:
-            del block._tail, block._attend
+            for owner, method in targets.values():
+                delattr(owner, method)
 
 
 def test_remat_is_saved_and_reloaded(tmp_path):
@@ -205,10 +211,10 @@ def test_auto_remat_follows_the_memory_budget(tmp_path):
     trainer.prepare()
     assert not trainer.model_config.remat
     config = sa_conv.get_config("sa_quadratic")
-    assert train_lib.remat_blocks(make_config(), config, 100, log=lambda s: None)  # the paper presets do
-    assert not train_lib.remat_blocks(make_config(overrides={"remat": "none"}), config, 100, log=lambda s: None)
+    assert remat_blocks(make_config(), config, 100, log=lambda s: None)  # the paper presets do
+    assert not remat_blocks(make_config(overrides={"remat": "none"}), config, 100, log=lambda s: None)
     with pytest.raises(ConfigError, match="no transformer blocks"):
-        train_lib.remat_blocks(make_config(overrides={"remat": "blocks", "model": "resnet18"}),
+        remat_blocks(make_config(overrides={"remat": "blocks", "model": "resnet18"}),
                                sa_conv.get_config("resnet18"), 100)
     with pytest.raises(ConfigError, match="memory_budget_gb must be positive"):
         make_config(overrides={"memory_budget_gb": 0})

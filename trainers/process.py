@@ -97,10 +97,12 @@ def configure_if_main(module_name: str) -> None:
         configure()
 
 
-def child_environment() -> dict:
-    """This process's environment without what `configure` set: for a program's child processes,
-    which configure themselves (and so record their settings as this program's, not the user's)."""
-    set_here = _configured["environment_set"] if _configured else {}
+def child_environment(configured: dict | None = None) -> dict:
+    """This process's environment without what `configure` set (``configured``: its record,
+    this process's by default): for a program's child processes, which configure themselves (and
+    so record their settings as this program's, not the user's)."""
+    configured = _configured if configured is None else configured
+    set_here = configured["environment_set"] if configured else {}
     return {k: v for k, v in os.environ.items() if k not in set_here}
 
 

@@ -1,0 +1,82 @@
+"""`sa_conv.separable` on its own: the factorized Eq. (5)-(6) against the dense sum in NumPy."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from keras import ops
+
+from sa_conv.separable import separable_attention, separable_pays
+
+
+def _softmax(z):
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def dense_reference(x, row_logits, col_logits, kernel, bias):
+    """Eq. (5)-(6) as written, float64: the full ``(heads, N, N)`` softmax of ``r + c``."""
+    b, height, width, d = x.shape
+    heads = row_logits.shape[0]
+    logits = row_logits[:, :, None, :, None] + col_logits[:, None, :, None, :]  # [h, qi, qj, ki, kj]
+    probs = _softmax(logits.reshape(heads, height * width, height * width))
+    mixed = np.einsum("hqk,bkd->bqhd", probs, x.reshape(b, height * width, d)).reshape(b, height * width, heads * d)
+    out = mixed @ kernel + (0.0 if bias is None else bias)
+    return out.reshape(b, height, width, -1)
+
+
+@pytest.mark.filterwarnings("ignore:You are using a softmax over axis")  # 1-row grids: legitimately size 1
+@settings(max_examples=25, deadline=None)
+@given(height=st.integers(1, 7), width=st.integers(1, 7), heads=st.integers(1, 4), d=st.integers(1, 4),
+       out=st.integers(1, 5), batch=st.integers(1, 3), with_bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_equals_the_dense_softmax_of_the_summed_logits(height, width, heads, d, out, batch, with_bias, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, height, width, d))
+    row = rng.normal(scale=3.0, size=(heads, height, height))
+    col = rng.normal(scale=3.0, size=(heads, width, width))
+    kernel = rng.normal(size=(heads * d, out))
+    bias = rng.normal(size=(out,)) if with_bias else None
+    got = separable_attention(ops.convert_to_tensor(x, "float32"), ops.convert_to_tensor(row, "float32"),
+                              ops.convert_to_tensor(col, "float32"), ops.convert_to_tensor(kernel, "float32"),
+                              None if bias is None else ops.convert_to_tensor(bias, "float32"))
+    assert tuple(got.shape) == (batch, height, width, out)
+    np.testing.assert_allclose(ops.convert_to_numpy(got), dense_reference(x, row, col, kernel, bias),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_large_logit_spreads_do_not_underflow():
+    """Logits of -1e4 and below: exp() of the summed logits underflows to 0 everywhere but at the
+    maximum; each factor subtracts its own maximum, so the output is the arg-max pixel's value map."""
+    heads, height, width, d = 1, 5, 6, 2
+    row = np.full((heads, height, height), -1e4, np.float32)
+    col = np.full((heads, width, width), -2e4, np.float32)
+    row[0, :, 3] = -5e3  # every query attends key row 3 ...
+    col[0, :, 1] = -9e3  # ... and key column 1
+    x = np.random.default_rng(1).normal(size=(2, height, width, d)).astype(np.float32)
+    kernel = np.eye(d, dtype=np.float32)
+    got = ops.convert_to_numpy(separable_attention(x, row, col, kernel))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, np.broadcast_to(x[:, 3:4, 1:2, :], got.shape), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_compute_dtype_keeps_float32_softmax(dtype):
+    """The softmax runs in float32 and only its result is cast: a spread that overflows float16
+    (exp(70000) does in any dtype, 70000 itself does in float16) still gives a finite output."""
+    rng = np.random.default_rng(2)
+    row = rng.normal(size=(2, 4, 4)).astype(np.float32) * 7e4
+    col = rng.normal(size=(2, 3, 3)).astype(np.float32)
+    x = rng.normal(size=(1, 4, 3, 2)).astype(np.float32)
+    kernel = rng.normal(size=(4, 3)).astype(np.float32)
+    got = separable_attention(ops.cast(x, dtype), row, col, kernel, dtype=dtype)
+    assert ops.convert_to_numpy(ops.cast(got, "float32")).dtype == np.float32 and got.dtype == dtype
+    np.testing.assert_allclose(ops.convert_to_numpy(ops.cast(got, "float32")),
+                               dense_reference(x.astype(np.float64), row, col, kernel, None), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("height,width,pays", [(7, 7, False), (8, 8, True), (5, 100, True), (4, 100, False), (2, 1000, False),
+                                               (16, 16, True), (1, 1, False)])
+def test_separable_pays_from_the_grid_size(height, width, pays):
+    """``H W >= 4 (H + W)``: 8x8 is the first square grid, a 2-row strip never pays."""
+    assert separable_pays(height, width) is pays
