@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[cpu,test]'
+	$(PY) -m pip install --quiet -e '.[cpu,all,test]'
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -31,7 +31,8 @@ BACKENDS_VENV := .venv-backends
 BPY := $(BACKENDS_VENV)/bin/python
 BSTAMP := $(BACKENDS_VENV)/.installed
 BACKEND_TESTS := tests/test_layers.py tests/test_models.py tests/test_conversion.py \
-	tests/test_fast_attention.py tests/test_keras_native.py tests/test_compat.py
+	tests/test_fast_attention.py tests/test_keras_native.py tests/test_compat.py tests/test_install.py \
+	tests/test_separable.py
 
 $(BSTAMP): setup.py
 	test -x $(BPY) || $(PYTHON) -m venv $(BACKENDS_VENV)

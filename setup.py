@@ -4,6 +4,21 @@ from setuptools import find_packages, setup
 
 TENSORFLOW_VERSION = "2.21.0"
 
+LAYERS = ["keras>=3.15,<3.16", "numpy"]
+TRAIN = [
+    "tensorflow-datasets>=4.9,<5",
+    "importlib_resources",  # tensorflow-datasets 4.9.10 imports it on Python 3.11
+    "absl-py",
+    "pyyaml",
+]
+SEARCH = [
+    "keras-tuner==1.4.8",
+    "tensorboard",  # keras-tuner fails every trial without it
+    "scipy",  # keras-tuner's Bayesian tuner
+    "scikit-learn",  # keras-tuner's Bayesian tuner
+]
+PLOTS = ["matplotlib"]
+
 setup(
     name="sa-conv",
     version="0.2.0",
@@ -14,27 +29,22 @@ setup(
     ),
     python_requires=">=3.10",
     packages=find_packages(include=["sa_conv", "sa_conv.*", "trainers", "trainers.*", "export", "export.*", "programs", "programs.*"]),
-    # TensorFlow comes from exactly one of the extras "cpu" or "gpu" (see README): both
-    # distributions write the same `tensorflow` package, so the core names neither.
-    install_requires=[
-        "keras>=3.15,<3.16",
-        "tensorflow-datasets>=4.9,<5",
-        "importlib_resources",  # tensorflow-datasets 4.9.10 imports it on Python 3.11
-        "keras-tuner==1.4.8",
-        "tensorboard",  # keras-tuner fails every trial without it
-        "scipy",  # keras-tuner's Bayesian tuner
-        "scikit-learn",  # keras-tuner's Bayesian tuner
-        "absl-py",
-        "numpy",
-        "matplotlib",
-        "pyyaml",
-    ],
+    py_modules=["epfml_reference"],  # what sa-conv knows of the reference (standard library only)
+    # The layers and models: Keras and NumPy, on any Keras backend. Training, search, plots and
+    # the backend are extras (`make` installs all of them; see README "Install").
+    install_requires=LAYERS,
     extras_require={
+        # TensorFlow comes from exactly one of "cpu" or "gpu": both distributions write the same
+        # `tensorflow` package.
         "cpu": [f"tensorflow-cpu=={TENSORFLOW_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TENSORFLOW_VERSION}"],
+        "train": TRAIN,  # sa-conv-train, sa-conv-export, the data pipeline (with "cpu" or "gpu")
+        "search": TRAIN + SEARCH,  # sa-conv-tune
+        "plots": PLOTS,  # sa_conv.plotting, sa-conv-visualize
         "onnx": ["tf2onnx", "onnxruntime"],
-        # Reading the reference implementation's PyTorch checkpoints (sa-conv-import-reference).
-        "reference": ["torch"],
+        # Reading the reference implementation's PyTorch checkpoints and YAML configs.
+        "reference": ["torch", "pyyaml"],
+        "all": TRAIN + SEARCH + PLOTS,
         "test": ["pytest", "pytest-xdist", "pytest-random-order", "hypothesis", "tf2onnx", "onnxruntime"],
     },
     entry_points={

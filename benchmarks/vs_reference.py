@@ -46,13 +46,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.vs_reference_training import REFERENCE_ENCODINGS  # noqa: E402  (stdlib + numpy only)
-
-# sa-conv's encoding name -> the reference variant's name there.
-REFERENCE_VARIANT = {"quadratic": "quadratic", "quadratic_full": "quadratic_full", "learned": "learned",
-                     "learned_plus_content": "learned_content"}
-PAPER = ["sa_quadratic", "sa_learned", "resnet18", "sa_quadratic_full", "sa_learned_content"]
-SMALL = ["sa_quadratic_small", "sa_learned_small", "sa_quadratic_full_small", "sa_learned_content_small"]
+import epfml_reference  # noqa: E402  (standard library only: the reference side has no Keras)
+PAPER = ["sa_quadratic", "sa_learned", "resnet18", "sa_quadratic_full", "sa_content_plus_learned_bias"]
+SMALL = ["sa_quadratic_small", "sa_learned_small", "sa_quadratic_full_small", "sa_content_plus_learned_bias_small"]
 GROUPS = {"paper": PAPER, "small": SMALL}
 
 
@@ -122,7 +118,6 @@ def reference_side(args):
 
     sys.path.insert(0, os.path.abspath(args.reference_dir))
     import models
-    import runpy
 
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
@@ -130,12 +125,8 @@ def reference_side(args):
     if preset["architecture"] == "resnet18":
         model = models.ResNet18(num_classes=10)
     else:
-        base = runpy.run_path(os.path.join(ROOT, "tools", "make_reference_fixtures.py"))["BASE"]
-        config = {**base, **REFERENCE_ENCODINGS[REFERENCE_VARIANT[preset["encoding"]]], "hidden_size": preset["hidden_size"],
-                  "num_hidden_layers": preset["num_layers"], "num_attention_heads": preset["num_heads"],
-                  "intermediate_size": preset["mlp_size"], "hidden_dropout_prob": preset["dropout"],
-                  "attention_probs_dropout_prob": preset["attention_dropout"],
-                  "pooling_concatenate_size": preset["pooling_width"]}
+        fields = ("num_layers", "num_heads", "hidden_size", "mlp_size", "dropout", "attention_dropout", "pooling_width")
+        config = epfml_reference.reference_config(preset["encoding"], **{f: preset[f] for f in fields})
         model = models.BertImage(config, num_classes=10)
     rng = np.random.default_rng(0)
     result = {"parameters": int(sum(p.numel() for p in model.parameters() if p.requires_grad))}
@@ -245,7 +236,7 @@ def main():
     parser.add_argument("--_phase", dest="phase", help=argparse.SUPPRESS)
     parser.add_argument("--sides", default="",
                         help="Run only these sides (e.g. sa_conv,reference: leaves out sa_conv_no_remat, which "
-                             "needs about 18 GB for sa_learned_content). Default: all.")
+                             "needs about 18 GB for sa_content_plus_learned_bias). Default: all.")
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     from trainers import process

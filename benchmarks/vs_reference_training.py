@@ -39,14 +39,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-REFERENCE_ENCODINGS = {
-    "quadratic": dict(use_gaussian_attention=True, attention_isotropic_gaussian=True),
-    "quadratic_full": dict(use_gaussian_attention=True, attention_isotropic_gaussian=False),
-    "learned": dict(use_gaussian_attention=False, use_learned_2d_encoding=True),
-    "learned_content": dict(use_gaussian_attention=False, use_learned_2d_encoding=True, use_attention_data=True),
-}
+import epfml_reference  # noqa: E402  (standard library only: the reference side has no Keras)
+
+# The reference variants (sa-conv encoding names) and the sa-conv preset each trains against.
 PRESETS = {"quadratic": "sa_quadratic_small", "quadratic_full": "sa_quadratic_full_small",
-           "learned": "sa_learned_small", "learned_content": "sa_learned_content_small"}
+           "learned": "sa_learned_small", "content_plus_learned_bias": "sa_content_plus_learned_bias_small"}
 
 
 # ------------------------------------------------------------------------------ reference side
@@ -59,15 +56,10 @@ def reference_main(args):
     sys.path.insert(0, os.path.abspath(args.reference_dir))
     import models
 
-    import runpy
-
-    fixtures = runpy.run_path(os.path.join(ROOT, "tools", "make_reference_fixtures.py"))
-    BASE = fixtures["BASE"]  # its train.py defaults
-
     torch.set_num_threads(os.cpu_count())
     data = np.load(args.data)
-    mean, std = np.array((0.4914, 0.4822, 0.4465), np.float32), np.array((0.2023, 0.1994, 0.2010), np.float32)
-    config = {**BASE, **REFERENCE_ENCODINGS[args.encoding], "attention_probs_dropout_prob": 0.0,
+    mean, std = np.array(epfml_reference.PIXEL_MEAN, np.float32), np.array(epfml_reference.PIXEL_STD, np.float32)
+    config = {**epfml_reference.reference_config(args.encoding, attention_dropout=0.0),
               "optimizer_warmup_ratio": 0.05, "seed": args.seed}
     if args.lockstep_data:
         config["hidden_dropout_prob"] = 0.0
@@ -79,7 +71,7 @@ def reference_main(args):
                  **{k: v.numpy() for k, v in model.state_dict().items() if not k.endswith(".R")})
         with open(args.lockstep_data + ".config.json", "w") as f:
             json.dump(config, f)
-    optimizer = fixtures["reference_sgd"](model, torch)
+    optimizer = epfml_reference.reference_sgd(model, torch)
     images, labels = data["train_images"], data["train_labels"]
     batch = 100
     batches_per_epoch = -(-len(images) // batch)  # DataLoader without drop_last

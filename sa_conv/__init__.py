@@ -6,28 +6,37 @@ the first needs TensorFlow, the second matplotlib.
 """
 
 from sa_conv.attention import MultiHeadSelfAttention2D
-from sa_conv.config import PRESETS, ModelConfig, get_config, preset_names
+from sa_conv.config import PRESET_ALIASES, PRESETS, ModelConfig, get_config, preset_names
 from sa_conv.conversion import AttentionConv2D, attention_to_conv, conv_to_attention, convert_model
 from sa_conv.encodings import (
-    ENCODINGS, LearnedContentEncoding, LearnedRelativeEncoding, QuadraticEncoding, RelativeEncoding, get_encoding,
+    ENCODING_ALIASES, ENCODINGS, LearnedContentEncoding, LearnedRelativeEncoding, QuadraticEncoding, RelativeEncoding, get_encoding,
     register_encoding,
 )
 from sa_conv.errors import DatasetError, SaConvError
 from sa_conv.heads import degenerate_heads, prune_heads, reset_heads
 from sa_conv.invertible_pooling import InvertiblePooling, InvertibleUnpooling
 from sa_conv.models import attention_blocks, attention_grid, attention_probabilities, build_attention_classifier, build_model
-from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
+from sa_conv import preprocessing as _preprocessing
+from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
 from sa_conv import reference  # noqa: E402  (sa_conv.reference.load_reference_weights)
 from sa_conv.transformer import TransformerBlock
 
 __version__ = "0.2.0"
 
+
+def __getattr__(name):
+    """Former names (`sa_conv.preprocessing.DEPRECATED_NAMES`), with a DeprecationWarning."""
+    if name in _preprocessing.DEPRECATED_NAMES:
+        return _preprocessing.deprecated_name(name, stacklevel=2)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "AttentionConv2D", "CIFAR10_MEAN", "CIFAR10_STD", "DatasetError", "ENCODINGS", "InvertiblePooling",
+    "AttentionConv2D", "DatasetError", "ENCODING_ALIASES", "ENCODINGS", "InvertiblePooling",
     "InvertibleUnpooling", "LearnedContentEncoding", "LearnedRelativeEncoding", "ModelConfig",
-    "MultiHeadSelfAttention2D", "PRESETS", "PixelNormalization", "QuadraticEncoding", "RelativeEncoding",
-    "SaConvError", "TransformerBlock", "attention_blocks", "attention_grid", "attention_probabilities",
+    "MultiHeadSelfAttention2D", "PRESETS", "PRESET_ALIASES", "PixelNormalization", "QuadraticEncoding", "REFERENCE_PIXEL_MEAN",
+    "REFERENCE_PIXEL_STD", "RelativeEncoding", "SaConvError", "TransformerBlock", "attention_blocks", "attention_grid", "attention_probabilities",
     "attention_to_conv", "build_attention_classifier", "build_model", "build_resnet", "conv_to_attention",
     "convert_model", "degenerate_heads", "get_config", "get_encoding", "preset_names", "prune_heads",
     "register_encoding", "reset_heads",

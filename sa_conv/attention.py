@@ -120,7 +120,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout}.")
         self.num_heads = int(num_heads)
         self.output_dim = None if output_dim is None else int(output_dim)
-        self.encoding = encoding
+        self.encoding = self.encoding_spec.name  # a former name (ENCODING_ALIASES) saves as the current one
         self.max_grid_size = int(max_grid_size)
         self.position_embedding_dim = position_embedding_dim
         self.attention_dropout = float(attention_dropout)

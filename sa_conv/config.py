@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from types import MappingProxyType
+from typing import Mapping, Optional
 
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS
@@ -17,7 +18,8 @@ class ModelConfig:
 
     Attributes:
       architecture: ``"attention"`` (the paper's fully-attentional classifier) or ``"resnet18"``.
-      encoding: relative positional encoding of the attention layers (a name in `sa_conv.ENCODINGS`).
+      encoding: relative positional encoding of the attention layers (a name in `sa_conv.ENCODINGS`;
+        a former name in `sa_conv.ENCODING_ALIASES` is replaced by the current one).
       num_layers: transformer blocks.
       num_heads: heads per attention layer (K*K heads express a KxK convolution).
       hidden_size: channels of the attention grid.
@@ -78,6 +80,7 @@ class ModelConfig:
     pixel_std: Optional[tuple] = None
 
     def __post_init__(self):
+        object.__setattr__(self, "encoding", get_encoding(self.encoding).name)  # former names resolve
         for name in ("pixel_mean", "pixel_std"):  # JSON gives lists; the config stays hashable
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
@@ -146,25 +149,41 @@ PRESETS: dict[str, ModelConfig] = {
     "sa_quadratic": _PAPER,
     "sa_quadratic_full": _PAPER.replace(encoding="quadratic_full"),
     "sa_learned": _PAPER.replace(encoding="learned"),
-    "sa_learned_content": _PAPER.replace(encoding="learned_plus_content"),
+    "sa_content_plus_learned_bias": _PAPER.replace(encoding="content_plus_learned_bias"),
     "sa_sinusoidal": _PAPER.replace(encoding="sinusoidal"),
     "sa_mlp": _PAPER.replace(encoding="mlp"),
     "resnet18": ModelConfig(architecture="resnet18"),
     "sa_quadratic_small": _PAPER.replace(**_SMALL),
     "sa_quadratic_full_small": _PAPER.replace(encoding="quadratic_full", **_SMALL),
     "sa_learned_small": _PAPER.replace(encoding="learned", **_SMALL),
-    "sa_learned_content_small": _PAPER.replace(encoding="learned_plus_content", **_SMALL),
+    "sa_content_plus_learned_bias_small": _PAPER.replace(encoding="content_plus_learned_bias", **_SMALL),
     "sa_sinusoidal_small": _PAPER.replace(encoding="sinusoidal", **_SMALL),
     "sa_mlp_small": _PAPER.replace(encoding="mlp", **_SMALL),
 }
 
 
+PRESET_ALIASES: Mapping[str, str] = MappingProxyType({
+    # The paper's "SA learned embedding w/ content", named before its encoding was renamed.
+    "sa_learned_content": "sa_content_plus_learned_bias",
+    "sa_learned_content_small": "sa_content_plus_learned_bias_small",
+})
+"""Former preset names, each mapped to its current name (`get_config` accepts them)."""
+
+
 def preset_names() -> list[str]:
+    """The current preset names (not the former ones of `PRESET_ALIASES`)."""
     return list(PRESETS)
 
 
-def get_config(name: str, **overrides) -> ModelConfig:
-    """The preset ``name`` with ``overrides`` applied."""
+def canonical_preset(name: str) -> str:
+    """The current name of preset ``name`` (itself, or the target of a former name); ValueError
+    listing the presets for an unknown name."""
+    name = PRESET_ALIASES.get(name, name)
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
-    return PRESETS[name].replace(**overrides)
+    return name
+
+
+def get_config(name: str, **overrides) -> ModelConfig:
+    """The preset ``name`` (or a former name, `PRESET_ALIASES`) with ``overrides`` applied."""
+    return PRESETS[canonical_preset(name)].replace(**overrides)

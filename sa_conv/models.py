@@ -7,14 +7,14 @@ import keras
 from sa_conv.config import ModelConfig, get_config
 from sa_conv.initializers import bias_for, dense_initializers
 from sa_conv.invertible_pooling import InvertiblePooling
-from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
+from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
 from sa_conv.transformer import TransformerBlock
 
 
 def _statistics(config: ModelConfig):
-    """The normalization statistics of ``config``; CIFAR-10's when it has none."""
-    return config.pixel_mean or CIFAR10_MEAN, config.pixel_std or CIFAR10_STD
+    """The normalization statistics of ``config``; the reference's CIFAR-10 constants when it has none."""
+    return config.pixel_mean or REFERENCE_PIXEL_MEAN, config.pixel_std or REFERENCE_PIXEL_STD
 
 
 def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier", dtype=None) -> keras.Model:

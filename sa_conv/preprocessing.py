@@ -1,13 +1,35 @@
 """Pixel normalization shared by every model, so that models (and their exports) take raw pixels."""
 
+import warnings
+
+import epfml_reference
 import keras
 from keras import ops
 
-# Per-channel CIFAR-10 statistics used by the paper's code (RGB, on pixels scaled to [0, 1]):
-# the defaults of models built without data. The trainer computes the statistics of the data it
-# trains on (`sa_conv.data.channel_statistics`).
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2023, 0.1994, 0.2010)
+# The reference implementation's CIFAR-10 normalization (RGB, on pixels scaled to [0, 1]; its std
+# is below the data's measured ~0.25): the defaults of models built without data, as in the
+# paper's code. The trainer computes the statistics of the data it trains on
+# (`sa_conv.data.channel_statistics`).
+REFERENCE_PIXEL_MEAN = epfml_reference.PIXEL_MEAN
+REFERENCE_PIXEL_STD = epfml_reference.PIXEL_STD
+# Former names, kept importable (with a DeprecationWarning): they are the reference's constants,
+# not CIFAR-10's measured statistics.
+DEPRECATED_NAMES = {"CIFAR10_MEAN": "REFERENCE_PIXEL_MEAN", "CIFAR10_STD": "REFERENCE_PIXEL_STD"}
+
+
+def deprecated_name(name, stacklevel=2):
+    """The value of the former name ``name`` (a key of `DEPRECATED_NAMES`), with a
+    DeprecationWarning pointing ``stacklevel`` frames up."""
+    new = DEPRECATED_NAMES[name]
+    warnings.warn(f"{name} is deprecated: it is the reference implementation's constant, now named {new}.",
+                  DeprecationWarning, stacklevel=stacklevel + 1)
+    return globals()[new]
+
+
+def __getattr__(name):
+    if name in DEPRECATED_NAMES:
+        return deprecated_name(name, stacklevel=2)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
@@ -20,7 +42,7 @@ class PixelNormalization(keras.layers.Layer):
     the same, in the compute dtype.
     """
 
-    def __init__(self, mean=CIFAR10_MEAN, std=CIFAR10_STD, **kwargs):
+    def __init__(self, mean=REFERENCE_PIXEL_MEAN, std=REFERENCE_PIXEL_STD, **kwargs):
         super().__init__(**kwargs)
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)

@@ -44,6 +44,7 @@ import json
 import os
 import re
 
+import epfml_reference
 import keras
 import numpy as np
 from keras import ops
@@ -55,9 +56,9 @@ from sa_conv.models import attention_blocks
 
 # Buffers the reference recomputes from its config; sa-conv does too.
 DERIVED_BUFFERS = re.compile(r"(^|\.)(R|relative_indices|attention_mask|num_batches_tracked)$")
-# The reference's CIFAR-10 normalization (train.py), the same as sa-conv's default.
-REFERENCE_MEAN, REFERENCE_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
-NUM_CLASSES = {"Cifar10": 10, "Cifar100": 100}
+# The reference's CIFAR-10 normalization (its train.py's; `epfml_reference` holds what sa-conv
+# knows of the reference).
+REFERENCE_MEAN, REFERENCE_STD = epfml_reference.PIXEL_MEAN, epfml_reference.PIXEL_STD
 
 
 class ReferenceImportError(SaConvError):
@@ -100,7 +101,7 @@ def model_config(config: dict) -> ModelConfig:
     """The `ModelConfig` of the reference model ``config`` (its ``train.py`` config dict):
     layers, heads, hidden and MLP sizes, encoding, pooling, dropout, LayerNorm epsilon, table
     size, classes, and the reference's pixel normalization."""
-    classes = NUM_CLASSES.get(config.get("dataset", "Cifar10"))
+    classes = epfml_reference.DATASET_CLASSES.get(config.get("dataset", "Cifar10"))
     if classes is None:
         raise ReferenceImportError(f"dataset={config.get('dataset')!r}: only Cifar10 and Cifar100 are known.")
     stats = dict(num_classes=classes, pixel_mean=REFERENCE_MEAN, pixel_std=REFERENCE_STD)
@@ -112,33 +113,13 @@ def model_config(config: dict) -> ModelConfig:
     problems = _unsupported(config)
     if problems:
         raise ReferenceImportError("sa-conv has no equivalent of the reference's " + "; ".join(problems) + ".")
-    if config.get("use_gaussian_attention"):
-        encoding = "quadratic" if config.get("attention_isotropic_gaussian") else "quadratic_full"
-    elif config.get("use_learned_2d_encoding"):
-        encoding = "learned_plus_content" if config.get("use_attention_data") else "learned"
-    else:
+    fields = epfml_reference.model_fields(config)
+    if "encoding" not in fields:
         raise ReferenceImportError(
             "The config uses neither Gaussian nor learned 2-D attention (BERT's 1-D attention over the "
             "flattened image); sa-conv has no such model."
         )
-    size = config.get("position_encoding_size", -1)
-    return get_config(
-        "sa_quadratic",
-        encoding=encoding,
-        num_layers=int(config["num_hidden_layers"]),
-        num_heads=int(config["num_attention_heads"]),
-        hidden_size=int(config["hidden_size"]),
-        mlp_size=int(config["intermediate_size"]),
-        pooling_width=int(config.get("pooling_concatenate_size", 1)),
-        dropout=float(config.get("hidden_dropout_prob", 0.1)),
-        attention_dropout=float(config.get("attention_probs_dropout_prob", 0.1)),
-        layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)),
-        max_grid_size=int(config.get("max_position_embeddings", 16)),
-        position_embedding_dim=None if size in (-1, None) else int(size),
-        center_init_std=float(config.get("gaussian_init_mu_std", 2.0)),
-        spread_init_std=float(config.get("gaussian_init_sigma_std", 0.01)),
-        **stats,
-    )
+    return get_config("sa_quadratic", **fields, **stats)
 
 
 # --------------------------------------------------------------------------- state dict
@@ -216,7 +197,7 @@ def _attention_map(model):
         else:
             raise ReferenceImportError(
                 f"Block {i}'s {attention.encoding!r} encoding has no counterpart in the reference "
-                "implementation (it has quadratic, quadratic_full, learned and learned_plus_content)."
+                f"implementation (it has {', '.join(epfml_reference.ENCODING_FLAGS)})."
             )
         plan += _linear(f"{p}.attention.self.value", attention.value_dense)
         plan += _linear(f"{p}.attention.output.dense", block.attention_output)

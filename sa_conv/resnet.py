@@ -7,7 +7,7 @@
 import keras
 
 from sa_conv.initializers import FanInUniform
-from sa_conv.preprocessing import CIFAR10_MEAN, CIFAR10_STD, PixelNormalization
+from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
 
 # PyTorch's BatchNorm defaults, as in the reference implementation.
 _BN = dict(momentum=0.9, epsilon=1e-5)
@@ -40,7 +40,7 @@ def _basic_block(x, filters, stride, name, initialization, dtype=None):
 
 
 def build_resnet(image_size=32, num_classes=10, blocks=(2, 2, 2, 2), widths=(64, 128, 256, 512), name="resnet18",
-                 image_channels=3, pixel_mean=CIFAR10_MEAN, pixel_std=CIFAR10_STD, initialization="reference",
+                 image_channels=3, pixel_mean=REFERENCE_PIXEL_MEAN, pixel_std=REFERENCE_PIXEL_STD, initialization="reference",
                  dtype=None):
     """A CIFAR ResNet as a functional `keras.Model`: ``image`` ``(batch, S, S, C)`` raw pixels
     (uint8 or float in [0, 255]) -> ``logits`` ``(batch, num_classes)``; ``pixel_mean`` and

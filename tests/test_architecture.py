@@ -62,6 +62,37 @@ def test_programs_import_each_other_only_to_compose():
     assert found == {}
 
 
+def test_reference_knowledge_has_one_home_below_the_library():
+    """`epfml_reference` (what sa-conv knows of the reference) imports only the standard library,
+    so the reference side of a benchmark loads neither Keras nor TensorFlow; nothing runs a tool
+    with ``runpy`` to borrow its constants; and no other module of the library, programs,
+    benchmarks or tools writes the reference's normalization constants or its encoding flags."""
+    import subprocess
+    import sys
+
+    path = PROJECT_ROOT / "epfml_reference.py"
+    assert _imported_packages(path) <= {"__future__"}
+    probe = ("import sys, epfml_reference; "
+             "print(sorted(m for m in ('keras', 'tensorflow', 'numpy', 'torch', 'sa_conv') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
+    paths = [p for tree in SOURCE_TREES for p in _sources(tree)]
+    runs_a_tool = [str(p.relative_to(PROJECT_ROOT)) for p in paths if "runpy" in _imported_packages(p)]
+    assert runs_a_tool == []
+    constants = {0.2023, 0.1994, 0.4914, 0.4822}
+    flags = {"use_attention_data", "attention_isotropic_gaussian"}
+    copies = {}
+    for p in paths:  # tests may pin the values; code takes them from epfml_reference
+        if p.is_relative_to(PROJECT_ROOT / "tests"):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            found = (isinstance(node, ast.Constant) and node.value in constants and not isinstance(node.value, bool)) \
+                or (isinstance(node, ast.keyword) and node.arg in flags)
+            if found:
+                copies.setdefault(str(p.relative_to(PROJECT_ROOT)), node.lineno)
+    assert copies == {}
+
+
 def test_import_reader_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("import os\n\ndef f():\n    from trainers import train\n    import export.export\n")
@@ -132,8 +163,8 @@ def test_a_registered_encoding_reaches_every_consumer(row_only_encoding, tmp_pat
 def test_registry_answers_for_the_built_in_encodings():
     traits = {name: (spec.position_only, spec.separable) for name, spec in sa_conv.ENCODINGS.items()}
     assert traits == {"quadratic": (True, True), "quadratic_full": (True, False),
-                      "learned": (True, True), "learned_content": (False, False),
-                      "learned_plus_content": (False, False), "sinusoidal": (True, True), "mlp": (True, False)}
+                      "learned": (True, True), "content_with_relative_keys": (False, False),
+                      "content_plus_learned_bias": (False, False), "sinusoidal": (True, True), "mlp": (True, False)}
     assert [default_jit_compile(sa_conv.get_config("sa_quadratic", encoding=n)) for n in traits] == [
         False, False, False, True, True, False, False]
     assert default_jit_compile(sa_conv.get_config("resnet18")) is False
@@ -296,7 +327,7 @@ def private_access_across_modules(paths) -> dict[str, list[str]]:
 def test_no_module_touches_another_modules_private_names():
     """Modules (tests and benchmarks included) use each other's public names only: no
     ``trainer._restore()``, no ``from sa_conv.data import _host_reachable``."""
-    paths = [p for tree in SOURCE_TREES for p in _sources(tree)]
+    paths = [p for tree in SOURCE_TREES for p in _sources(tree)] + [PROJECT_ROOT / "epfml_reference.py"]
     assert len(paths) > 80
     found = private_access_across_modules(paths)
     assert {str(pathlib.Path(k).relative_to(PROJECT_ROOT)): v for k, v in found.items()} == {}

@@ -1,5 +1,5 @@
 """Models saved before the encoding redesign (tests/fixtures/legacy, see its README) still load
-and compute the same outputs."""
+and compute the same outputs; former names (encodings, presets, constants) still work."""
 
 import keras
 import numpy as np
@@ -18,6 +18,8 @@ LEGACY = PROJECT_ROOT / "tests" / "fixtures" / "legacy"
 def test_keras_files_saved_before_the_redesign_load_unchanged(name):
     expected = np.load(LEGACY / "expected.npz")
     model = keras.models.load_model(LEGACY / f"{name}.keras")
+    if name == "sa_learned_content_small":  # its encoding then, "learned_content", loads under the current name
+        assert {b.attention.encoding for b in sa_conv.attention_blocks(model)} == {"content_with_relative_keys"}
     got = ops.convert_to_numpy(model(expected["images"], training=False))
     np.testing.assert_allclose(got, expected[name], rtol=1e-5, atol=1e-6)
     assert np.abs(expected[name]).max() > 1e-3  # real outputs, not zeros
@@ -52,3 +54,65 @@ def test_a_checkpoint_written_before_the_redesign_resumes(tmp_path):
         np.testing.assert_array_equal(got, want)
     history, _ = trainer.train_epochs(epoch, history, save=False)
     assert [h["epoch"] for h in history] == [1, 2] and np.isfinite(history[-1]["train_loss"])
+
+
+@pytest.mark.parametrize("old,new", [("learned_plus_content", "content_plus_learned_bias"),
+                                     ("learned_content", "content_with_relative_keys")])
+def test_former_encoding_names_resolve_to_the_current_ones(old, new, tmp_path):
+    assert sa_conv.ENCODING_ALIASES[old] == new and old not in sa_conv.ENCODINGS
+    assert sa_conv.get_encoding(old) is sa_conv.get_encoding(new)
+    layer = sa_conv.MultiHeadSelfAttention2D(2, encoding=old, max_grid_size=4, seed=1)
+    assert layer.encoding == new and layer.get_config()["encoding"] == new
+    assert sa_conv.get_config("sa_quadratic_small", encoding=old).encoding == new
+    x = np.random.default_rng(0).normal(size=(2, 3, 4, 6)).astype(np.float32)
+    twin = sa_conv.MultiHeadSelfAttention2D(2, encoding=new, max_grid_size=4, seed=1)
+    layer.build(x.shape)
+    twin.build(x.shape)
+    twin.set_weights(layer.get_weights())  # same variables in the same order: the same layer
+    np.testing.assert_array_equal(ops.convert_to_numpy(layer(x)), ops.convert_to_numpy(twin(x)))
+
+
+def test_former_preset_names_resolve_to_the_current_ones():
+    from trainers.config import ConfigError, make_config
+
+    for old, new in sa_conv.PRESET_ALIASES.items():
+        assert sa_conv.get_config(old) == sa_conv.get_config(new) and new in sa_conv.PRESETS
+        config = make_config(overrides=dict(model=old, encoding="learned_plus_content"))
+        assert (config.model, config.encoding) == (new, "content_plus_learned_bias")  # the run records these
+    assert sa_conv.get_config("sa_learned_content").encoding == "content_plus_learned_bias"
+    with pytest.raises(ConfigError, match="--encoding: Unknown encoding 'learned_plus'"):
+        make_config(overrides=dict(encoding="learned_plus"))
+    with pytest.raises(ValueError, match="Unknown preset 'sa_learned_contents'"):
+        sa_conv.get_config("sa_learned_contents")
+
+
+@pytest.mark.parametrize("module", ["sa_conv", "sa_conv.preprocessing"])
+def test_former_constant_names_warn_and_give_the_reference_constants(module):
+    import importlib
+
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match="CIFAR10_STD is deprecated.*REFERENCE_PIXEL_STD") as record:
+        std = mod.CIFAR10_STD
+    assert record[0].filename == __file__  # points at the caller
+    with pytest.warns(DeprecationWarning, match="REFERENCE_PIXEL_MEAN"):
+        mean = mod.CIFAR10_MEAN
+    assert (mean, std) == (sa_conv.REFERENCE_PIXEL_MEAN, sa_conv.REFERENCE_PIXEL_STD) == (
+        (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
+    with pytest.raises(AttributeError, match="has no attribute 'CIFAR10_VAR'"):
+        getattr(mod, "CIFAR10_VAR")
+
+
+def test_an_alias_cannot_shadow_or_steal_a_name():
+    from sa_conv.encodings import base
+
+    with pytest.raises(ValueError, match="'learned' is the name of a registered encoding"):
+        base.register_encoding("test_alias", aliases=("learned",))(sa_conv.QuadraticEncoding)
+    with pytest.raises(ValueError, match="'learned_content' is already a former name"):
+        base.register_encoding("test_alias", aliases=("learned_content",))(sa_conv.QuadraticEncoding)
+    assert "test_alias" not in sa_conv.ENCODINGS
+    base.register_encoding("test_alias", aliases=("test_old",))(sa_conv.QuadraticEncoding)
+    try:
+        assert sa_conv.get_encoding("test_old").name == "test_alias"
+    finally:
+        sa_conv.encodings.unregister_encoding("test_alias")
+    assert "test_old" not in sa_conv.ENCODING_ALIASES

@@ -32,7 +32,7 @@ def _trained(name, images, path, **overrides):
 @pytest.fixture(scope="module")
 def attention_export(real_images, tmp_path_factory):
     root = tmp_path_factory.mktemp("export_sa")
-    model = _trained("sa_learned_content_small", real_images, root / "sa.keras", num_layers=2)
+    model = _trained("sa_content_plus_learned_bias_small", real_images, root / "sa.keras", num_layers=2)
     version = export_lib.export(model_path=str(root / "sa.keras"), export_dir=str(root / "out"), log=lambda s: None)
     return model, version
 

@@ -69,7 +69,7 @@ def test_path_selection():
     layer = MultiHeadSelfAttention2D(4, encoding="quadratic", attention_dropout=0.1, fast_position_attention=True)
     layer.build((None, 4, 4, 3))
     assert layer.uses_fast_path(training=False) and not layer.uses_fast_path(training=True)
-    for encoding in ("quadratic_full", "learned_content"):
+    for encoding in ("quadratic_full", "content_with_relative_keys"):
         other = MultiHeadSelfAttention2D(4, encoding=encoding, max_grid_size=4)
         other.build((None, 4, 4, 4))
         assert not other.uses_fast_path()

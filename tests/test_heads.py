@@ -38,7 +38,7 @@ def test_planted_degenerate_heads_are_found():
     assert sa_conv.degenerate_heads(_model("sa_learned_small")) == {}  # no Gaussian heads
 
 
-@pytest.mark.parametrize("preset", ["sa_quadratic_small", "sa_learned_content_small", "sa_mlp_small"])
+@pytest.mark.parametrize("preset", ["sa_quadratic_small", "sa_content_plus_learned_bias_small", "sa_mlp_small"])
 def test_pruning_heads_with_zero_value_rows_leaves_the_outputs(preset):
     model = _model(preset)
     attention = sa_conv.attention_blocks(model)[0].attention

@@ -39,7 +39,7 @@ def test_identical_pair_finder_finds_shared_initializers():
     assert len(identical_weight_pairs(keras.Model(inputs, outputs))) == 1
 
 
-@pytest.mark.parametrize("preset", ["sa_quadratic_small", "sa_learned_content_small", "resnet18"])
+@pytest.mark.parametrize("preset", ["sa_quadratic_small", "sa_content_plus_learned_bias_small", "resnet18"])
 def test_seeds_reproduce_and_differ(preset):
     def weights(seed):
         keras.utils.set_random_seed(seed)
@@ -104,7 +104,7 @@ _HARNESS_CASES = [
     ("transformer_block", sa_conv.TransformerBlock, dict(mlp_size=16, attention_config=dict(num_heads=4)),
      _GRID, (2, 4, 4, 8)),
     ("transformer_block_content", sa_conv.TransformerBlock,
-     dict(mlp_size=16, attention_config=dict(num_heads=4, encoding="learned_content", max_grid_size=4)),
+     dict(mlp_size=16, attention_config=dict(num_heads=4, encoding="content_with_relative_keys", max_grid_size=4)),
      _GRID, (2, 4, 4, 8)),
     ("invertible_pooling", sa_conv.InvertiblePooling, dict(width=2), _GRID, (2, 2, 2, 32)),
     ("invertible_unpooling", sa_conv.InvertibleUnpooling, dict(width=2), _GRID, (2, 8, 8, 2)),

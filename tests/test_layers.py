@@ -154,7 +154,7 @@ def test_learned_score_is_the_sum_of_the_right_table_rows():
             np.testing.assert_allclose(logits[h, q, k], expected, rtol=1e-5, atol=1e-7)
 
 
-def test_learned_content_relative_term():
+def test_content_with_relative_keys_relative_term():
     p, d, heads = 8, 6, 2
     enc = pe.LearnedContentEncoding(p, d, seed=3)
     enc.build()
@@ -208,7 +208,7 @@ def test_output_equals_the_papers_formula(encoding):
     np.testing.assert_allclose(_np(out).reshape(2, 24, 5), expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("encoding", ["quadratic", "learned_plus_content"])
+@pytest.mark.parametrize("encoding", ["quadratic", "content_plus_learned_bias"])
 def test_given_dropout_mask_follows_the_papers_formula_head_by_head(encoding):
     """The path `TransformerBlock` trains with (a given keep-mask, the value map applied one head
     at a time) equals the formula with the masked, rescaled probabilities."""
@@ -226,7 +226,7 @@ def test_given_dropout_mask_follows_the_papers_formula_head_by_head(encoding):
     assert np.abs(_np(out) - _np(layer(x))).max() > 1e-3  # the mask did drop weights
 
 
-@pytest.mark.parametrize("encoding", ["quadratic", "learned_plus_content"])
+@pytest.mark.parametrize("encoding", ["quadratic", "content_plus_learned_bias"])
 def test_seeded_dropout_applies_the_mask_its_seed_draws(encoding):
     """A seed gives the output of the mask `draw_keep_mask` draws from it, given as the mask
     (gradients: tests/test_remat.py, TensorFlow)."""
@@ -271,7 +271,7 @@ def test_position_only_attention_is_translation_equivariant_on_interior_pixels()
 
 
 def test_content_attention_matches_hand_computation():
-    layer = MultiHeadSelfAttention2D(2, encoding="learned_content", max_grid_size=4, seed=5)
+    layer = MultiHeadSelfAttention2D(2, encoding="content_with_relative_keys", max_grid_size=4, seed=5)
     x = RNG.normal(size=(1, 2, 3, 4)).astype(np.float32)
     _, probs = layer(x, return_attention_scores=True)
     wq, bq = (_np(w) for w in layer.query_dense.weights)
@@ -312,7 +312,7 @@ def test_attention_errors():
     with pytest.raises(ValueError, match="rank 3"):
         MultiHeadSelfAttention2D(2)(np.zeros((2, 16, 8), np.float32))
     with pytest.raises(ValueError, match="query size.*must be even, got 5"):
-        MultiHeadSelfAttention2D(2, encoding="learned_content")(np.zeros((1, 2, 2, 5), np.float32))
+        MultiHeadSelfAttention2D(2, encoding="content_with_relative_keys")(np.zeros((1, 2, 2, 5), np.float32))
 
 
 # ------------------------------------------------------------------ serialization

@@ -12,7 +12,7 @@ PAPER_PARAMETERS = {
     "sa_quadratic": 12_086_844,
     "sa_quadratic_full": 12_087_006,
     "sa_learned": 12_278_682,
-    "sa_learned_content": 29_601_882,  # the reference's count (learned_plus_content)
+    "sa_content_plus_learned_bias": 29_601_882,  # the reference's count (content_plus_learned_bias)
     "resnet18": 11_173_962,
 }
 SMALL = [name for name in sa_conv.PRESETS if name.endswith("_small")]
@@ -107,7 +107,7 @@ def test_overrides_and_config():
 
 
 def test_attention_probabilities_of_a_model():
-    model = sa_conv.build_model("sa_learned_content_small")
+    model = sa_conv.build_model("sa_content_plus_learned_bias_small")
     probs = sa_conv.attention_probabilities(model, _images(2))
     assert len(probs) == 3
     for p in probs:
@@ -122,7 +122,7 @@ def test_attention_probabilities_of_a_model():
         (dict(encoding="gauss"), "Unknown encoding 'gauss'"),
         (dict(num_heads=0), "num_heads must be a positive integer"),
         (dict(hidden_size=-4), "hidden_size must be a positive integer"),
-        (dict(encoding="learned_content", hidden_size=63), "hidden_size must be even, got 63"),
+        (dict(encoding="content_with_relative_keys", hidden_size=63), "hidden_size must be even, got 63"),
         (dict(encoding="learned", max_grid_size=8), "grid is 16x16 but max_grid_size is 8"),
         (dict(pooling_width=3), "not divisible by pooling_width 3"),
         (dict(dropout=1.5), "dropout must be in"),

@@ -10,6 +10,7 @@ reference's architecture on a state dict made here with the reference's tensor n
 import json
 import os
 
+import epfml_reference
 import keras
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ import sa_conv
 from sa_conv import reference
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
-ENCODINGS = ["quadratic", "quadratic_full", "learned", "learned_content"]
+ENCODINGS = list(epfml_reference.ENCODING_FLAGS)  # one fixture per variant, named by sa-conv encoding
 GRID = 16
 
 
@@ -90,21 +91,34 @@ def test_trainer_steps_from_imported_weights_match_the_reference_optimizer(name,
 
 
 def test_reference_configs_pick_the_matching_encoding_and_sizes():
-    expected = {"quadratic": "quadratic", "quadratic_full": "quadratic_full", "learned": "learned",
-                "learned_content": "learned_plus_content"}
-    for name, encoding in expected.items():
-        config = reference.model_config(_config(_fixture(name)))
+    for encoding in ENCODINGS:
+        config = reference.model_config(_config(_fixture(encoding)))
         assert (config.encoding, config.num_layers, config.num_heads, config.hidden_size, config.mlp_size,
                 config.pooling_width, config.max_grid_size) == (encoding, 3, 9, 64, 128, 2, 16)
 
 
+def test_the_fixture_configs_are_what_epfml_reference_says():
+    """The fixtures were written from `epfml_reference`'s small config and flags; the importer
+    reads the encoding back from the flags, and sa-conv fields translate back to the same config."""
+    for encoding in ENCODINGS:
+        config = _config(_fixture(encoding))
+        assert config == epfml_reference.reference_config(encoding)
+        assert epfml_reference.encoding_of(config) == encoding
+        fields = epfml_reference.model_fields(config)
+        assert epfml_reference.reference_config(**fields) == config
+    with pytest.raises(ValueError, match="has no 'mlp' attention"):
+        epfml_reference.reference_config("mlp")
+    with pytest.raises(ValueError, match="'image_size' has no reference config key"):
+        epfml_reference.reference_config("learned", image_size=64)
+
+
 def test_paper_size_content_model_has_the_reference_parameter_count():
     # The reference builds 29,601,882 parameters at the paper size (learned 2-D + content).
-    paper = {**_config(_fixture("learned_content")), "hidden_size": 400, "num_hidden_layers": 6,
+    paper = {**_config(_fixture("content_plus_learned_bias")), "hidden_size": 400, "num_hidden_layers": 6,
              "intermediate_size": 512}
     model = sa_conv.build_model(reference.model_config(paper))
     assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == 29_601_882
-    assert sa_conv.get_config("sa_learned_content").encoding == "learned_plus_content"
+    assert sa_conv.get_config("sa_content_plus_learned_bias").encoding == "content_plus_learned_bias"
 
 
 def test_derived_buffers_are_ignored_and_not_required():
@@ -170,7 +184,7 @@ def test_command_imports_a_checkpoint_and_its_export_serves_the_reference_probab
     from export.export import export
     from programs.import_reference import import_checkpoint
 
-    fixture = _fixture("learned_content")
+    fixture = _fixture("content_plus_learned_bias")
     checkpoint = tmp_path / "ckpt.npz"
     np.savez(checkpoint, **_state(fixture))
     config = tmp_path / "config.json"
@@ -178,7 +192,7 @@ def test_command_imports_a_checkpoint_and_its_export_serves_the_reference_probab
     model_dir = tmp_path / "imported"
     path = import_checkpoint(str(checkpoint), str(config), str(model_dir), log=lambda s: None)
     results = json.loads((model_dir / "results.json").read_text())
-    assert results["preset"] == "reference_learned_plus_content" and results["parameters"] == 415_242
+    assert results["preset"] == "reference_content_plus_learned_bias" and results["parameters"] == 415_242
     with pytest.raises(sa_conv.SaConvError, match="exists"):
         import_checkpoint(str(checkpoint), str(config), str(model_dir), log=lambda s: None)
 
@@ -187,7 +201,7 @@ def test_command_imports_a_checkpoint_and_its_export_serves_the_reference_probab
     probabilities = served(images=tf.constant(fixture["images"]))["probabilities"].numpy()
     expected = np.asarray(keras.ops.softmax(fixture["logits"].astype(np.float64), axis=-1))
     np.testing.assert_allclose(probabilities, expected, rtol=0, atol=1e-4)
-    assert keras.models.load_model(path).name == "reference_learned_plus_content"
+    assert keras.models.load_model(path).name == "reference_content_plus_learned_bias"
 
 
 def test_torch_checkpoints_without_torch_say_how_to_convert(tmp_path):
@@ -269,14 +283,14 @@ def test_resnet18_layout_matches_a_numpy_forward_of_the_reference_architecture()
     state = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in _reference_resnet_state(rng).items()}
     model = reference.import_reference(state, {"model": "resnet18", "dataset": "Cifar10"})
     images = rng.integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
-    x = (images / 255.0 - np.array(reference.REFERENCE_MEAN)) / np.array(reference.REFERENCE_STD)
+    x = (images / 255.0 - np.array(epfml_reference.PIXEL_MEAN)) / np.array(epfml_reference.PIXEL_STD)
     expected = _numpy_resnet18(state, x.transpose(0, 3, 1, 2))
     logits = np.asarray(model(images, training=False))
     np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-3 * np.abs(expected).max())
     assert not any(k.endswith("num_batches_tracked") for k in [w.path for w in model.weights])
 
 
-@pytest.mark.parametrize("name", ["quadratic", "learned_content"])
+@pytest.mark.parametrize("name", ["quadratic", "content_plus_learned_bias"])
 def test_initialization_draws_from_the_reference_distributions(name):
     """Every weight starts from the distribution of its reference counterpart: the same bound
     (PyTorch's U(+-1/sqrt(fan_in)) for Linear weights and biases, N(0, 1) tables) and, for

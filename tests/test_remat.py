@@ -41,7 +41,7 @@ class TestTransformerBlockRemat(testing.TestCase):
         )
 
 
-@pytest.mark.parametrize("encoding", ["quadratic", "learned", "learned_plus_content"])
+@pytest.mark.parametrize("encoding", ["quadratic", "learned", "content_plus_learned_bias"])
 def test_seeded_dropout_has_the_gradients_of_the_given_mask(encoding):
     """`attend_with_dropout` from a seed (the gradient draws the mask again and recomputes per
     head) gives the output and the gradients, for the input and every weight, of the same mask
@@ -92,7 +92,7 @@ def _step(model, images):
 @pytest.mark.parametrize("overrides", [
     dict(dropout=0.1, attention_dropout=0.1),  # dense path, three dropouts per block
     dict(dropout=0.0, attention_dropout=0.0),  # separable path
-    dict(encoding="learned_plus_content", dropout=0.1, attention_dropout=0.1),
+    dict(encoding="content_plus_learned_bias", dropout=0.1, attention_dropout=0.1),
 ])
 def test_remat_gives_the_same_gradients(overrides):
     """Two consecutive steps (the dropout seeds advance): loss and every gradient equal to float32
@@ -119,7 +119,7 @@ def test_remat_gives_the_same_gradients(overrides):
         previous = float(loss_a)
 
 
-@pytest.mark.parametrize("encoding,attention_recomputed", [("quadratic", False), ("learned_plus_content", True)])
+@pytest.mark.parametrize("encoding,attention_recomputed", [("quadratic", False), ("content_plus_learned_bias", True)])
 def test_remat_recomputes_the_block_in_the_backward_pass(encoding, attention_recomputed):
     """The backward pass runs each rematerialized block's tail (all after the attention) again,
     and only then; the attention too for content encodings. Position-only attention with dropout

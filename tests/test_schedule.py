@@ -102,7 +102,7 @@ def test_paper_configs_are_valid():
 
     root = pathlib.Path(__file__).resolve().parents[1] / "configs"
     files = sorted(root.glob("*.yaml"))
-    assert {f.stem for f in files} >= {"sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_learned_content", "resnet18"}
+    assert {f.stem for f in files} >= {"sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"}
     for f in files:
         cfg = config_lib.make_config(config_lib.read_config_file(str(f)))
         assert cfg.model == f.stem and cfg.epochs == 300 and cfg.global_batch_size == 100

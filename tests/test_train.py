@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 
+import epfml_reference
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -92,7 +93,7 @@ def test_short_run_learns_on_generated_files(tiny_cifar, tmp_path):
 
 def test_weight_decay_applies_to_exactly_the_listed_variables(tmp_path):
     config = make_config(overrides=dict(
-        model="sa_learned_content_small", num_layers=1, dataset="synthetic", dropout=0.0,
+        model="sa_content_plus_learned_bias_small", num_layers=1, dataset="synthetic", dropout=0.0,
         weight_decay=0.01, model_dir=str(tmp_path), global_batch_size=8, jit_compile=False,
     ))
     config.no_weight_decay = "centers,spreads,gamma,beta,bias"  # BERT's convention
@@ -163,8 +164,8 @@ def test_xla_step_matches_the_default_step(tmp_path):
 
 def test_xla_is_on_by_default_only_for_content_attention():
     on = {name for name in sa_conv.PRESETS if default_jit_compile(sa_conv.get_config(name))}
-    assert on == {"sa_learned_content", "sa_learned_content_small"}
-    assert default_jit_compile(sa_conv.get_config("sa_quadratic_small", encoding="learned_content"))
+    assert on == {"sa_content_plus_learned_bias", "sa_content_plus_learned_bias_small"}
+    assert default_jit_compile(sa_conv.get_config("sa_quadratic_small", encoding="content_with_relative_keys"))
 
 
 def test_batch_not_divisible_by_replicas(tmp_path):
@@ -239,7 +240,7 @@ def test_sigkill_mid_epoch_then_rerun_resumes(tmp_path):
     [
         (["--model=vit"], "--model"),
         (["--global_batch_size=-5"], "global_batch_size must be a positive integer"),
-        (["--model=sa_learned_content_small", "--encoding=learned_content", "--hidden_size=63"],
+        (["--model=sa_content_plus_learned_bias_small", "--encoding=content_with_relative_keys", "--hidden_size=63"],
          "hidden_size must be even, got 63"),
         (["--dataset=cifar10_files", "--data_dir=/nonexistent/cifar"], "does not exist"),
         (["--dataset=cifar10_files"], "needs --data_dir"),
@@ -265,7 +266,7 @@ def test_nan_loss_stops_with_a_clear_error(tmp_path):
 
 
 def test_config_error_for_model_overrides(tmp_path):
-    config = make_config(overrides=dict(model="sa_learned_small", hidden_size=63, encoding="learned_content",
+    config = make_config(overrides=dict(model="sa_learned_small", hidden_size=63, encoding="content_with_relative_keys",
                                         model_dir=str(tmp_path)))
     with pytest.raises(ConfigError, match="hidden_size must be even"):
         train_lib.Trainer(config, strategy=tf.distribute.get_strategy())
@@ -286,7 +287,7 @@ def test_pixel_statistics_decide_the_models_normalization(statistics, tmp_path):
     if statistics == "data":
         mean, std = scaled.mean(0), scaled.std(0)
     else:  # the reference train.py's constants
-        mean, std = np.array([0.4914, 0.4822, 0.4465]), np.array([0.2023, 0.1994, 0.2010])
+        mean, std = np.array(epfml_reference.PIXEL_MEAN), np.array(epfml_reference.PIXEL_STD)
     normalized = model.get_layer("normalize")(images[:4]).numpy()
     np.testing.assert_allclose(normalized, (images[:4] / 255.0 - mean) / std, atol=1e-4)
     assert task.model_config.pixel_std == pytest.approx(tuple(std), abs=1e-3)

@@ -179,7 +179,7 @@ def test_distributed_search_names_a_missing_variable(monkeypatch):
         ({"hyperparameters": [{"name": "dropout", "type": "uniform"}]}, "type 'uniform'"),
         ({"hyperparameters": [{"name": "num_layers", "type": "choice"}]}, "needs \\['values'\\]"),
         ({"base_model": "vit", "hyperparameters": []}, "base_model 'vit'"),
-        ({"base_model": "sa_learned_content_small",
+        ({"base_model": "sa_content_plus_learned_bias_small",
           "hyperparameters": [{"name": "encoding", "type": "choice", "values": ["learned", "nope"]}]},
          "value 'nope' is invalid"),
     ],

@@ -21,7 +21,7 @@ RNG = np.random.default_rng(0)
 
 
 def test_query_map_is_the_right_row_on_a_non_square_grid():
-    layer = MultiHeadSelfAttention2D(3, encoding="learned_content", max_grid_size=10, seed=1)
+    layer = MultiHeadSelfAttention2D(3, encoding="content_with_relative_keys", max_grid_size=10, seed=1)
     x = RNG.normal(size=(2, 6, 10, 4)).astype(np.float32)
     _, probs = layer(x, return_attention_scores=True)
     probs = ops.convert_to_numpy(probs)

@@ -8,8 +8,8 @@ there, never copied into this project. Its ``models/bert_utils.py`` is not in th
 (only used for pretrained downloads): create a stub with ``cached_path = None``,
 ``WEIGHTS_NAME = CONFIG_NAME = ""``. Needs torch (``pip install .[reference]``).
 
-For each encoding (quadratic isotropic, quadratic full covariance, learned 2-D, learned 2-D with
-content) it builds the reference's ``BertImage`` at the small size (3 layers, 9 heads, hidden 64,
+For each variant of `epfml_reference.ENCODING_FLAGS` (``quadratic``, ``quadratic_full``,
+``learned``, ``content_plus_learned_bias``) it builds the reference's ``BertImage`` at the small size (3 layers, 9 heads, hidden 64,
 MLP 128, 2x2 pooling) with a fixed seed, and writes ``<encoding>.npz`` holding:
 
 * ``state/<key>``: the state dict (``R``, the 125 MB Gaussian offset table, left out: the import
@@ -34,27 +34,12 @@ import sys
 
 import numpy as np
 
-# The reference train.py's defaults, at the small size.
-BASE = dict(
-    dataset="Cifar10", model="bert", vocab_size_or_config_json_file=-1, hidden_size=64,
-    position_encoding_size=-1, num_hidden_layers=3, num_attention_heads=9, intermediate_size=128,
-    hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-    max_position_embeddings=16, type_vocab_size=2, initializer_range=0.02, layer_norm_eps=1e-12,
-    add_positional_encoding_to_input=False, use_learned_2d_encoding=False, share_position_encoding=False,
-    use_attention_data=False, use_gaussian_attention=True, attention_isotropic_gaussian=False,
-    gaussian_init_sigma_std=0.01, gaussian_init_mu_std=2.0, attention_gaussian_blur_trick=False,
-    pooling_concatenate_size=2, pooling_use_resnet=False,
-)
-ENCODINGS = {
-    "quadratic": dict(attention_isotropic_gaussian=True),
-    "quadratic_full": dict(attention_isotropic_gaussian=False),
-    "learned": dict(use_gaussian_attention=False, use_learned_2d_encoding=True),
-    "learned_content": dict(use_gaussian_attention=False, use_learned_2d_encoding=True, use_attention_data=True),
-}
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import epfml_reference  # noqa: E402  (standard library only: this process has no Keras)
+
 QUERY_POSITIONS = np.array([0, 5, 10, 15])
 # A step at lr 0 first: PyTorch's momentum buffer still takes its gradient (trainers.optimizers).
 TRAIN_LEARNING_RATES = (0.0, 0.1, 0.05)
-MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)  # the reference train.py's
 
 
 def to_bfloat16_grid(array):
@@ -65,7 +50,7 @@ def to_bfloat16_grid(array):
 
 
 def make_fixture(models, torch, encoding, seed=0):
-    config = {**BASE, **ENCODINGS[encoding]}
+    config = epfml_reference.reference_config(encoding)
     torch.manual_seed(seed)
     model = models.BertImage(config, num_classes=10).eval()
     generator = torch.Generator().manual_seed(seed + 1)
@@ -76,7 +61,7 @@ def make_fixture(models, torch, encoding, seed=0):
             parameter.copy_(torch.from_numpy(to_bfloat16_grid(parameter.numpy())))
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
-    x = (images.astype(np.float32) / 255.0 - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
+    x = (images.astype(np.float32) / 255.0 - np.array(epfml_reference.PIXEL_MEAN, np.float32)) / np.array(epfml_reference.PIXEL_STD, np.float32)
     captured = []
     attention = model.encoder.layer[0].attention.self
     # The probabilities are the input of the attention's dropout (identity in eval mode).
@@ -98,23 +83,12 @@ def make_fixture(models, torch, encoding, seed=0):
                 train_learning_rates=np.array(TRAIN_LEARNING_RATES), trained_logits=trained_logits)
 
 
-def reference_sgd(model, torch):
-    """The reference train.py's optimizer: SGD, lr 0.1, momentum 0.9, weight decay 1e-4 on every
-    parameter except the Gaussian centers and spreads."""
-    spared = ("attention_spreads", "attention_centers")
-    named = dict(model.named_parameters())
-    frozen = [p for n, p in named.items() if any(s in n for s in spared)]
-    decayed = [p for n, p in named.items() if not any(s in n for s in spared)]
-    return torch.optim.SGD([{"params": decayed}, {"params": frozen, "weight_decay": 0.0}],
-                           lr=0.1, momentum=0.9, weight_decay=1e-4)
-
-
 def train_steps(model, torch, x, labels):
     """The reference train.py's optimizer (SGD, momentum 0.9, weight decay 1e-4 on all but the
     Gaussian centers and spreads) for one step per learning rate of `TRAIN_LEARNING_RATES` on
     the fixture's images, in eval mode (no dropout: the steps are deterministic); returns the
     eval-mode logits after them."""
-    optimizer = reference_sgd(model, torch)
+    optimizer = epfml_reference.reference_sgd(model, torch)
     targets = torch.from_numpy(labels.astype(np.int64))
     for lr in TRAIN_LEARNING_RATES:
         for group in optimizer.param_groups:
@@ -138,7 +112,7 @@ def main():
     import models
 
     os.makedirs(args.output_dir, exist_ok=True)
-    for encoding in ENCODINGS:
+    for encoding in epfml_reference.ENCODING_FLAGS:
         fixture = make_fixture(models, torch, encoding)
         path = os.path.join(args.output_dir, f"{encoding}.npz")
         np.savez_compressed(path, **fixture)

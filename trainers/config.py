@@ -11,7 +11,7 @@ import dataclasses
 from typing import Optional
 
 from sa_conv import cli
-from sa_conv.config import PRESETS
+from sa_conv.config import PRESET_ALIASES, PRESETS, canonical_preset
 from sa_conv.data import DATASETS, get_source
 from sa_conv.encodings import get_encoding
 from sa_conv.errors import ConfigError, SaConvError
@@ -32,7 +32,8 @@ _field = cli.config_field
 
 @dataclasses.dataclass
 class TrainConfig:
-    model: str = _field("sa_quadratic_small", "Model preset.", tuple(PRESETS))
+    model: str = _field("sa_quadratic_small", "Model preset (former names, e.g. sa_learned_content, still work).",
+                        tuple(PRESETS) + tuple(PRESET_ALIASES))
     encoding: Optional[str] = _field(None, "Override the preset's positional encoding.")
     num_layers: Optional[int] = _field(None, "Override the preset's number of transformer blocks.")
     num_heads: Optional[int] = _field(None, "Override the preset's attention heads.")
@@ -96,9 +97,9 @@ class TrainConfig:
     mixed_precision: str = _field("float32", "Keras dtype policy.", PRECISIONS)
     jit_compile: Optional[bool] = _field(
         None,
-        "Compile the forward and backward pass with XLA. Unset: off, except for learned_content "
-        "models. On CPU (TF 2.21) XLA measured slower for every preset, but the per-example "
-        "(batch, heads, N, N) attention tensors of learned_content fit in 24 GB at batch 100 only "
+        "Compile the forward and backward pass with XLA. Unset: off, except for content-based "
+        "encodings. On CPU (TF 2.21) XLA measured slower for every preset, but the per-example "
+        "(batch, heads, N, N) attention tensors of content_plus_learned_bias fit in 24 GB at batch 100 only "
         "with XLA's buffer reuse (benchmarks/results/throughput.json).",
     )
     reset_degenerate_heads: bool = _field(
@@ -176,6 +177,13 @@ class TrainConfig:
             value = getattr(self, f.name)
             if choices and value is not None and value not in choices:
                 raise ConfigError(f"--{f.name}={value!r} is not one of: {', '.join(choices)}.")
+        # Former names resolve to the current ones, which the run records.
+        self.model = canonical_preset(self.model)
+        if self.encoding is not None:
+            try:
+                self.encoding = get_encoding(self.encoding).name
+            except ValueError as exc:
+                raise ConfigError(f"--encoding: {exc}") from None
         for name in ("epochs", "global_batch_size", "eval_batch_size", "steps_per_execution",
                      "cpu_devices", "keep_checkpoints"):
             if getattr(self, name) < 1:

@@ -5,15 +5,19 @@
 
 * ``quadratic``, ``quadratic_full``: `QuadraticEncoding` (paper Eq. 9, isotropic or full covariance).
 * ``learned``: `LearnedRelativeEncoding` (learned row and column tables, position only).
-* ``learned_plus_content`` (the reference's, the paper presets') and ``learned_content``
-  (Ramachandran et al.'s): `LearnedContentEncoding`, content plus a learned relative term.
+* ``content_plus_learned_bias`` (the reference's "learned embedding w/ content", the paper
+  presets'; formerly ``learned_plus_content``) and ``content_with_relative_keys``
+  (Ramachandran et al.'s; formerly ``learned_content``): `LearnedContentEncoding`, content
+  logits with a learned relative term, added to the logits or to the keys.
+
+Former names resolve through `ENCODING_ALIASES` (`get_encoding` accepts them).
 * ``sinusoidal``: `SinusoidalRelativeEncoding` (fixed sinusoidal features of each axis offset,
   learned per-head vectors).
 * ``mlp``: `MLPRelativeEncoding` (a small MLP of the continuous offset).
 """
 
 from sa_conv.encodings.base import (
-    ENCODINGS, EncodingSpec, RelativeEncoding, axis_offsets, check_table_bound, get_encoding,
+    ENCODING_ALIASES, ENCODINGS, EncodingSpec, RelativeEncoding, axis_offsets, check_table_bound, get_encoding,
     register_encoding, relative_indices, relative_offsets, unregister_encoding,
 )
 # Registration order is the order of `ENCODINGS`.
@@ -24,7 +28,7 @@ from sa_conv.encodings.sinusoidal import SinusoidalRelativeEncoding  # isort: sk
 from sa_conv.encodings.mlp import MLPRelativeEncoding  # isort: skip
 
 __all__ = [
-    "ENCODINGS", "EncodingSpec", "LearnedContentEncoding", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
+    "ENCODING_ALIASES", "ENCODINGS", "EncodingSpec", "LearnedContentEncoding", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
     "RelativeEncoding", "SinusoidalRelativeEncoding", "axis_offsets", "check_table_bound", "get_encoding", "register_encoding",
     "relative_indices", "relative_offsets", "unregister_encoding",
 ]

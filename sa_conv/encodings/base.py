@@ -172,34 +172,49 @@ class EncodingSpec:
 _REGISTRY: dict[str, EncodingSpec] = {}
 ENCODINGS: Mapping[str, EncodingSpec] = MappingProxyType(_REGISTRY)
 """Every registered encoding by name (read-only; `register_encoding` adds to it)."""
+_ALIASES: dict[str, str] = {}
+ENCODING_ALIASES: Mapping[str, str] = MappingProxyType(_ALIASES)
+"""Former names of encodings, each mapped to its current name: `get_encoding` accepts them, so
+configurations and ``.keras`` files that use them still load (read-only)."""
 
 
-def register_encoding(name: str, **options):
+def register_encoding(name: str, *, aliases=(), **options):
     """Class decorator: registers ``cls`` under ``name`` with fixed ``options`` (passed to
-    ``from_attention`` and the class's other hooks). A class may be registered under several
-    names with different options."""
+    ``from_attention`` and the class's other hooks), and ``aliases`` (former names) that resolve
+    to ``name``. A class may be registered under several names with different options."""
 
     def register(cls):
         if not (isinstance(cls, type) and issubclass(cls, RelativeEncoding)):
             raise TypeError(f"{cls!r} is not a RelativeEncoding subclass.")
+        for new in (name, *aliases):
+            if new in _ALIASES and _ALIASES[new] != name:
+                raise ValueError(f"{new!r} is already a former name of the encoding {_ALIASES[new]!r}.")
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"An encoding named {name!r} is already registered ({_REGISTRY[name].cls.__name__}).")
+        taken = [a for a in aliases if a in _REGISTRY]
+        if taken:
+            raise ValueError(f"Alias {taken[0]!r} is the name of a registered encoding.")
         _REGISTRY[name] = EncodingSpec(name, cls, MappingProxyType(dict(options)))
+        _ALIASES.update(dict.fromkeys(aliases, name))
         return cls
 
     return register
 
 
 def unregister_encoding(name: str) -> None:
-    """Removes the encoding registered as ``name`` (e.g. one a test registered); KeyError if none."""
+    """Removes the encoding registered as ``name`` (e.g. one a test registered) and its aliases;
+    KeyError if none."""
     if name not in _REGISTRY:
         raise KeyError(f"No encoding named {name!r} is registered.")
     del _REGISTRY[name]
+    for alias in [a for a, target in _ALIASES.items() if target == name]:
+        del _ALIASES[alias]
 
 
 def get_encoding(name: str) -> EncodingSpec:
-    """The registered encoding ``name``; ValueError listing the known names otherwise."""
+    """The registered encoding ``name`` or former name (`ENCODING_ALIASES`: the spec has the
+    current name); ValueError listing the known names otherwise."""
     try:
-        return _REGISTRY[name]
+        return _REGISTRY[_ALIASES.get(name, name)]
     except (KeyError, TypeError):
         raise ValueError(f"Unknown encoding {name!r}; choose one of {', '.join(_REGISTRY)}.") from None

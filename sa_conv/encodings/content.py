@@ -12,17 +12,17 @@ from sa_conv.encodings.learned import LearnedRelativeEncoding
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
-@register_encoding("learned_plus_content", relative="head_keys")
-@register_encoding("learned_content", relative="query")
+@register_encoding("content_plus_learned_bias", aliases=("learned_plus_content",), relative="head_keys")
+@register_encoding("content_with_relative_keys", aliases=("learned_content",), relative="query")
 class LearnedContentEncoding(RelativeEncoding):
     """Content logits ``q . k / sqrt(d)`` plus a learned relative term, two variants:
 
-    * ``relative="head_keys"`` (``"learned_plus_content"``, the reference implementation's
+    * ``relative="head_keys"`` (``"content_plus_learned_bias"``, the reference implementation's
       ``Learned2DRelativeSelfAttention`` with ``use_attention_data``, from which the paper's
       Table 1 row comes): ``q . k / sqrt(d) + logit_h(delta)``, the position-only logits of the
       ``learned`` encoding (`LearnedRelativeEncoding`: tables ``(2P - 1, E)`` and per-head keys
       ``(E, heads)``), unscaled, added to every example's content logits.
-    * ``relative="query"`` (``"learned_content"``, after Ramachandran et al., 2019):
+    * ``relative="query"`` (``"content_with_relative_keys"``, after Ramachandran et al., 2019):
       ``(q . k + q . r_delta) / sqrt(d)``, the query of each head (size ``d``) split in a row
       half and a column half, ``q . r_delta = q[:d/2] . e_row[dy] + q[d/2:] . e_col[dx]``, with
       row and column tables ``(2P - 1, d / 2)`` shared by all heads.
@@ -55,7 +55,7 @@ class LearnedContentEncoding(RelativeEncoding):
                 seed=seed, initialization=initialization, name="position")
         elif self.query_dim % 2:
             raise ValueError(
-                f"learned_content splits each query in a row half and a column half, so the "
+                f"content_with_relative_keys splits each query in a row half and a column half, so the "
                 f"query size (the layer's input channels) must be even, got {self.query_dim}."
             )
 
@@ -75,7 +75,7 @@ class LearnedContentEncoding(RelativeEncoding):
     def check_model(cls, *, grid_size, hidden_size, max_grid_size, relative="query"):
         if hidden_size % 2 and relative == "query":
             raise ValueError(
-                f"learned_content splits each head's query in row and column halves: hidden_size "
+                f"content_with_relative_keys splits each head's query in row and column halves: hidden_size "
                 f"must be even, got {hidden_size}."
             )
         if grid_size > max_grid_size:
@@ -121,7 +121,7 @@ class LearnedContentEncoding(RelativeEncoding):
         """``(q . k + q . r_delta) / sqrt(d)``, ``(batch, heads, N, N)``, for queries and keys
         ``(batch, heads, N, d)``."""
         if queries is None or keys is None:
-            raise ValueError("learned_content logits depend on the input: pass queries and keys.")
+            raise ValueError("content-based logits depend on the input: pass queries and keys.")
         d = queries.shape[-1]
         content = ops.cast(ops.einsum("bhqd,bhkd->bhqk", queries, keys), "float32")
         if self.relative == "head_keys":

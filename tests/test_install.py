@@ -1,0 +1,89 @@
+"""`pip install sa-conv` gives the layers (Keras + NumPy, any backend) without the training,
+search and plotting dependencies, which are extras. Runs in both virtualenvs: the main one
+(everything installed) and the backends one (``make test-backends``: the layers-only install
+plus JAX and PyTorch, no TensorFlow), where the last test checks the packages are really absent."""
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+# What the layers must not need: training data, search, plots, config files, TensorBoard.
+TRAINING_ONLY = ("tensorflow_datasets", "keras_tuner", "sklearn", "matplotlib", "yaml", "tensorboard")
+DISTRIBUTIONS = {"tensorflow-datasets", "keras-tuner", "scikit-learn", "scipy", "matplotlib", "pyyaml", "tensorboard"}
+
+
+def _requirements():
+    """(name, extra or None) of every requirement in the installed sa-conv's metadata."""
+    found = []
+    for line in importlib.metadata.requires("sa-conv") or []:
+        name = re.match(r"[A-Za-z0-9_.\-]+", line).group(0).lower().replace("_", "-")
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", line)
+        found.append((name, extra.group(1) if extra else None))
+    return found
+
+
+def test_the_plain_install_requires_keras_and_numpy_only():
+    assert sorted(name for name, extra in _requirements() if extra is None) == ["keras", "numpy"]
+
+
+def test_training_search_and_plots_are_extras():
+    extras = {}
+    for name, extra in _requirements():
+        if extra:
+            extras.setdefault(extra, set()).add(name)
+    assert {"tensorflow-datasets", "absl-py", "pyyaml"} <= extras["train"]
+    assert {"keras-tuner", "tensorboard", "scipy", "scikit-learn"} <= extras["search"]
+    assert extras["plots"] == {"matplotlib"}
+    assert DISTRIBUTIONS <= extras["all"]  # what `make` installs, with cpu and test
+    assert not any("tensorflow" == n or n.startswith("tensorflow-cpu") for n in extras["all"])  # cpu or gpu decides
+
+
+def test_importing_and_using_the_layers_loads_no_training_dependency(tmp_path):
+    """In a fresh process where the training, search and plotting packages cannot be imported
+    (as if not installed; Keras itself imports matplotlib and scikit-learn when they are): import
+    sa_conv, build the paper's model at a small size with the reference's content encoding, run
+    it, save and reload it."""
+    script = f"""
+import json, sys
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {TRAINING_ONLY!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+import numpy as np
+import keras
+import sa_conv
+model = sa_conv.build_model("sa_content_plus_learned_bias_small", num_layers=1)
+x = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3)).astype("float32")
+y = keras.ops.convert_to_numpy(model(x))
+path = {str(tmp_path / "m.keras")!r}
+model.save(path)
+z = keras.ops.convert_to_numpy(keras.models.load_model(path)(x))
+print(json.dumps({{"close": bool(np.allclose(y, z, atol=1e-5)), "shape": list(y.shape),
+                  "loaded": sorted(m for m in {TRAINING_ONLY!r} if m in sys.modules)}}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"close": True, "shape": [2, 10], "loaded": []}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is not None,
+                    reason="runs in the layers-only venv (make test-backends), which has no TensorFlow")
+def test_the_layers_only_venv_has_none_of_the_training_dependencies():
+    """The backends venv installs ``-e '.[test]'`` plus JAX and PyTorch: had the plain install
+    pulled the training stack, it would be here. (scipy comes with JAX itself.)"""
+    present = [m for m in TRAINING_ONLY if importlib.util.find_spec(m) is not None]
+    assert present == []
