@@ -49,11 +49,11 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "sa-conv-train=trainers.launch:train",
-            "sa-conv-tune=trainers.launch:tune",
-            "sa-conv-export=trainers.launch:export",
-            "sa-conv-visualize=trainers.launch:visualize",
-            "sa-conv-import-reference=trainers.launch:import_reference",
+            "sa-conv-train=programs.launch:train",
+            "sa-conv-tune=programs.launch:tune",
+            "sa-conv-export=programs.launch:export",
+            "sa-conv-visualize=programs.launch:visualize",
+            "sa-conv-import-reference=programs.launch:import_reference",
         ],
     },
 )

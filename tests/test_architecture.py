@@ -19,7 +19,7 @@ from trainers.config import default_jit_compile
 
 PROGRAMS = ("trainers", "export", "programs", "benchmarks")
 # Programs that compose another program, and which: the only imports between programs.
-COMPOSES = {"programs/demo.py": {"export", "trainers"}, "programs/visualize.py": {"trainers"}, "benchmarks/throughput.py": {"export", "trainers"},
+COMPOSES = {"programs/demo.py": {"export", "trainers"}, "programs/launch.py": {"export", "trainers"}, "programs/visualize.py": {"trainers"}, "benchmarks/throughput.py": {"export", "trainers"},
             "benchmarks/vs_reference.py": {"trainers"},
             # The export programs configure their process as every program does (trainers.process).
             "export/export.py": {"trainers"}, "programs/import_reference.py": {"trainers"},
@@ -237,9 +237,14 @@ def test_benchmarks_configure_the_process_in_main_before_tensorflow_loads(path):
 
 
 def test_console_scripts_configure_the_process_before_importing_their_program(monkeypatch):
+    """Each console script (programs/launch.py) calls ``process.configure()`` first, then imports
+    its program (an import statement after it, visible to this test and to Bazel) and runs it."""
+    import importlib
     import re
+    import sys
 
-    from trainers import launch, process
+    from programs import launch
+    from trainers import process
 
     setup = (PROJECT_ROOT / "setup.py").read_text()
     scripts = dict(re.findall(r'"(sa-conv-[a-z-]+)=([\w.:]+)"', setup))
@@ -247,15 +252,22 @@ def test_console_scripts_configure_the_process_before_importing_their_program(mo
                 "sa-conv-visualize": "programs.visualize", "sa-conv-import-reference": "programs.import_reference"}
     assert set(scripts) == set(programs)
     seen = []
-    program = type("Program", (), {"run": staticmethod(lambda: seen.append("run"))})
-    monkeypatch.setattr(launch, "importlib", types.SimpleNamespace(import_module=lambda name: seen.append(name) or program))
+    for name in programs.values():
+        package, module = name.rsplit(".", 1)
+        fake = types.SimpleNamespace(run=lambda name=name: seen.append(f"run {name}"))
+        monkeypatch.setitem(sys.modules, name, fake)
+        monkeypatch.setattr(importlib.import_module(package), module, fake, raising=False)
     monkeypatch.setattr(process, "configure", lambda: seen.append("configure"))
+    tree = ast.parse((PROJECT_ROOT / "programs" / "launch.py").read_text())
+    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
     for script, target in scripts.items():
         module, function = target.split(":")
-        assert module == "trainers.launch"
+        assert module == "programs.launch"
+        body = functions[function].body
+        assert ast.unparse(body[0]) == "process.configure()" and isinstance(body[1], ast.ImportFrom), script
         seen.clear()
         getattr(launch, function)()
-        assert seen == ["configure", programs[script], "run"], script
+        assert seen == ["configure", f"run {programs[script]}"], script
 
 
 # ------------------------------------------------------------------ no private access across modules

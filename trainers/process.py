@@ -3,7 +3,7 @@
 Importing this module (or any module of ``sa_conv``, ``trainers``, ``export`` or ``benchmarks``)
 changes nothing outside it. A program configures its process in its entry point:
 
-* `configure`, first, before TensorFlow loads (console scripts through `trainers.launch`;
+* `configure`, first, before TensorFlow loads (console scripts through `programs.launch`;
   ``python -m trainers.train`` and the other program modules call it when run as
   ``__main__``, before their own imports):
 
