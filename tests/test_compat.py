@@ -31,6 +31,7 @@ def test_a_checkpoint_written_before_the_redesign_resumes(tmp_path):
     model and optimizer variable from its checkpoint and trains on from epoch 1."""
     import shutil
 
+    pytest.importorskip("tensorflow", reason="the trainer runs on TensorFlow (not in the layers-only venv)")
     from trainers.config import make_config
     from trainers.train import Trainer
 

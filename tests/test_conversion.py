@@ -202,6 +202,8 @@ def test_whole_cnn_becomes_all_attention_with_the_same_predictions(real_images):
 def test_example_script_writes_the_figure(tmp_path):
     import importlib.util
 
+    pytest.importorskip("matplotlib", reason="the example draws with the plots extra (not in the layers-only venv)")
+
     from tests.conftest import PROJECT_ROOT
 
     spec = importlib.util.spec_from_file_location("example", PROJECT_ROOT / "examples" / "conv_to_attention.py")
