@@ -298,8 +298,13 @@ def export(
     if len(class_names) != num_classes:
         raise ExportError(f"The model has {num_classes} outputs but {len(class_names)} class names are recorded.")
     tmp = os.path.join(model_root, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
+    # Position-only attention serves from its precomputed probabilities; the checks below compare
+    # every format with the trained model itself.
+    serving = sa_conv.freeze_for_inference(model)
+    constants = [block.attention.inference_aggregation() for block in sa_conv.attention_blocks(serving)
+                 if block.attention.inference_constants]
     try:
-        archive = build_archive(model, class_names, max_image_pixels, max_batch_size)
+        archive = build_archive(serving, class_names, max_image_pixels, max_batch_size)
         archive.write_out(tmp, verbose=False)
         images, source = verification_images(results, model.inputs[0].shape[1:])
         expected = tf.nn.softmax(model.predict(images, verbose=0)).numpy()
@@ -313,7 +318,7 @@ def export(
         if "tflite" in formats:
             checks["tflite"] = export_tflite(tmp, os.path.join(extra, "model.tflite"), images, expected)
         if "onnx" in formats:
-            checks["onnx"] = export_onnx(model, os.path.join(extra, "model.onnx"), images, expected)
+            checks["onnx"] = export_onnx(serving, os.path.join(extra, "model.onnx"), images, expected)
         metadata = {
             "model_name": model_name,
             "version": version,
@@ -322,6 +327,8 @@ def export(
             "class_names": list(class_names),
             "signatures": sorted(loaded.signatures.keys()),
             "limits": {"max_image_pixels": max_image_pixels, "max_batch_size": max_batch_size},
+            # Per block with position-only attention: served from constant probabilities, on this path.
+            "attention_constants": constants,
             "source": os.path.abspath(path),
             "training_results": {k: v for k, v in results.items() if k != "train_config"},
             "verification": {"images": f"{len(images)} {source}", "max_abs_error": checks},

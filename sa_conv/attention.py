@@ -55,6 +55,12 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     `attend_with_dropout` applies attention dropout from a given mask or its seed, head by
     head (`sa_conv.seeded_dropout`), for `TransformerBlock`'s memory-lean training.
 
+    **Serving.** Once trained, a position-only encoding's probabilities are constants. With
+    ``inference_constants=True`` the layer holds them (dense ``(heads, N, N)``, or the separable
+    factors) as non-trainable weights, filled by `update_constants`, and inference reads them
+    instead of evaluating the encoding; such a layer only serves. `sa_conv.freeze_for_inference`
+    makes that copy of a trained model.
+
     Args:
       num_heads: number of heads ``N_h``.
       output_dim: output channels; defaults to the input channels ``D``.
@@ -68,6 +74,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
       seed: makes the encoding's initialization and the attention dropout deterministic.
       encoding_options: further arguments of the encoding, e.g. ``{"hidden_units": 64,
         "depth": 3}`` for ``"mlp"``.
+      inference_constants: hold the probabilities as constants for serving (position-only
+        encodings; see **Serving**).
       initialization: None (the initializer arguments decide), ``"reference"`` (the reference
         implementation's PyTorch defaults: dense weights and biases ``U(+-1/sqrt(fan_in))``,
         learned tables ``N(0, 1)``) or ``"bert"`` (``N(0, initializer_range)``, zero biases);
@@ -101,6 +109,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         fast_position_attention="auto",
         encoding_options=None,
         initialization=None,
+        inference_constants=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -133,6 +142,11 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         if fast_position_attention not in ("auto", True, False):
             raise ValueError(f"fast_position_attention must be 'auto', True or False, got {fast_position_attention!r}.")
         self.fast_position_attention = fast_position_attention
+        self.inference_constants = bool(inference_constants)
+        if self.inference_constants and not self.position_only:
+            raise ValueError(
+                f"inference_constants: the {self.encoding!r} encoding's probabilities depend on the input; "
+                "only position-only encodings have constant probabilities.")
         self.dropout = keras.layers.Dropout(self.attention_dropout, seed=seed, name="attention_dropout")
 
     @property
@@ -172,6 +186,48 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         # The heads' W^(h) stacked: (heads * D, output_dim), rows ordered [head, channel].
         self.value_dense = self._dense(out, "value", heads * self.input_dim)
         self.value_dense.build(tuple(input_shape[:-1]) + (heads * self.input_dim,))
+        if self.inference_constants:
+            self._build_constants(input_shape[1], input_shape[2])
+
+    def _build_constants(self, height, width):
+        if height is None or width is None:
+            raise ValueError("inference_constants needs a static grid size: give the model input a fixed shape.")
+        self.constants_grid = (int(height), int(width))
+        shapes = {"dense": {"probabilities": (self.num_heads, height * width, height * width)},
+                  "separable": {"row_probabilities": (self.num_heads, height, height),
+                                "col_probabilities": (self.num_heads, width, width)}}[self.inference_aggregation()]
+        self.constants = {
+            name: self.add_weight(name=f"constant_{name}", shape=shape, initializer="zeros", trainable=False,
+                                  autocast=False)
+            for name, shape in shapes.items()}
+
+    def refuse_training(self):
+        """Raises ValueError: a layer with inference constants only serves (its encoding's weights
+        no longer reach its outputs, so training could not move them)."""
+        raise ValueError(
+            f"{self.name} holds inference constants (sa_conv.freeze_for_inference): it serves, it does not "
+            "train. Train the model it was made from, then freeze that again.")
+
+    def inference_aggregation(self):
+        """``"separable"`` or ``"dense"``: the path inference takes on the layer's grid (the
+        live layer's choice, `uses_fast_path`). Needs a built layer."""
+        return "separable" if self.uses_fast_path(training=False, grid=self.constants_grid) else "dense"
+
+    def update_constants(self):
+        """Computes the constant probabilities of ``inference_constants`` from the encoding's
+        current weights: what `sa_conv.freeze_for_inference` calls once the weights are set.
+        Dense: ``(heads, N, N)``; separable: the row and column factors ``(heads, H, H)`` and
+        ``(heads, W, W)``, after the softmax over keys of Eq. (5)."""
+        if not self.inference_constants:
+            raise ValueError(f"{self.name} was built without inference_constants.")
+        height, width = self.constants_grid
+        if "probabilities" in self.constants:
+            values = {"probabilities": ops.softmax(self.position_encoding.logits(height, width), axis=-1)}
+        else:
+            row, col = self.position_encoding.factor_logits(height, width)
+            values = {"row_probabilities": ops.softmax(row, axis=-1), "col_probabilities": ops.softmax(col, axis=-1)}
+        for name, value in values.items():
+            self.constants[name].assign(ops.cast(value, "float32"))
 
     def value_kernel_per_head(self):
         """The heads' value maps ``W^(h)`` as ``(heads, D, output_dim)`` (Eq. 6)."""
@@ -224,6 +280,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
 
     def call(self, inputs, training=None, return_attention_scores=False):
         height, width = self._check_grid(inputs)
+        if self.inference_constants:
+            return self._call_with_constants(inputs, training, return_attention_scores)
         if self.uses_fast_path(training, (height, width)):
             row, col = self.position_encoding.factor_logits(height, width)
             outputs = separable.separable_attention(
@@ -239,6 +297,26 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         if len(probs.shape) == 3:
             probs = ops.broadcast_to(probs[None], (ops.shape(inputs)[0],) + tuple(probs.shape))
         return outputs, probs
+
+    def _call_with_constants(self, inputs, training, return_attention_scores):
+        """Inference from the precomputed probabilities: no encoding computed per call."""
+        if training:
+            self.refuse_training()
+        if tuple(inputs.shape[1:3]) != self.constants_grid:
+            raise ValueError(f"{self.name}'s constants are for a {self.constants_grid} grid, got {tuple(inputs.shape[1:3])}.")
+        bias = self.value_dense.bias if self.value_dense.use_bias else None
+        if "probabilities" in self.constants:
+            outputs, probs = self._compute_attention(inputs, self.constants["probabilities"], training=False)
+        else:
+            row, col = self.constants["row_probabilities"], self.constants["col_probabilities"]
+            outputs = separable.separable_sum(inputs, row, col, self.value_dense.kernel, bias, self.compute_dtype)
+            if not return_attention_scores:
+                return outputs
+            n = row.shape[1] * col.shape[1]  # P[h, (qi, qj), (ki, kj)] = row[h, qi, ki] col[h, qj, kj]
+            probs = ops.reshape(row[:, :, None, :, None] * col[:, None, :, None, :], (-1, n, n))
+        if not return_attention_scores:
+            return outputs
+        return outputs, ops.broadcast_to(probs[None], (ops.shape(inputs)[0],) + tuple(probs.shape))
 
     def _compute_attention(self, inputs, probabilities, training=None):
         """Eq. (5)-(6), dense: ``sum_h Dropout(P_h) X W^(h) + b``.
@@ -311,4 +389,5 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             "fast_position_attention": self.fast_position_attention,
             "encoding_options": self.encoding_options or None,
             "initialization": self.initialization,
+            "inference_constants": self.inference_constants,
         }

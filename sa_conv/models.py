@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keras
+from keras import ops
 
 from sa_conv.config import ModelConfig, get_config
 from sa_conv.initializers import bias_for, dense_initializers
@@ -102,6 +103,62 @@ def attention_grid(model: keras.Model) -> tuple[tuple[int, int], int]:
     width = next((layer.width for layer in model.layers if isinstance(layer, InvertiblePooling)), 1)
     _, height, image_width, _ = model.inputs[0].shape
     return (height // width, image_width // width), width
+
+
+def _copy_weights(source: keras.Model, target: keras.Model, skip: str = "/constant_") -> None:
+    """Assigns every weight of ``source`` to the weight of ``target`` with the same path; the
+    target's weights whose path contains ``skip`` are left alone. ValueError when any other
+    weight of either model has no counterpart."""
+    values = {v.path: v for v in source.weights}
+    for variable in target.weights:
+        if variable.path in values:
+            variable.assign(ops.cast(values.pop(variable.path), variable.dtype))
+        elif skip not in variable.path:
+            raise ValueError(f"{variable.path} has no counterpart in {source.name}.")
+    if values:
+        raise ValueError(f"{sorted(values)[:5]} of {source.name} have no counterpart in the copy.")
+
+
+def with_dtype_policy(model: keras.Model, policy: str) -> keras.Model:
+    """A copy of ``model`` whose layers compute under the dtype ``policy`` (e.g.
+    ``"mixed_bfloat16"``: float32 weights, bfloat16 compute), with ``model``'s weights. The input
+    layer and the output layer keep their dtypes (raw pixels in, float32 logits out), and the
+    attention encodings stay float32 whatever the policy (`RelativeEncoding`)."""
+    keep = {id(model.get_layer(name)) for name in model.output_names}
+
+    def clone(layer):
+        config = layer.get_config()
+        if not isinstance(layer, keras.layers.InputLayer) and id(layer) not in keep:
+            config = {**config, "dtype": policy}
+        return layer.__class__.from_config(config)
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    _copy_weights(model, copy, skip="\0")
+    return copy
+
+
+def freeze_for_inference(model: keras.Model) -> keras.Model:
+    """A copy of ``model`` for serving, in which every position-only attention layer holds its
+    probabilities as constants (`MultiHeadSelfAttention2D` ``inference_constants``), computed
+    once from ``model``'s current weights: inference evaluates no encoding, and a SavedModel,
+    TFLite or ONNX export of the copy carries the probabilities, not their computation.
+
+    Same outputs as ``model(images, training=False)`` to float32 rounding, on the same path
+    (dense or separable) as ``model`` chooses for its grid. The copy only serves (training it
+    raises); ``model`` is unchanged. Content-based attention and ResNets are copied as they are.
+    """
+    def clone(layer):
+        config = layer.get_config()
+        if isinstance(layer, TransformerBlock) and layer.attention.position_only:
+            config = {**config, "attention_config": {**config["attention_config"], "inference_constants": True}}
+        return layer.__class__.from_config(config)
+
+    frozen = keras.models.clone_model(model, clone_function=clone)
+    _copy_weights(model, frozen)
+    for block in attention_blocks(frozen):
+        if block.attention.inference_constants:
+            block.attention.update_constants()
+    return frozen
 
 
 def attention_probabilities(model: keras.Model, images) -> list:

@@ -15,7 +15,7 @@ Measured speed-ups: ``benchmarks/results/throughput.json``.
 
 from keras import ops
 
-__all__ = ["separable_attention", "separable_pays"]
+__all__ = ["separable_attention", "separable_pays", "separable_sum"]
 
 
 def separable_pays(height, width):
@@ -43,12 +43,20 @@ def separable_attention(inputs, row_logits, col_logits, kernel, bias=None, dtype
     ``y_h = x W^(h)``; then the column pass for every head; then the row pass with the sum over
     heads folded into its contraction (``K = H * heads``).
     """
+    return separable_sum(inputs, ops.softmax(row_logits, axis=-1), ops.softmax(col_logits, axis=-1), kernel, bias,
+                         dtype)
+
+
+def separable_sum(inputs, row_probabilities, col_probabilities, kernel, bias=None, dtype=None):
+    """`separable_attention` from the factors' probabilities (softmax of the row and column
+    logits over keys, ``(heads, H, H)`` and ``(heads, W, W)``): what inference uses when the
+    probabilities are precomputed constants. Same arguments and result otherwise."""
     dtype = dtype or inputs.dtype
     _, height, width, d = inputs.shape
-    heads = row_logits.shape[0]
+    heads = row_probabilities.shape[0]
     out = kernel.shape[-1]
-    p_row = ops.cast(ops.softmax(row_logits, axis=-1), dtype)  # (heads, Hq, Hk)
-    p_col = ops.cast(ops.softmax(col_logits, axis=-1), dtype)  # (heads, Wq, Wk)
+    p_row = ops.cast(row_probabilities, dtype)  # (heads, Hq, Hk)
+    p_col = ops.cast(col_probabilities, dtype)  # (heads, Wq, Wk)
     batch = ops.shape(inputs)[0]
     # W^(h) side by side: (D, heads * out), columns ordered [head, channel].
     kernel = ops.cast(kernel, dtype)

@@ -130,6 +130,8 @@ class TransformerBlock(keras.layers.Layer):
         return seed(self.attention.dropout), seed(self.attention_output_dropout), seed(self.output_dropout)
 
     def call(self, inputs, training=None, return_attention_scores=False):
+        if training and self.attention.inference_constants:
+            self.attention.refuse_training()
         seeds = self._mask_seeds(inputs) if training else (None, None, None)
         if not (self.remat and training) or return_attention_scores:
             return self._block(inputs, *seeds, return_attention_scores=return_attention_scores)

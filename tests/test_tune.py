@@ -205,3 +205,30 @@ def test_named_spaces_are_valid():
     for name in tune_lib.SEARCH_SPACES:
         space = tune_lib.load_search_space(name)
         assert space["base_model"]
+
+
+def test_an_unreadable_search_file_stops_the_resume_with_its_name(tmp_path):
+    """oracle.json left empty by a search killed mid-write (before writes were atomic): the
+    rerun names the file and the two ways on, instead of keras-tuner's JSONDecodeError."""
+    project = tmp_path / "project"
+    (project / "trial_0").mkdir(parents=True)
+    (project / "trial_0" / "trial.json").write_text('{"trial_id": "0"}')
+    tune_lib.check_resumable(str(project))  # readable, or absent: nothing to say
+    (project / "oracle.json").write_text("")
+    with pytest.raises(tune_lib.ConfigError, match=r"oracle.json is unreadable .* --overwrite"):
+        tune_lib.check_resumable(str(project))
+
+
+def test_tuner_files_are_written_atomically(tmp_path, monkeypatch):
+    from keras_tuner.src import utils as tuner_utils
+
+    from sa_conv import files
+
+    monkeypatch.setattr(tuner_utils, "save_json", tuner_utils.save_json)  # restored after the test
+    tune_lib.write_tuner_files_atomically()
+    target = tmp_path / "oracle.json"
+    target.write_text('{"old": 1}')
+    writes = []
+    monkeypatch.setattr(files, "write_text", lambda path, text: writes.append((path, text)))
+    assert tuner_utils.save_json(str(target), {"new": 2}) == '{"new": 2}'
+    assert writes == [(str(target), '{"new": 2}')] and json.loads(target.read_text()) == {"old": 1}

@@ -42,6 +42,7 @@ process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
 import copy
 import csv
 import dataclasses
+import glob
 import io
 import json
 import os
@@ -406,6 +407,41 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def write_tuner_files_atomically() -> None:
+    """Makes keras-tuner write its JSON files (``oracle.json``, each ``trial.json``) atomically,
+    a temporary file then a rename (`sa_conv.files.write_text`): keras-tuner truncates then
+    writes, so a search killed in between leaves an empty ``oracle.json`` that the rerun cannot
+    read. Changes keras-tuner for the whole process: the program calls it in its entry point."""
+    from keras_tuner.src import utils as tuner_utils
+
+    original = tuner_utils.save_json
+
+    def save_json(path, obj):
+        if "://" in str(path):  # a remote filesystem (gs://...): keras-tuner's own writer
+            return original(path, obj)
+        text = json.dumps(obj)
+        files.write_text(str(path), text)
+        return text
+
+    tuner_utils.save_json = save_json
+
+
+def check_resumable(project_dir: str) -> None:
+    """Raises ConfigError naming the file when a search to resume has an unreadable JSON file
+    (written by a search killed mid-write before writes were atomic)."""
+    for path in [os.path.join(project_dir, "oracle.json")] + sorted(
+            glob.glob(os.path.join(project_dir, "trial_*", "trial.json"))):
+        if not os.path.exists(path):
+            continue
+        try:
+            with open(path) as f:
+                json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"Cannot resume the search in {project_dir}: {path} is unreadable ({exc}). Delete that file "
+                "(a trial.json: its trial runs again) or start over with --overwrite.") from None
+
+
 def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dict:
     """Flag-free entry point: runs (or resumes) the search, writes the reports, optionally
     retrains the best configuration. Returns a summary."""
@@ -418,8 +454,10 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
     dataset = data_lib.load_dataset(base.dataset, base.data_dir, seed=base.seed)
     process.keep_freed_memory(search_keeps_freed_memory(base, space, dataset, strategy))
     hypermodel = SaConvHyperModel(space, base, strategy, dataset, log=log)
-    tuner = make_tuner(config, hypermodel, strategy)
     project_dir = os.path.join(config.directory, config.project_name)
+    if not config.overwrite:
+        check_resumable(project_dir)
+    tuner = make_tuner(config, hypermodel, strategy)
     kwargs = {} if config.tuner == "hyperband" else {"epochs": config.max_epochs}
     tuner.search(**kwargs)  # on the chief: serves the oracle until every trial has ended
     if role == "worker":
@@ -447,6 +485,7 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
 
 
 def main():
+    write_tuner_files_atomically()
     base = make_config(cli.settings(TrainConfig, TrainConfig, TuneConfig), {})
     distribute.configure_cpu_devices(base.cpu_devices)
     tune(cli.make(TuneConfig, cli.settings(TuneConfig, TrainConfig, TuneConfig)), base)

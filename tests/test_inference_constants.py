@@ -1,0 +1,88 @@
+"""Serving from precomputed probabilities (`sa_conv.freeze_for_inference`): for every
+position-only encoding the frozen copy gives the trained model's inference outputs, reads none of
+the encoding's weights per call, only serves, and saves and reloads."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
+
+import sa_conv
+
+POSITION_ONLY = [name for name, spec in sa_conv.ENCODINGS.items() if spec.position_only]
+IMAGES = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3)).astype(np.float32)
+
+
+def _model(encoding, **overrides):
+    keras.utils.set_random_seed(1)
+    config = sa_conv.get_config("sa_quadratic_small", encoding=encoding, num_layers=2, hidden_size=32, mlp_size=32,
+                                **overrides)
+    model = sa_conv.build_model(config)
+    for block in sa_conv.attention_blocks(model):  # away from the initialization: varied attention
+        for w in block.attention.position_encoding.trainable_weights:
+            w.assign(w + np.random.default_rng(2).normal(scale=0.3, size=w.shape).astype(np.float32))
+    return model
+
+
+def test_every_position_only_encoding_is_covered():
+    assert set(POSITION_ONLY) == {"quadratic", "quadratic_full", "learned", "sinusoidal", "mlp"}
+
+
+@pytest.mark.parametrize("encoding", POSITION_ONLY)
+@pytest.mark.parametrize("fast", ["auto", False])
+def test_frozen_copy_gives_the_models_outputs_on_the_same_path(encoding, fast):
+    model = _model(encoding, fast_position_attention=fast)
+    frozen = sa_conv.freeze_for_inference(model)
+    live = [b.attention for b in sa_conv.attention_blocks(model)]
+    served = [b.attention for b in sa_conv.attention_blocks(frozen)]
+    assert all(a.inference_constants for a in served) and not any(a.inference_constants for a in live)
+    expected = "separable" if live[0].uses_fast_path(training=False, grid=(16, 16)) else "dense"
+    assert {a.inference_aggregation() for a in served} == {expected}
+    want = ops.convert_to_numpy(model(IMAGES, training=False))
+    np.testing.assert_allclose(ops.convert_to_numpy(frozen(IMAGES, training=False)), want, rtol=1e-5, atol=1e-5)
+    # The attention maps too (the export's attention_maps signature reads them).
+    for got, ref in zip(sa_conv.attention_probabilities(frozen, IMAGES[:1]), sa_conv.attention_probabilities(model, IMAGES[:1])):
+        np.testing.assert_allclose(ops.convert_to_numpy(got), ops.convert_to_numpy(ref), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("encoding", ["quadratic", "quadratic_full", "mlp"])
+def test_inference_reads_the_constants_not_the_encoding(encoding):
+    """The traced inference function captures the constants and none of the encoding's weights;
+    changing those weights afterwards changes nothing (the original model is independent)."""
+    model = _model(encoding)
+    frozen = sa_conv.freeze_for_inference(model)
+    concrete = tf.function(lambda x: frozen(x, training=False)).get_concrete_function(
+        tf.TensorSpec((None, 32, 32, 3), tf.float32))
+    read = {id(v) for v in concrete.variables}  # TensorFlow's variables, behind Keras's
+    paths = {id(v.value): v.path for v in frozen.weights}
+    assert set(paths) >= read
+    read = {paths[i] for i in read}
+    encoding_weights = {v.path for b in sa_conv.attention_blocks(frozen) for v in b.attention.position_encoding.weights}
+    assert encoding_weights and not read & encoding_weights
+    assert sum("/constant_" in p for p in read) >= 2
+    before = ops.convert_to_numpy(frozen(IMAGES, training=False))
+    for v in sa_conv.attention_blocks(model)[0].attention.position_encoding.weights:
+        v.assign(ops.zeros_like(v))
+    np.testing.assert_array_equal(ops.convert_to_numpy(frozen(IMAGES, training=False)), before)
+
+
+def test_a_frozen_model_refuses_to_train_and_saves(tmp_path):
+    frozen = sa_conv.freeze_for_inference(_model("learned"))
+    with pytest.raises(ValueError, match="holds inference constants .* Train the model it was made from"):
+        frozen(IMAGES, training=True)
+    path = tmp_path / "frozen.keras"
+    frozen.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(ops.convert_to_numpy(loaded(IMAGES, training=False)),
+                               ops.convert_to_numpy(frozen(IMAGES, training=False)), rtol=1e-6, atol=1e-6)
+
+
+def test_content_models_are_copied_unchanged_and_their_layers_refuse_constants():
+    model = _model("content_plus_learned_bias")
+    frozen = sa_conv.freeze_for_inference(model)
+    assert not any(b.attention.inference_constants for b in sa_conv.attention_blocks(frozen))
+    np.testing.assert_allclose(ops.convert_to_numpy(frozen(IMAGES, training=False)),
+                               ops.convert_to_numpy(model(IMAGES, training=False)), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="depend on the input; only position-only encodings"):
+        sa_conv.MultiHeadSelfAttention2D(2, encoding="content_plus_learned_bias", inference_constants=True)
