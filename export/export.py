@@ -50,6 +50,7 @@ import sa_conv
 from sa_conv import cli, files
 from sa_conv import data as data_lib
 from sa_conv.errors import SaConvError
+from trainers import precision as precision_lib
 
 FORMATS = ("saved_model", "tflite", "onnx")
 METADATA = os.path.join("assets.extra", "metadata.json")
@@ -255,6 +256,49 @@ def export_tflite(saved_model_dir: str, target: str, images: np.ndarray, expecte
     return _verify("The TFLite model", expected, got, 1e-4)
 
 
+MIN_TOP1_AGREEMENT = 0.99
+
+
+def read_images(path: str, image_shape) -> np.ndarray:
+    """uint8 images ``(N, H, W, C)`` of the model's input shape from a ``.npy`` file or an
+    ``.npz`` file's ``images`` (or only) array."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            array = data["images"] if "images" in data.files else data[data.files[0]]
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        if path.endswith(".npy"):
+            try:
+                array = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as again:
+                raise ExportError(f"--agreement_images: cannot read {path} ({again}).") from None
+        else:
+            raise ExportError(f"--agreement_images: cannot read {path} ({exc}).") from None
+    if array.ndim != 4 or tuple(array.shape[1:]) != tuple(image_shape) or len(array) == 0:
+        raise ExportError(f"--agreement_images: {path} holds {array.shape}; the model takes (N, "
+                          f"{', '.join(map(str, image_shape))}) images.")
+    return np.clip(array, 0, 255).astype(np.uint8)
+
+
+def top1_agreement(model, served, results: dict, agreement_images: str | None, image_shape) -> dict:
+    """Checks that the exported bfloat16 model (``served``: images -> probabilities) picks the
+    float32 ``model``'s class on at least `MIN_TOP1_AGREEMENT` of held-out images: those of
+    ``agreement_images``, else up to 1,000 test images of the run's own dataset (local files),
+    else generated ones. Raises ExportError below it."""
+    if agreement_images:
+        images, source = read_images(agreement_images, image_shape), f"images of {agreement_images}"
+    else:
+        images, source = verification_images(results, image_shape, count=1000)
+    want = np.argmax(model.predict(images, verbose=0), axis=-1)
+    got = np.argmax(served(images), axis=-1)
+    agreement = float(np.mean(want == got))
+    described = f"{len(images)} {source}"
+    if agreement < MIN_TOP1_AGREEMENT:
+        raise ExportError(
+            f"The bfloat16 export picks the float32 model's class on {agreement:.2%} of {described}, below "
+            f"{MIN_TOP1_AGREEMENT:.0%}: export in float32 (--precision=float32).")
+    return {"top1_agreement": agreement, "agreement_images": described}
+
+
 # ------------------------------------------------------------------------------ export
 
 
@@ -268,6 +312,8 @@ def export(
     formats=("saved_model",),
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    precision: str = "float32",
+    agreement_images: str | None = None,
     log=print,
     _fail_before_rename: bool = False,
 ) -> str:
@@ -279,6 +325,12 @@ def export(
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or "saved_model" not in formats:
         raise ExportError(f"--formats must include saved_model and be among {FORMATS}, got {list(formats)}.")
+    try:
+        dtype, dtype_reason = precision_lib.resolve(precision)
+    except ValueError as exc:
+        raise ExportError(f"--precision: {exc}") from None
+    if dtype == "bfloat16" and set(formats) - {"saved_model"}:
+        raise ExportError("--precision=bfloat16 writes a SavedModel only; export TFLite and ONNX in float32.")
     path, results = resolve_model(model_dir, model_path)
     model = load_keras_model(path)
     model_name = model_name or results.get("preset") or model.name
@@ -300,7 +352,8 @@ def export(
     tmp = os.path.join(model_root, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
     # Position-only attention serves from its precomputed probabilities; the checks below compare
     # every format with the trained model itself.
-    serving = sa_conv.freeze_for_inference(model)
+    serving = sa_conv.freeze_for_inference(
+        sa_conv.with_dtype_policy(model, "mixed_bfloat16") if dtype == "bfloat16" else model)
     constants = [block.attention.inference_aggregation() for block in sa_conv.attention_blocks(serving)
                  if block.attention.inference_constants]
     try:
@@ -310,9 +363,19 @@ def export(
         expected = tf.nn.softmax(model.predict(images, verbose=0)).numpy()
         loaded = tf.saved_model.load(tmp)
         serve = loaded.signatures["serving_default"]
-        served = np.concatenate([serve(images=tf.constant(images[i: i + max_batch_size]))["probabilities"]
-                                 for i in range(0, len(images), max_batch_size)])
-        checks = {"saved_model": _verify("The SavedModel", expected, served, 1e-5)}
+
+        def served(batch):
+            return np.concatenate([serve(images=tf.constant(batch[i: i + max_batch_size]))["probabilities"]
+                                   for i in range(0, len(batch), max_batch_size)])
+
+        precision_record = {"dtype": dtype, "why": dtype_reason}
+        if dtype == "float32":
+            checks = {"saved_model": _verify("The SavedModel", expected, served(images), 1e-5)}
+        else:  # against the bfloat16 Keras model it was written from, then top-1 against float32
+            own = tf.nn.softmax(serving.predict(images, verbose=0)).numpy()
+            checks = {"saved_model": _verify("The bfloat16 SavedModel", own, served(images), 1e-3)}
+            precision_record.update(top1_agreement(model, served, results, agreement_images,
+                                                   model.inputs[0].shape[1:]))
         extra = os.path.join(tmp, "assets.extra")
         os.makedirs(extra, exist_ok=True)
         if "tflite" in formats:
@@ -327,6 +390,7 @@ def export(
             "class_names": list(class_names),
             "signatures": sorted(loaded.signatures.keys()),
             "limits": {"max_image_pixels": max_image_pixels, "max_batch_size": max_batch_size},
+            "precision": precision_record,
             # Per block with position-only attention: served from constant probabilities, on this path.
             "attention_constants": constants,
             "source": os.path.abspath(path),
@@ -348,7 +412,9 @@ def export(
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"Exported {model_name} version {version} to {target} "
         f"(signatures: {', '.join(metadata['signatures'])}; checked on {len(images)} {source}: "
-        + ", ".join(f"{k} max error {v:.2g}" for k, v in checks.items()) + ")")
+        + ", ".join(f"{k} max error {v:.2g}" for k, v in checks.items())
+        + (f"; bfloat16 top-1 agrees with float32 on {precision_record['top1_agreement']:.2%} of "
+           f"{precision_record['agreement_images']}" if dtype == "bfloat16" else "") + ")")
     return target
 
 
@@ -369,6 +435,13 @@ class ExportConfig:
     max_image_pixels: int = _field(DEFAULT_MAX_IMAGE_PIXELS, "predict_encoded refuses images with more pixels "
                                    "(read from the PNG/JPEG header before decoding).")
     max_batch_size: int = _field(DEFAULT_MAX_BATCH_SIZE, "Every signature refuses requests with more images.")
+    precision: str = _field(
+        "float32", "bfloat16: compute in bfloat16 (float32 weights, softmax and encodings), checked to pick the "
+        "float32 model's class on >= 99% of held-out images; auto: bfloat16 on CPUs with AVX512_BF16/AMX and GPUs "
+        "of compute capability 8.0+, else float32.", precision_lib.CHOICES)
+    agreement_images: Optional[str] = _field(
+        None, "A .npy/.npz file of uint8 images for the bfloat16 agreement check; default: the run's own "
+        "test images when its dataset is on local files, else generated ones.")
 
 
 def main():

@@ -247,3 +247,61 @@ def test_cli_from_a_trainer_model_dir(tmp_path):
         cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=300,
     )
     assert again.returncode == 2 and "--overwrite" in again.stderr and "Traceback" not in again.stderr
+
+
+@pytest.fixture(scope="module")
+def confident_model(tiny_cifar, tmp_path_factory):
+    """A small model trained until its classes are clear on 100 images (near-uniform logits
+    would make any rounding flip the top-1), saved, with those images in an .npz file."""
+    root = tmp_path_factory.mktemp("bf16")
+    images = tiny_cifar[1].train.images[:100]
+    labels = tiny_cifar[1].train.labels[:100]
+    keras.utils.set_random_seed(0)
+    model = sa_conv.build_model("sa_quadratic_small", num_layers=1, dropout=0.0)
+    model.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(images, labels, batch_size=50, epochs=30, verbose=0)
+    model.save(root / "m.keras")
+    np.savez(root / "held_out.npz", images=images)
+    return model, root
+
+
+def test_bfloat16_export_computes_in_bfloat16_and_agrees_with_float32(confident_model, tmp_path):
+    model, root = confident_model
+    version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(tmp_path / "out"),
+                                precision="bfloat16", agreement_images=str(root / "held_out.npz"), log=lambda s: None)
+    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    record = meta["precision"]
+    assert record["dtype"] == "bfloat16" and record["why"] == "requested"
+    assert record["top1_agreement"] >= 0.99 and record["agreement_images"].startswith("100 images of ")
+    assert meta["verification"]["max_abs_error"]["saved_model"] <= 1e-3
+    assert meta["attention_constants"] == ["separable"]
+    loaded = tf.saved_model.load(version)
+    serve = loaded.signatures["serving_default"]
+    library = serve.graph.as_graph_def().library
+    assert "DT_BFLOAT16" in str(library)  # the served graph computes in bfloat16
+    images = np.load(root / "held_out.npz")["images"][:20]
+    served = serve(images=tf.constant(images))["probabilities"].numpy()
+    assert served.dtype == np.float32
+    np.testing.assert_allclose(served, tf.nn.softmax(model(images)).numpy(), atol=0.05)
+
+
+def test_bfloat16_export_refusals_and_auto(confident_model, tmp_path, monkeypatch):
+    _, root = confident_model
+    path = str(root / "m.keras")
+    with pytest.raises(export_lib.ExportError, match="bfloat16 writes a SavedModel only"):
+        export_lib.export(model_path=path, export_dir=str(tmp_path), precision="bfloat16",
+                          formats=["saved_model", "tflite"], log=lambda s: None)
+    with pytest.raises(export_lib.ExportError, match="--precision: precision must be one of"):
+        export_lib.export(model_path=path, export_dir=str(tmp_path), precision="fp8", log=lambda s: None)
+    monkeypatch.setattr(export_lib, "MIN_TOP1_AGREEMENT", 1.01)  # nothing reaches it: the check refuses
+    with pytest.raises(export_lib.ExportError, match=r"picks the float32 model's class on .* below 101%"):
+        export_lib.export(model_path=path, export_dir=str(tmp_path / "refused"), precision="bfloat16",
+                          agreement_images=str(root / "held_out.npz"), log=lambda s: None)
+    assert list((tmp_path / "refused").glob("*/*")) == []  # no version, no temporary directory left
+    from trainers import precision
+
+    monkeypatch.setattr(precision, "detect", lambda: ("float32", "CPU without avx512_bf16 or amx_bf16 (fed)"))
+    version = export_lib.export(model_path=path, export_dir=str(tmp_path / "auto"), precision="auto",
+                                log=lambda s: None)
+    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    assert meta["precision"] == {"dtype": "float32", "why": "auto: CPU without avx512_bf16 or amx_bf16 (fed)"}

@@ -21,7 +21,7 @@ from trainers.schedule import SCHEDULES
 REMAT = ("none", "blocks", "auto")
 STRATEGIES = ("auto", "mirrored", "multi_worker", "one_device", "tpu")
 PIXEL_STATISTICS = ("data", "reference")
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
 # Fields of sa_conv.ModelConfig that the trainer exposes as flags (None = the preset's value).
 MODEL_OVERRIDES = (
     "encoding", "num_layers", "num_heads", "hidden_size", "mlp_size", "dropout", "attention_dropout",
@@ -94,7 +94,10 @@ class TrainConfig:
     lr_decay_factor: float = _field(10.0, "Divisor of the lr at each milestone (step schedule).")
     label_smoothing: float = _field(0.0, "Label smoothing of the cross-entropy.")
     seed: int = _field(0, "Seed of initialization, data split, shuffling and augmentation.")
-    mixed_precision: str = _field("float32", "Keras dtype policy.", PRECISIONS)
+    mixed_precision: str = _field(
+        "float32",
+        "Keras dtype policy. auto: mixed_bfloat16 on CPUs with AVX512_BF16 or AMX and on GPUs of compute "
+        "capability 8.0+, float32 elsewhere (logged, and recorded in config.json).", PRECISIONS)
     jit_compile: Optional[bool] = _field(
         None,
         "Compile the forward and backward pass with XLA. Unset: off, except for content-based "

@@ -57,12 +57,22 @@ def detect() -> tuple[str, str]:
     return choose(cpu_info()["extensions"], gpu_capabilities())
 
 
-def resolve(requested: str, detector=detect) -> tuple[str, str]:
+def resolve(requested: str, detector=None) -> tuple[str, str]:
     """``(dtype, why)`` for a ``requested`` precision: ``"auto"`` asks ``detector``; an explicit
     ``"float32"`` or ``"bfloat16"`` is taken as given."""
     if requested not in CHOICES:
         raise ValueError(f"precision must be one of {', '.join(CHOICES)}, got {requested!r}.")
     if requested == "auto":
-        dtype, why = detector()
+        dtype, why = (detector or detect)()
         return dtype, f"auto: {why}"
     return requested, "requested"
+
+
+def training_policy(requested: str, detector=None) -> tuple[str, str]:
+    """The Keras dtype policy of ``--mixed_precision=requested`` and why: ``"auto"`` gives
+    ``"mixed_bfloat16"`` (float32 variables, bfloat16 compute) where `choose` says bfloat16, else
+    ``"float32"``; any other value is taken as given."""
+    if requested != "auto":
+        return requested, "requested"
+    dtype, why = (detector or detect)()
+    return ("mixed_bfloat16" if dtype == "bfloat16" else "float32"), f"auto: {why}"

@@ -29,7 +29,7 @@ from sa_conv import data as data_lib
 from sa_conv import footprint
 from sa_conv.errors import ConfigError
 from sa_conv.reference import REFERENCE_MEAN, REFERENCE_STD
-from trainers import distribute
+from trainers import distribute, precision
 from trainers.config import TrainConfig, default_jit_compile, default_keep_freed_memory
 from trainers.optimizers import PyTorchSGD
 from trainers.schedule import make_schedule
@@ -111,7 +111,9 @@ class Task:
 
     Attributes set once, here: ``model_config`` (the resolved `sa_conv.ModelConfig`),
     ``train_split``, ``val_split`` (held out from the training split, seeded), ``test_split``,
-    ``label_names``, ``steps_per_epoch``, ``replicas``. The Task changes no process-wide state.
+    ``label_names``, ``steps_per_epoch``, ``replicas``, ``precision`` (the dtype policy, with
+    ``--mixed_precision=auto`` resolved) and ``precision_reason``. The Task changes no
+    process-wide state.
     """
 
     def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy | None = None,
@@ -119,6 +121,8 @@ class Task:
                  model_fields: dict | None = None):
         config.validate()
         self.config, self.log = config, log
+        # --mixed_precision=auto decided once, from the hardware (trainers.precision).
+        self.precision, self.precision_reason = precision.training_policy(config.mixed_precision)
         try:  # the preset and overrides first: their errors need no data
             sa_conv.get_config(config.model, **config.model_overrides(), **(model_fields or {}))
         except ValueError as exc:
@@ -153,7 +157,7 @@ class Task:
         """A new model of the resolved configuration, under the strategy, in ``--mixed_precision``
         (as its layers' dtype policy: the global policy is left alone)."""
         with self.strategy.scope():
-            return sa_conv.build_model(self.model_config, name=self.config.model, dtype=self.config.mixed_precision)
+            return sa_conv.build_model(self.model_config, name=self.config.model, dtype=self.precision)
 
     def total_steps(self, epochs: int | None = None) -> int:
         """Optimizer steps of ``epochs`` (default ``--epochs``), capped by ``--max_steps``."""
@@ -175,7 +179,7 @@ class Task:
         with self.strategy.scope():
             sgd = PyTorchSGD if c.momentum_form == "pytorch" else keras.optimizers.SGD
             optimizer = sgd(schedule, momentum=c.momentum)
-            if c.mixed_precision == "mixed_float16":
+            if self.precision == "mixed_float16":
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             optimizer.build(model.trainable_variables)
         return optimizer

@@ -199,7 +199,8 @@ class Trainer:
         resolved = {**self.config.to_dict(), "resolved_model": self.model_config.to_dict(),
                     "replicas": self.task.replicas, "steps_per_epoch": self.steps_per_epoch,
                     "total_steps": self.total_steps,
-                    "process": process.describe(self.config.mixed_precision)}
+                    "precision": {"policy": self.task.precision, "why": self.task.precision_reason},
+                    "process": process.describe(self.task.precision)}
         _write_json(os.path.join(self.output_dir, "config.json"), resolved)
 
     def train_epochs(self, start_epoch: int, history: list, callbacks=(), save=True) -> tuple[list, float]:
@@ -271,7 +272,8 @@ class Trainer:
         self.log(
             f"Training {self.config.model} ({params:,} parameters) on {len(self.task.train_split)} images "
             f"({len(self.task.val_split)} held out for validation), {self.task.replicas} replica(s), "
-            f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all."
+            f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all, "
+            f"precision {self.task.precision} ({self.task.precision_reason})."
         )
         earlier_seconds = sum(h.get("train_seconds", 0.0) for h in history)
         history, seconds = self.train_epochs(start_epoch, history)
