@@ -209,9 +209,16 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             "train. Train the model it was made from, then freeze that again.")
 
     def inference_aggregation(self):
-        """``"separable"`` or ``"dense"``: the path inference takes on the layer's grid (the
-        live layer's choice, `uses_fast_path`). Needs a built layer."""
-        return "separable" if self.uses_fast_path(training=False, grid=self.constants_grid) else "dense"
+        """``"separable"`` or ``"dense"``: the path inference from constants takes on the
+        layer's grid. ``fast_position_attention`` True or False decides; ``"auto"`` takes the
+        separable path for separable encodings where it measured faster with constants
+        (`separable.separable_pays` with ``constants=True``: 12x12 grids and up). Needs a built
+        layer."""
+        if not (self.position_only and self.encoding_spec.separable and self.fast_position_attention):
+            return "dense"
+        if self.fast_position_attention == "auto" and not separable.separable_pays(*self.constants_grid, constants=True):
+            return "dense"
+        return "separable"
 
     def update_constants(self):
         """Computes the constant probabilities of ``inference_constants`` from the encoding's

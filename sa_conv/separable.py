@@ -18,11 +18,14 @@ from keras import ops
 __all__ = ["separable_attention", "separable_pays", "separable_sum"]
 
 
-def separable_pays(height, width):
+def separable_pays(height, width, constants=False):
     """Whether ``fast_position_attention="auto"`` takes the separable path on an ``H x W`` grid:
     when ``H * W >= 4 * (H + W)`` (8x8 and larger), the size from which the separable path
-    measured faster than the dense one in training (``benchmarks/results/throughput.json``)."""
-    return height * width >= 4 * (height + width)
+    measured faster than the dense one in training (``benchmarks/results/throughput.json``).
+    With ``constants`` (inference from precomputed probabilities, which makes the dense path
+    cheaper): when ``H * W >= 6 * (H + W)`` (12x12 and larger); at 8x8 the dense path measured
+    faster at batch 1 and 100 alike (``benchmarks/results/serving_aggregation.json``)."""
+    return height * width >= (6 if constants else 4) * (height + width)
 
 
 def separable_attention(inputs, row_logits, col_logits, kernel, bias=None, dtype=None):

@@ -1,0 +1,204 @@
+"""Serving speed: inference of the in-process model and of its exported SavedModels, float32 and
+bfloat16, at batch 1 and 100, each in its own process, as images/s and as a fraction of the
+machine's matmul peak (float32 and bfloat16, measured in the same process).
+
+    .venv/bin/python benchmarks/serving.py --output=benchmarks/results/serving.json
+    .venv/bin/python benchmarks/serving.py --presets=sa_quadratic_small --steps=5
+    .venv/bin/python benchmarks/serving.py --aggregation_only   # the frozen layer's dense vs separable
+
+For each preset (random weights: speed does not depend on their values) the parent writes the
+model, exports it (``export.export``: the frozen copy, `sa_conv.freeze_for_inference`, float32 and
+``--precision=bfloat16``) and starts one child per side:
+
+* ``in_process_live``: the Keras model as trained, ``model(x, training=False)`` in a tf.function;
+* ``in_process``: its frozen copy (what the export serves);
+* ``saved_model``, ``saved_model_bfloat16``: ``serving_default`` of each export, reloaded.
+
+Ratios: saved_model / in_process (the issue's target: within 10%), frozen / live, bfloat16 /
+float32 export. ``--aggregation_only`` times one paper-size attention layer with constant
+probabilities on the dense and the separable path per grid and batch, the measurements behind
+the frozen layer's choice. Results go to JSON; nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
+SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16")
+BATCHES = (1, 100)
+
+
+def _fastest(fn, steps):
+    fn()  # warm-up: tracing, allocation
+    best = float("inf")
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_peak(dtype, size=2048, repeats=5):
+    """GFLOP/s of a ``size``-square matmul in ``dtype`` (best of ``repeats``)."""
+    import tensorflow as tf
+
+    a = tf.cast(tf.random.normal((size, size)), dtype)
+    b = tf.cast(tf.random.normal((size, size)), dtype)
+    matmul = tf.function(lambda: tf.reduce_sum(tf.cast(tf.matmul(a, b), tf.float32)))
+    return 2 * size**3 / _fastest(lambda: matmul().numpy(), repeats) / 1e9
+
+
+def child(args):
+    """One side in this process: prints ``RESULT {json}``."""
+    import numpy as np
+    import tensorflow as tf
+
+    result = {"side": args.side}
+    rng = np.random.default_rng(0)
+    if args.side.startswith("saved_model"):
+        serve = tf.saved_model.load(args.path).signatures["serving_default"]
+        shape = tuple(serve.structured_input_signature[1]["images"].shape[1:])
+
+        def run(x):
+            return serve(images=x)["probabilities"].numpy()
+    else:
+        import keras
+
+        import sa_conv
+
+        model = keras.models.load_model(args.path)
+        if args.side == "in_process":
+            model = sa_conv.freeze_for_inference(model)
+        shape = tuple(model.inputs[0].shape[1:])
+        fn = tf.function(lambda images: tf.nn.softmax(model(images, training=False)))
+
+        def run(x):
+            return fn(x).numpy()
+    for batch in BATCHES:
+        x = tf.constant(rng.integers(0, 256, (batch,) + shape).astype(np.uint8))
+        steps = args.steps if batch == 1 else max(2, args.steps // 5)
+        result[f"images_per_second_batch{batch}"] = batch / _fastest(lambda: run(x), steps)
+    result["matmul_gflops"] = {"float32": matmul_peak(tf.float32), "bfloat16": matmul_peak(tf.bfloat16)}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _child(side, path, steps):
+    from trainers import process
+
+    cmd = [sys.executable, os.path.abspath(__file__), f"--side={side}", f"--path={path}", f"--steps={steps}"]
+    proc = subprocess.run(cmd, env=process.child_environment(), capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{side} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def measure_preset(preset, steps, workdir):
+    import sa_conv
+    from benchmarks import flops
+    from export.export import export
+
+    config = sa_conv.get_config(preset)
+    model = sa_conv.build_model(config, name=preset)
+    path = os.path.join(workdir, f"{preset}.keras")
+    model.save(path)
+    exports = {"saved_model": export(model_path=path, export_dir=os.path.join(workdir, "f32"), log=lambda s: None)}
+    # Random weights decide nothing of speed, but the agreement check needs a trained model's
+    # margins: it is measured by the export tests, not here.
+    from export import export as export_lib
+
+    minimum, export_lib.MIN_TOP1_AGREEMENT = export_lib.MIN_TOP1_AGREEMENT, 0.0
+    try:
+        exports["saved_model_bfloat16"] = export(model_path=path, export_dir=os.path.join(workdir, "bf16"),
+                                                 precision="bfloat16", log=lambda s: None)
+    finally:
+        export_lib.MIN_TOP1_AGREEMENT = minimum
+    sides = {}
+    for side in SIDES:
+        sides[side] = _child(side, exports.get(side, path), steps)
+    forward = flops.forward_flops(config)
+    for side, run in sides.items():
+        peak = run["matmul_gflops"]["bfloat16" if side.endswith("bfloat16") else "float32"]
+        for batch in BATCHES:
+            achieved = run[f"images_per_second_batch{batch}"] * forward / 1e9
+            run[f"fraction_of_matmul_peak_batch{batch}"] = achieved / peak
+    ratios = {}
+    for name, (a, b) in {"saved_model_over_in_process": ("saved_model", "in_process"),
+                         "in_process_over_live": ("in_process", "in_process_live"),
+                         "bfloat16_over_float32_export": ("saved_model_bfloat16", "saved_model")}.items():
+        ratios[name] = {f"batch{n}": sides[a][f"images_per_second_batch{n}"] / sides[b][f"images_per_second_batch{n}"]
+                        for n in BATCHES}
+    return {"forward_gflops_per_image": forward / 1e9, "sides": sides, "ratios": ratios}
+
+
+def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
+    """One paper-size attention layer (9 heads, 400 channels) with constant probabilities, on
+    the dense and on the separable path: images/s per grid and batch."""
+    import numpy as np
+    import tensorflow as tf
+
+    import sa_conv
+
+    rows = []
+    for grid in grids:
+        for batch in batches:
+            x = tf.constant(np.random.default_rng(0).normal(size=(batch, grid, grid, 400)).astype(np.float32))
+            row = {"grid": grid, "batch": batch}
+            for path, fast in (("dense", False), ("separable", True)):
+                layer = sa_conv.MultiHeadSelfAttention2D(9, encoding="quadratic", max_grid_size=grid,
+                                                         fast_position_attention=fast, inference_constants=True)
+                layer.build(x.shape)
+                layer.update_constants()
+                fn = tf.function(lambda t, layer=layer: layer(t, training=False))
+                row[path] = batch / _fastest(lambda: fn(x).numpy(), steps if batch == 1 else max(2, steps // 5))
+            row["separable_over_dense"] = row["separable"] / row["dense"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main():
+    from trainers import process
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default=",".join(PAPER))
+    parser.add_argument("--steps", type=int, default=10, help="timed calls at batch 1 (batch 100: a fifth)")
+    parser.add_argument("--aggregation_only", action="store_true")
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--side", help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    process.configure()
+    if args.side:
+        return child(args)
+    record = {"date": datetime.date.today().isoformat(), "process": process.describe("float32")}
+    if args.aggregation_only:
+        record["aggregation"] = aggregation(args.steps)
+    else:
+        record["presets"] = {}
+        with tempfile.TemporaryDirectory() as workdir:
+            for preset in [p for p in args.presets.split(",") if p]:
+                record["presets"][preset] = measure_preset(preset, args.steps, workdir)
+                print(preset, json.dumps(record["presets"][preset]["ratios"]), flush=True)
+    text = json.dumps(record, indent=2, sort_keys=True)
+    if args.output:
+        from sa_conv import files
+
+        files.write_text(args.output, text + "\n")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
