@@ -154,6 +154,43 @@ def training_accuracy(name="vs_reference_training"):
                              "sa-conv, Keras momentum"], rows)
 
 
+SERVING_SIDES = {"in_process_live": "in-process, as trained", "in_process": "in-process, frozen",
+                 "saved_model": "SavedModel", "saved_model_bfloat16": "SavedModel, bfloat16"}
+
+
+def serving():
+    data = _load("serving")
+    rows = []
+    for preset, entry in data["presets"].items():
+        for side, run in entry["sides"].items():
+            rows.append([_preset(preset), SERVING_SIDES.get(side, side), _num(run["images_per_second_batch1"]),
+                         _num(run["images_per_second_batch100"]), _ratio(run["fraction_of_matmul_peak_batch1"]),
+                         _ratio(run["fraction_of_matmul_peak_batch100"])])
+    first = next(iter(data["presets"].values()))["sides"]["in_process"]["matmul_gflops"]
+    caption = (f"{data['date']}, each side in its own process; matmul peak about {_num(first['float32'])} GFLOP/s "
+               f"float32 and {_num(first['bfloat16'])} bfloat16 (each side's own measurement is in the JSON).\n\n")
+    return caption + _table(["preset", "side", "img/s, batch 1", "img/s, batch 100", "fraction of peak, b=1",
+                             "fraction of peak, b=100"], rows)
+
+
+def serving_ratios():
+    data = _load("serving")
+    rows = [[_preset(preset)] + [f"{_ratio(r[name]['batch1'])} / {_ratio(r[name]['batch100'])}"
+                                 for name in ("saved_model_over_in_process", "in_process_over_live",
+                                              "bfloat16_over_float32_export")]
+            for preset, r in ((p, e["ratios"]) for p, e in data["presets"].items())]
+    return _table(["preset", "SavedModel / in-process (b=1 / b=100)", "frozen / as trained",
+                   "bfloat16 / float32 export"], rows)
+
+
+def serving_aggregation():
+    data = _load("serving_aggregation")
+    rows = [[f"{r['grid']}x{r['grid']}", r["batch"], _num(r["dense"]), _num(r["separable"]),
+             _ratio(r["separable_over_dense"])] for r in data["aggregation"]]
+    return f"{data['date']}.\n\n" + _table(["grid", "batch", "dense img/s", "separable img/s", "separable / dense"],
+                                            rows)
+
+
 TABLES = {
     "vs_reference_summary": ("vs_reference", vs_reference_summary),
     "vs_reference": ("vs_reference", vs_reference_full),
@@ -164,6 +201,9 @@ TABLES = {
     "malloc": ("malloc", malloc),
     "vs_reference_training": ("vs_reference_training", training_accuracy),
     "vs_reference_lockstep": ("vs_reference_lockstep", lambda: training_accuracy("vs_reference_lockstep")),
+    "serving": ("serving", serving),
+    "serving_ratios": ("serving", serving_ratios),
+    "serving_aggregation": ("serving_aggregation", serving_aggregation),
 }
 
 BLOCK = re.compile(r"(<!-- table:(?P<name>\w+) [^>]*-->\n)(?P<body>.*?)(<!-- end table:(?P=name) -->)", re.S)
