@@ -21,6 +21,8 @@ PROGRAMS = ("trainers", "export", "programs", "benchmarks")
 # Programs that compose another program, and which: the only imports between programs.
 COMPOSES = {"programs/demo.py": {"export", "trainers"}, "programs/launch.py": {"export", "trainers"}, "programs/visualize.py": {"trainers"}, "benchmarks/throughput.py": {"export", "trainers"},
             "benchmarks/vs_reference.py": {"trainers"},
+            # Serving speed of the export's output; children configured as the trainer's.
+            "benchmarks/serving.py": {"export", "trainers"},
             # The export programs configure their process as every program does (trainers.process).
             "export/export.py": {"trainers"}, "programs/import_reference.py": {"trainers"},
             # Measured children configured as the trainer's; the parent configures itself too.
