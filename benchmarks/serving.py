@@ -5,6 +5,7 @@ machine's matmul peak (float32 and bfloat16, measured in the same process).
     .venv/bin/python benchmarks/serving.py --output=benchmarks/results/serving.json
     .venv/bin/python benchmarks/serving.py --presets=sa_quadratic_small --steps=5
     .venv/bin/python benchmarks/serving.py --aggregation_only   # the frozen layer's dense vs separable
+    .venv/bin/python benchmarks/serving.py --reference_dir=PATH --reference_python=PY   # + the reference
 
 For each preset (random weights: speed does not depend on their values) the parent writes the
 model, exports it (``export.export``: the frozen copy, `sa_conv.freeze_for_inference`, float32 and
@@ -14,8 +15,12 @@ model, exports it (``export.export``: the frozen copy, `sa_conv.freeze_for_infer
 * ``in_process``: its frozen copy (what the export serves);
 * ``saved_model``, ``saved_model_bfloat16``: ``serving_default`` of each export, reloaded.
 
+* ``reference`` (with ``--reference_dir``, a clone of ``epfml/attention-cnn``, and
+  ``--reference_python``, an interpreter with torch): the reference's ``BertImage`` of the same
+  size (`epfml_reference.reference_config`) or its ResNet18, eval mode, ``torch.no_grad``.
+
 Ratios: saved_model / in_process (the issue's target: within 10%), frozen / live, bfloat16 /
-float32 export. ``--aggregation_only`` times one paper-size attention layer with constant
+float32 export, and every side / the reference. ``--aggregation_only`` times one paper-size attention layer with constant
 probabilities on the dense and the separable path per grid and batch, the measurements behind
 the frozen layer's choice. Results go to JSON; nothing here is a test.
 """
@@ -93,10 +98,47 @@ def child(args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def _child(side, path, steps):
+def reference_child(args):
+    """The reference's model in this process (torch, no TensorFlow): prints ``RESULT {json}``."""
+    import numpy as np
+    import torch
+
+    import epfml_reference
+
+    sys.path.insert(0, os.path.abspath(args.reference_dir))
+    import models
+
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(0)
+    preset = json.loads(args.path)
+    if preset["architecture"] == "resnet18":
+        model = models.ResNet18(num_classes=10)
+    else:
+        fields = ("num_layers", "num_heads", "hidden_size", "mlp_size", "dropout", "attention_dropout", "pooling_width")
+        model = models.BertImage(epfml_reference.reference_config(preset["encoding"], **{f: preset[f] for f in fields}),
+                                 num_classes=10)
+    model.eval()
+    rng = np.random.default_rng(0)
+    result = {"side": "reference", "torch": torch.__version__}
+    with torch.no_grad():
+        for batch in BATCHES:
+            x = torch.from_numpy(rng.standard_normal((batch, 3, 32, 32)).astype(np.float32))
+            steps = args.steps if batch == 1 else max(2, args.steps // 5)
+            result[f"images_per_second_batch{batch}"] = batch / _fastest(lambda: model(x), steps)
+        peaks = {}
+        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+            a, b = torch.randn(2048, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
+            peaks[name] = 2 * 2048**3 / _fastest(lambda: torch.matmul(a, b), 5) / 1e9
+    result["matmul_gflops"] = peaks
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _child(side, path, steps, python=None, reference_dir=None):
     from trainers import process
 
-    cmd = [sys.executable, os.path.abspath(__file__), f"--side={side}", f"--path={path}", f"--steps={steps}"]
+    cmd = [python or sys.executable, os.path.abspath(__file__), f"--side={side}", f"--path={path}", f"--steps={steps}"]
+    if reference_dir:
+        cmd.append(f"--reference_dir={reference_dir}")
     proc = subprocess.run(cmd, env=process.child_environment(), capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
@@ -104,7 +146,7 @@ def _child(side, path, steps):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def measure_preset(preset, steps, workdir):
+def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=None):
     import sa_conv
     from benchmarks import flops
     from export.export import export
@@ -127,8 +169,10 @@ def measure_preset(preset, steps, workdir):
     sides = {}
     for side in SIDES:
         sides[side] = _child(side, exports.get(side, path), steps)
+    if reference_dir:
+        sides["reference"] = _child("reference", json.dumps(config.to_dict()), steps, reference_python, reference_dir)
     forward = flops.forward_flops(config)
-    for side, run in sides.items():
+    for side, run in sides.items():  # the reference computes in float32
         peak = run["matmul_gflops"]["bfloat16" if side.endswith("bfloat16") else "float32"]
         for batch in BATCHES:
             achieved = run[f"images_per_second_batch{batch}"] * forward / 1e9
@@ -139,6 +183,11 @@ def measure_preset(preset, steps, workdir):
                          "bfloat16_over_float32_export": ("saved_model_bfloat16", "saved_model")}.items():
         ratios[name] = {f"batch{n}": sides[a][f"images_per_second_batch{n}"] / sides[b][f"images_per_second_batch{n}"]
                         for n in BATCHES}
+    if "reference" in sides:
+        for side in SIDES:
+            ratios[f"{side}_over_reference"] = {
+                f"batch{n}": sides[side][f"images_per_second_batch{n}"] / sides["reference"][f"images_per_second_batch{n}"]
+                for n in BATCHES}
     return {"forward_gflops_per_image": forward / 1e9, "sides": sides, "ratios": ratios}
 
 
@@ -169,16 +218,20 @@ def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
 
 
 def main():
-    from trainers import process
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default=",".join(PAPER))
     parser.add_argument("--steps", type=int, default=10, help="timed calls at batch 1 (batch 100: a fifth)")
     parser.add_argument("--aggregation_only", action="store_true")
     parser.add_argument("--output", default=None)
+    parser.add_argument("--reference_dir", help="a clone of epfml/attention-cnn: adds the reference side")
+    parser.add_argument("--reference_python", default=None, help="an interpreter with torch for the reference side")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.side == "reference":  # a torch process: no TensorFlow, no process configuration
+        return reference_child(args)
+    from trainers import process
+
     process.configure()
     if args.side:
         return child(args)
@@ -189,7 +242,8 @@ def main():
         record["presets"] = {}
         with tempfile.TemporaryDirectory() as workdir:
             for preset in [p for p in args.presets.split(",") if p]:
-                record["presets"][preset] = measure_preset(preset, args.steps, workdir)
+                record["presets"][preset] = measure_preset(preset, args.steps, workdir, args.reference_dir,
+                                                           args.reference_python)
                 print(preset, json.dumps(record["presets"][preset]["ratios"]), flush=True)
     text = json.dumps(record, indent=2, sort_keys=True)
     if args.output:
