@@ -7,6 +7,10 @@
 copied; see ``tools/make_reference_fixtures.py`` for the ``bert_utils`` stub); the reference runs
 in ``PYTHON_WITH_TORCH`` (e.g. ``pip install .[reference]``).
 
+Serving (the frozen in-process model, the exported SavedModel and its bfloat16 export against the
+reference, at batch 1 and 100) is ``benchmarks/serving.py --reference_dir=PATH``; this benchmark
+measures the trainer's step and the live model.
+
 Each case (a preset, and the same model in the reference) runs its sides in separate processes,
 alternating (A B A B for ``--rounds=2``; the order flips from case to case), each process alone on
 the machine. A side measures, at batch 100 unless stated:

@@ -155,7 +155,8 @@ def training_accuracy(name="vs_reference_training"):
 
 
 SERVING_SIDES = {"in_process_live": "in-process, as trained", "in_process": "in-process, frozen",
-                 "saved_model": "SavedModel", "saved_model_bfloat16": "SavedModel, bfloat16"}
+                 "saved_model": "SavedModel", "saved_model_bfloat16": "SavedModel, bfloat16",
+                 "reference": "reference (PyTorch)"}
 
 
 def serving():
@@ -173,14 +174,36 @@ def serving():
                              "fraction of peak, b=100"], rows)
 
 
+SERVING_RATIOS = {"saved_model_over_in_process": "SavedModel / in-process", "in_process_over_live": "frozen / as trained",
+                  "bfloat16_over_float32_export": "bfloat16 / float32 export",
+                  "in_process_over_reference": "in-process / reference",
+                  "saved_model_over_reference": "SavedModel / reference",
+                  "saved_model_bfloat16_over_reference": "bfloat16 SavedModel / reference"}
+
+
 def serving_ratios():
+    """Ratios of images/s, ``batch 1 / batch 100``."""
     data = _load("serving")
-    rows = [[_preset(preset)] + [f"{_ratio(r[name]['batch1'])} / {_ratio(r[name]['batch100'])}"
-                                 for name in ("saved_model_over_in_process", "in_process_over_live",
-                                              "bfloat16_over_float32_export")]
-            for preset, r in ((p, e["ratios"]) for p, e in data["presets"].items())]
-    return _table(["preset", "SavedModel / in-process (b=1 / b=100)", "frozen / as trained",
-                   "bfloat16 / float32 export"], rows)
+    names = [n for n in SERVING_RATIOS if all(n in e["ratios"] for e in data["presets"].values())]
+    rows = [[_preset(preset)] + [f"{_ratio(e['ratios'][n]['batch1'])} / {_ratio(e['ratios'][n]['batch100'])}"
+                                 for n in names]
+            for preset, e in data["presets"].items()]
+    return "Each cell: batch 1 / batch 100.\n\n" + _table(["preset"] + [SERVING_RATIOS[n] for n in names], rows)
+
+
+def serving_summary():
+    """README: the exported model against the reference, float32 and bfloat16."""
+    data = _load("serving")
+    rows = []
+    for preset, entry in data["presets"].items():
+        r = entry["ratios"]
+        if "saved_model_over_reference" not in r:
+            continue
+        rows.append([_preset(preset)] + [_ratio(r[name][batch]) for name in
+                                         ("saved_model_over_reference", "saved_model_bfloat16_over_reference")
+                                         for batch in ("batch1", "batch100")])
+    return _table(["preset", "SavedModel b=1", "SavedModel b=100", "bfloat16 SavedModel b=1",
+                   "bfloat16 SavedModel b=100"], rows)
 
 
 def serving_aggregation():
@@ -203,6 +226,7 @@ TABLES = {
     "vs_reference_lockstep": ("vs_reference_lockstep", lambda: training_accuracy("vs_reference_lockstep")),
     "serving": ("serving", serving),
     "serving_ratios": ("serving", serving_ratios),
+    "serving_summary": ("serving", serving_summary),
     "serving_aggregation": ("serving_aggregation", serving_aggregation),
 }
 
