@@ -232,3 +232,15 @@ def test_tuner_files_are_written_atomically(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "write_text", lambda path, text: writes.append((path, text)))
     assert tuner_utils.save_json(str(target), {"new": 2}) == '{"new": 2}'
     assert writes == [(str(target), '{"new": 2}')] and json.loads(target.read_text()) == {"old": 1}
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"name": "num_layers", "type": "int", "min": "num_layers", "max": 0}, "min must be an integer, got 'num_layers'"),
+    ({"name": "num_layers", "type": "int", "min": 1, "max": 2.5}, "max must be an integer, got 2.5"),
+    ({"name": "dropout", "type": "float", "min": 0.0, "max": True}, "max must be a number, got True"),
+    ({"name": "dropout", "type": "float", "min": 0.0, "max": 0.3, "step": "0.1"}, "step must be a number"),
+])
+def test_range_bounds_of_the_wrong_type_are_named(entry, message):
+    """Found by tests/test_fuzz.py (hypothesis): a string bound reached the comparison as a TypeError."""
+    with pytest.raises(tune_lib.ConfigError, match=message):
+        tune_lib.load_search_space({"hyperparameters": [entry]})

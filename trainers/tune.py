@@ -189,6 +189,12 @@ def validate_search_space(space: dict) -> None:
         if kind == "choice" and not entry["values"]:
             raise ConfigError(f"{where}: 'values' is empty.")
         if kind in ("int", "float"):
+            number = int if kind == "int" else (int, float)
+            for key in ("min", "max", "step"):
+                value = entry.get(key)
+                if key in entry and value is not None and (isinstance(value, bool) or not isinstance(value, number)):
+                    raise ConfigError(f"{where}: {key} must be {'an integer' if kind == 'int' else 'a number'}, "
+                                      f"got {value!r}.")
             if not entry["min"] < entry["max"]:
                 raise ConfigError(f"{where}: min {entry['min']} must be below max {entry['max']}.")
             if entry.get("sampling", "linear") not in ("linear", "log", "reverse_log"):
