@@ -34,24 +34,17 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks.timing import fastest  # noqa: E402  (standard library only)
 
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
 SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16")
 BATCHES = (1, 100)
 
 
-def _fastest(fn, steps):
-    fn()  # warm-up: tracing, allocation
-    best = float("inf")
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def matmul_peak(dtype, size=2048, repeats=5):
@@ -61,7 +54,7 @@ def matmul_peak(dtype, size=2048, repeats=5):
     a = tf.cast(tf.random.normal((size, size)), dtype)
     b = tf.cast(tf.random.normal((size, size)), dtype)
     matmul = tf.function(lambda: tf.reduce_sum(tf.cast(tf.matmul(a, b), tf.float32)))
-    return 2 * size**3 / _fastest(lambda: matmul().numpy(), repeats) / 1e9
+    return 2 * size**3 / fastest(lambda: matmul().numpy(), repeats) / 1e9
 
 
 def child(args):
@@ -93,7 +86,7 @@ def child(args):
     for batch in BATCHES:
         x = tf.constant(rng.integers(0, 256, (batch,) + shape).astype(np.uint8))
         steps = args.steps if batch == 1 else max(2, args.steps // 5)
-        result[f"images_per_second_batch{batch}"] = batch / _fastest(lambda: run(x), steps)
+        result[f"images_per_second_batch{batch}"] = batch / fastest(lambda: run(x), steps)
     result["matmul_gflops"] = {"float32": matmul_peak(tf.float32), "bfloat16": matmul_peak(tf.bfloat16)}
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -124,11 +117,11 @@ def reference_child(args):
         for batch in BATCHES:
             x = torch.from_numpy(rng.standard_normal((batch, 3, 32, 32)).astype(np.float32))
             steps = args.steps if batch == 1 else max(2, args.steps // 5)
-            result[f"images_per_second_batch{batch}"] = batch / _fastest(lambda: model(x), steps)
+            result[f"images_per_second_batch{batch}"] = batch / fastest(lambda: model(x), steps)
         peaks = {}
         for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
             a, b = torch.randn(2048, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
-            peaks[name] = 2 * 2048**3 / _fastest(lambda: torch.matmul(a, b), 5) / 1e9
+            peaks[name] = 2 * 2048**3 / fastest(lambda: torch.matmul(a, b), 5) / 1e9
     result["matmul_gflops"] = peaks
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -210,7 +203,7 @@ def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
                 layer.build(x.shape)
                 layer.update_constants()
                 fn = tf.function(lambda t, layer=layer: layer(t, training=False))
-                row[path] = batch / _fastest(lambda: fn(x).numpy(), steps if batch == 1 else max(2, steps // 5))
+                row[path] = batch / fastest(lambda: fn(x).numpy(), steps if batch == 1 else max(2, steps // 5))
             row["separable_over_dense"] = row["separable"] / row["dense"]
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -51,6 +51,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import epfml_reference  # noqa: E402  (standard library only: the reference side has no Keras)
+from benchmarks.timing import fastest  # noqa: E402  (standard library only)
+
 PAPER = ["sa_quadratic", "sa_learned", "resnet18", "sa_quadratic_full", "sa_content_plus_learned_bias"]
 SMALL = ["sa_quadratic_small", "sa_learned_small", "sa_quadratic_full_small", "sa_content_plus_learned_bias_small"]
 GROUPS = {"paper": PAPER, "small": SMALL}
@@ -60,14 +62,6 @@ def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _fastest(fn, steps):
-    fn()  # warm-up (tracing, allocation)
-    best = float("inf")
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 # ------------------------------------------------------------------------------ sa-conv side
@@ -100,14 +94,14 @@ def sa_conv_side(args):
         infer = tf.function(lambda x: model(x, training=False), jit_compile=task.use_xla())
         for b in (1, args.batch):
             x = tf.constant(rng.integers(0, 256, (b, 32, 32, 3), dtype=np.uint8))
-            result[f"inference_images_per_second_batch{b}"] = b / _fastest(lambda: infer(x).numpy(), args.infer_steps)
+            result[f"inference_images_per_second_batch{b}"] = b / fastest(lambda: infer(x).numpy(), args.infer_steps)
         result["inference_peak_rss_mb"] = _peak_rss_mb()
         return result
     result.update(remat=bool(task.model_config.remat), keep_freed_memory=task.keeps_freed_memory())
     train_steps = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
     iterator = iter(task.train_dataset(0))
     one = tf.constant(1)
-    result["train_images_per_second"] = args.batch / _fastest(
+    result["train_images_per_second"] = args.batch / fastest(
         lambda: train_steps(iterator, one).numpy(), args.train_steps)
     result["peak_rss_mb"] = _peak_rss_mb()
     return result
@@ -138,7 +132,7 @@ def reference_side(args):
     with torch.no_grad():
         for b in (1, args.batch):
             x = torch.from_numpy(rng.standard_normal((b, 3, 32, 32)).astype(np.float32))
-            result[f"inference_images_per_second_batch{b}"] = b / _fastest(lambda: model(x), args.infer_steps)
+            result[f"inference_images_per_second_batch{b}"] = b / fastest(lambda: model(x), args.infer_steps)
     result["inference_peak_rss_mb"] = _peak_rss_mb()
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
@@ -152,7 +146,7 @@ def reference_side(args):
         loss.backward()
         optimizer.step()
 
-    result["train_images_per_second"] = args.batch / _fastest(step, args.train_steps)
+    result["train_images_per_second"] = args.batch / fastest(step, args.train_steps)
     result["peak_rss_mb"] = _peak_rss_mb()
     return result
 
