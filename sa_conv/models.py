@@ -105,15 +105,15 @@ def attention_grid(model: keras.Model) -> tuple[tuple[int, int], int]:
     return (height // width, image_width // width), width
 
 
-def _copy_weights(source: keras.Model, target: keras.Model, skip: str = "/constant_") -> None:
-    """Assigns every weight of ``source`` to the weight of ``target`` with the same path; the
-    target's weights whose path contains ``skip`` are left alone. ValueError when any other
-    weight of either model has no counterpart."""
+def _copy_weights(source: keras.Model, target: keras.Model, target_only: str | None = None) -> None:
+    """Assigns every weight of ``source`` to the weight of ``target`` with the same path. ValueError
+    when a weight of either model has no counterpart, except the target's weights whose path
+    contains ``target_only``."""
     values = {v.path: v for v in source.weights}
     for variable in target.weights:
         if variable.path in values:
             variable.assign(ops.cast(values.pop(variable.path), variable.dtype))
-        elif skip not in variable.path:
+        elif target_only is None or target_only not in variable.path:
             raise ValueError(f"{variable.path} has no counterpart in {source.name}.")
     if values:
         raise ValueError(f"{sorted(values)[:5]} of {source.name} have no counterpart in the copy.")
@@ -133,7 +133,7 @@ def with_dtype_policy(model: keras.Model, policy: str) -> keras.Model:
         return layer.__class__.from_config(config)
 
     copy = keras.models.clone_model(model, clone_function=clone)
-    _copy_weights(model, copy, skip="\0")
+    _copy_weights(model, copy)
     return copy
 
 
@@ -154,7 +154,7 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
         return layer.__class__.from_config(config)
 
     frozen = keras.models.clone_model(model, clone_function=clone)
-    _copy_weights(model, frozen)
+    _copy_weights(model, frozen, target_only="/constant_")  # the constants are computed below
     for block in attention_blocks(frozen):
         if block.attention.inference_constants:
             block.attention.update_constants()
