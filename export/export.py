@@ -263,16 +263,14 @@ def read_images(path: str, image_shape) -> np.ndarray:
     """uint8 images ``(N, H, W, C)`` of the model's input shape from a ``.npy`` file or an
     ``.npz`` file's ``images`` (or only) array."""
     try:
-        with np.load(path, allow_pickle=False) as data:
-            array = data["images"] if "images" in data.files else data[data.files[0]]
-    except (OSError, ValueError, KeyError, IndexError) as exc:
-        if path.endswith(".npy"):
-            try:
-                array = np.load(path, allow_pickle=False)
-            except (OSError, ValueError) as again:
-                raise ExportError(f"--agreement_images: cannot read {path} ({again}).") from None
+        loaded = np.load(path, allow_pickle=False)  # an array (.npy) or an archive of arrays (.npz)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                array = loaded["images"] if "images" in loaded.files else loaded[loaded.files[0]]
         else:
-            raise ExportError(f"--agreement_images: cannot read {path} ({exc}).") from None
+            array = loaded
+    except (OSError, ValueError, IndexError) as exc:
+        raise ExportError(f"--agreement_images: cannot read {path} ({exc}).") from None
     if array.ndim != 4 or tuple(array.shape[1:]) != tuple(image_shape) or len(array) == 0:
         raise ExportError(f"--agreement_images: {path} holds {array.shape}; the model takes (N, "
                           f"{', '.join(map(str, image_shape))}) images.")

@@ -305,3 +305,18 @@ def test_bfloat16_export_refusals_and_auto(confident_model, tmp_path, monkeypatc
                                 log=lambda s: None)
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
     assert meta["precision"] == {"dtype": "float32", "why": "auto: CPU without avx512_bf16 or amx_bf16 (fed)"}
+
+
+def test_agreement_images_from_npy_and_npz_and_clear_errors(tmp_path):
+    images = np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3)).astype(np.uint8)
+    np.save(tmp_path / "a.npy", images)
+    np.savez(tmp_path / "b.npz", other=images)  # no "images" array: its only one
+    for name in ("a.npy", "b.npz"):
+        np.testing.assert_array_equal(export_lib.read_images(str(tmp_path / name), (32, 32, 3)), images)
+    with pytest.raises(export_lib.ExportError, match=r"holds \(5, 32, 32, 3\); the model takes \(N, 28, 28, 1\)"):
+        export_lib.read_images(str(tmp_path / "a.npy"), (28, 28, 1))
+    (tmp_path / "c.npy").write_text("not an array")
+    with pytest.raises(export_lib.ExportError, match="cannot read"):
+        export_lib.read_images(str(tmp_path / "c.npy"), (32, 32, 3))
+    with pytest.raises(export_lib.ExportError, match="cannot read"):
+        export_lib.read_images(str(tmp_path / "missing.npz"), (32, 32, 3))
