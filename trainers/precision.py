@@ -74,5 +74,5 @@ def training_policy(requested: str, detector=None) -> tuple[str, str]:
     ``"float32"``; any other value is taken as given."""
     if requested != "auto":
         return requested, "requested"
-    dtype, why = (detector or detect)()
-    return ("mixed_bfloat16" if dtype == "bfloat16" else "float32"), f"auto: {why}"
+    dtype, why = resolve("auto", detector)
+    return ("mixed_bfloat16" if dtype == "bfloat16" else "float32"), why
