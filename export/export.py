@@ -300,6 +300,10 @@ def top1_agreement(model, served, results: dict, agreement_images: str | None, i
 # ------------------------------------------------------------------------------ export
 
 
+def _count_batch_norms(model):
+    return sum(isinstance(layer, keras.layers.BatchNormalization) for layer in model.layers)
+
+
 def export(
     model_dir: str | None = None,
     model_path: str | None = None,
@@ -391,6 +395,8 @@ def export(
             "precision": precision_record,
             # Per block with position-only attention: served from constant probabilities, on this path.
             "attention_constants": constants,
+            # Batch norms folded into the convolution before them (the ResNet's): one conv with bias each.
+            "batch_norms_folded": _count_batch_norms(model) - _count_batch_norms(serving),
             "source": os.path.abspath(path),
             "training_results": {k: v for k, v in results.items() if k != "train_config"},
             "verification": {"images": f"{len(images)} {source}", "max_abs_error": checks},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keras
+import numpy as np
 from keras import ops
 
 from sa_conv.config import ModelConfig, get_config
@@ -105,12 +106,16 @@ def attention_grid(model: keras.Model) -> tuple[tuple[int, int], int]:
     return (height // width, image_width // width), width
 
 
-def _copy_weights(source: keras.Model, target: keras.Model, target_only: str | None = None) -> None:
+def _copy_weights(source: keras.Model, target: keras.Model, target_only: str | None = None, skip=None) -> None:
     """Assigns every weight of ``source`` to the weight of ``target`` with the same path. ValueError
     when a weight of either model has no counterpart, except the target's weights whose path
-    contains ``target_only``."""
-    values = {v.path: v for v in source.weights}
+    contains ``target_only``, and the paths of either for which ``skip(path)`` is true (the caller
+    sets those)."""
+    skip = skip or (lambda path: False)
+    values = {v.path: v for v in source.weights if not skip(v.path)}
     for variable in target.weights:
+        if skip(variable.path):
+            continue
         if variable.path in values:
             variable.assign(ops.cast(values.pop(variable.path), variable.dtype))
         elif target_only is None or target_only not in variable.path:
@@ -137,24 +142,88 @@ def with_dtype_policy(model: keras.Model, policy: str) -> keras.Model:
     return copy
 
 
-def freeze_for_inference(model: keras.Model) -> keras.Model:
-    """A copy of ``model`` for serving, in which every position-only attention layer holds its
-    probabilities as constants (`MultiHeadSelfAttention2D` ``inference_constants``), computed
-    once from ``model``'s current weights: inference evaluates no encoding, and a SavedModel,
-    TFLite or ONNX export of the copy carries the probabilities, not their computation.
+def _convolutions_before_batch_norm(model: keras.Model) -> dict:
+    """``{batch_norm_name: conv_name}`` for each `BatchNormalization` (over the last axis) whose
+    only input is a linear `Conv2D` that feeds nothing else: the pairs inference can fold."""
+    def tensors(value):  # the serialized Keras tensors among a node's arguments
+        if isinstance(value, (list, tuple)):
+            return [t for item in value for t in tensors(item)]
+        is_tensor = isinstance(value, dict) and value.get("class_name") == "__keras_tensor__"
+        return [value["config"]["keras_history"][0]] if is_tensor else []
 
-    Same outputs as ``model(images, training=False)`` to float32 rounding, on the same path
-    (dense or separable) as ``model`` chooses for its grid. The copy only serves (training it
-    raises); ``model`` is unchanged. Content-based attention and ResNets are copied as they are.
+    consumers, sources = {}, {}
+    for entry in model.get_config()["layers"]:
+        for node in entry.get("inbound_nodes", []):
+            for source in tensors(node.get("args", [])):
+                consumers[source] = consumers.get(source, 0) + 1
+                sources.setdefault(entry["name"], []).append(source)
+    pairs = {}
+    for layer in model.layers:
+        if not isinstance(layer, keras.layers.BatchNormalization) or layer.axis not in (-1, 3):
+            continue
+        inputs = sources.get(layer.name, [])
+        if len(inputs) != 1 or consumers[inputs[0]] != 1:
+            continue
+        conv = model.get_layer(inputs[0])
+        if isinstance(conv, keras.layers.Conv2D) and conv.get_config()["activation"] == "linear":
+            pairs[layer.name] = conv.name
+    return pairs
+
+
+def _folded_convolution(conv, batch_norm):
+    """``(kernel, bias)`` of ``conv`` followed by ``batch_norm`` in inference:
+    ``gamma (x * k + b - mean) / sqrt(var + eps) + beta``, in float64 before the cast."""
+    def value(variable, default):
+        return default if variable is None else np.asarray(ops.convert_to_numpy(variable), np.float64)
+
+    channels = conv.kernel.shape[-1]
+    scale = value(batch_norm.gamma, np.ones(channels)) / np.sqrt(
+        value(batch_norm.moving_variance, None) + batch_norm.epsilon)
+    bias = value(conv.bias, np.zeros(channels)) if conv.use_bias else np.zeros(channels)
+    kernel = value(conv.kernel, None) * scale
+    return kernel, (bias - value(batch_norm.moving_mean, None)) * scale + value(batch_norm.beta, np.zeros(channels))
+
+
+def freeze_for_inference(model: keras.Model) -> keras.Model:
+    """A copy of ``model`` for serving, with what inference no longer needs computed once from
+    ``model``'s current weights:
+
+    * every position-only attention layer holds its probabilities as constants
+      (`MultiHeadSelfAttention2D` ``inference_constants``): inference evaluates no encoding, and a
+      SavedModel, TFLite or ONNX export of the copy carries the probabilities, not their
+      computation;
+    * every `BatchNormalization` that follows a linear `Conv2D` alone (the ResNet's) is folded into
+      it: the convolution's kernel scaled by ``gamma / sqrt(var + eps)`` per output channel and a
+      bias ``beta - mean * gamma / sqrt(var + eps)``, so the copy has no batch-norm layers and one
+      convolution with bias per pair (oneDNN fuses the bias into the convolution).
+
+    Same outputs as ``model(images, training=False)`` to float32 rounding, on the same attention
+    path (dense or separable) as ``model`` chooses for its grid. The copy only serves (its
+    attention layers refuse training; its folded convolutions have no batch statistics to train);
+    ``model`` is unchanged. Content-based attention is copied as it is.
     """
+    folds = _convolutions_before_batch_norm(model)
+    folded_convs = set(folds.values())
+
     def clone(layer):
         config = layer.get_config()
         if isinstance(layer, TransformerBlock) and layer.attention.position_only:
             config = {**config, "attention_config": {**config["attention_config"], "inference_constants": True}}
+        if layer.name in folded_convs:
+            config = {**config, "use_bias": True}
         return layer.__class__.from_config(config)
 
-    frozen = keras.models.clone_model(model, clone_function=clone)
-    _copy_weights(model, frozen, target_only="/constant_")  # the constants are computed below
+    def call(layer, *args, **kwargs):
+        return args[0] if layer.name in folds else layer(*args, **kwargs)
+
+    frozen = keras.models.clone_model(model, clone_function=clone, call_function=call if folds else None)
+    folded = set(folds) | folded_convs
+    _copy_weights(model, frozen, target_only="/constant_", skip=lambda path: path.split("/")[0] in folded)
+    for bn_name, conv_name in folds.items():
+        kernel, bias = _folded_convolution(model.get_layer(conv_name), model.get_layer(bn_name))
+        target = frozen.get_layer(conv_name)
+        target.kernel.assign(kernel.astype(np.float32))
+        target.bias.assign(bias.astype(np.float32))
     for block in attention_blocks(frozen):
         if block.attention.inference_constants:
             block.attention.update_constants()

@@ -71,6 +71,7 @@ def test_reload_in_a_fresh_process_matches_keras(family, attention_export, real_
     assert meta["process"]["tensorflow"] == tf.__version__ and "on" in meta["process"]["onednn"]
     expected_signatures = {"serving_default", "predict_encoded"} | ({"attention_maps"} if family == "attention" else set())
     assert set(meta["signatures"]) == expected_signatures
+    assert meta["batch_norms_folded"] == (20 if family == "resnet" else 0)  # served from the folded copy
 
 
 @pytest.mark.slow

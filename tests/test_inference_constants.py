@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras import ops
 
 import sa_conv
+from sa_conv.resnet import build_resnet
 
 POSITION_ONLY = [name for name, spec in sa_conv.ENCODINGS.items() if spec.position_only]
 IMAGES = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3)).astype(np.float32)
@@ -103,3 +104,60 @@ def test_content_models_are_copied_unchanged_and_their_layers_refuse_constants()
                                ops.convert_to_numpy(model(IMAGES, training=False)), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="depend on the input; only position-only encodings"):
         sa_conv.MultiHeadSelfAttention2D(2, encoding="content_plus_learned_bias", inference_constants=True)
+
+
+def _with_batch_statistics(model, seed=3):
+    """Moving statistics and affine parameters away from their initial 0/1, as after training."""
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            shape = layer.moving_mean.shape
+            layer.moving_mean.assign(rng.normal(scale=0.5, size=shape).astype(np.float32))
+            layer.moving_variance.assign(rng.uniform(0.2, 3.0, size=shape).astype(np.float32))
+            layer.gamma.assign(rng.uniform(0.5, 2.0, size=shape).astype(np.float32))
+            layer.beta.assign(rng.normal(scale=0.5, size=shape).astype(np.float32))
+    return model
+
+
+def test_resnet_batch_norms_fold_into_their_convolutions(tmp_path):
+    """Every conv -> batch-norm pair of the ResNet becomes one convolution with bias, with
+    ``kernel * gamma / sqrt(var + eps)`` and ``beta - mean * gamma / sqrt(var + eps)``; the copy
+    gives the model's inference outputs and round-trips through .keras."""
+    keras.utils.set_random_seed(4)
+    model = _with_batch_statistics(build_resnet(widths=(8, 16, 16, 32)))
+    frozen = sa_conv.freeze_for_inference(model)
+    batch_norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(batch_norms) == 20
+    assert not any(isinstance(layer, keras.layers.BatchNormalization) for layer in frozen.layers)
+    assert len(frozen.layers) == len(model.layers) - 20
+    bn, conv = model.get_layer("stage2_block1_shortcut_bn"), model.get_layer("stage2_block1_shortcut_conv")
+    scale = bn.gamma.numpy() / np.sqrt(bn.moving_variance.numpy() + bn.epsilon)
+    folded = frozen.get_layer("stage2_block1_shortcut_conv")
+    np.testing.assert_allclose(folded.kernel.numpy(), conv.kernel.numpy() * scale, rtol=1e-6)
+    np.testing.assert_allclose(folded.bias.numpy(), bn.beta.numpy() - bn.moving_mean.numpy() * scale, rtol=1e-5, atol=1e-6)
+    expected = ops.convert_to_numpy(model(IMAGES, training=False))
+    np.testing.assert_allclose(ops.convert_to_numpy(frozen(IMAGES, training=False)), expected, rtol=1e-4, atol=1e-5)
+    frozen.save(tmp_path / "frozen.keras")
+    loaded = keras.models.load_model(tmp_path / "frozen.keras")
+    np.testing.assert_allclose(ops.convert_to_numpy(loaded(IMAGES, training=False)), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_only_a_convolution_feeding_its_batch_norm_alone_is_folded():
+    """A convolution whose output also goes elsewhere, one with an activation, and a batch norm
+    after another layer are left as they are; the copy still computes the same function."""
+    inputs = keras.Input((6, 6, 3))
+    shared = keras.layers.Conv2D(4, 3, padding="same", use_bias=False, name="shared")(inputs)
+    a = keras.layers.BatchNormalization(name="bn_after_shared")(shared)
+    b = keras.layers.Conv2D(4, 1, name="other")(shared)
+    relu = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="relu_conv")(inputs)
+    c = keras.layers.BatchNormalization(name="bn_after_relu")(relu)
+    d = keras.layers.BatchNormalization(name="bn_after_add")(keras.layers.Add()([a, b]))
+    alone = keras.layers.Conv2D(4, 3, padding="same", name="alone")(inputs)
+    e = keras.layers.BatchNormalization(name="bn_after_alone")(alone)
+    model = _with_batch_statistics(keras.Model(inputs, keras.layers.Concatenate()([c, d, e])))
+    frozen = sa_conv.freeze_for_inference(model)
+    kept = {layer.name for layer in frozen.layers if isinstance(layer, keras.layers.BatchNormalization)}
+    assert kept == {"bn_after_shared", "bn_after_relu", "bn_after_add"}
+    x = np.random.default_rng(5).normal(size=(2, 6, 6, 3)).astype(np.float32)
+    np.testing.assert_allclose(ops.convert_to_numpy(frozen(x, training=False)),
+                               ops.convert_to_numpy(model(x, training=False)), rtol=1e-5, atol=1e-5)
