@@ -181,7 +181,8 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
             ratios[f"{side}_over_reference"] = {
                 f"batch{n}": sides[side][f"images_per_second_batch{n}"] / sides["reference"][f"images_per_second_batch{n}"]
                 for n in BATCHES}
-    return {"forward_gflops_per_image": forward / 1e9, "sides": sides, "ratios": ratios}
+    return {"date": datetime.date.today().isoformat(), "forward_gflops_per_image": forward / 1e9, "sides": sides,
+            "ratios": ratios}
 
 
 def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
@@ -233,6 +234,9 @@ def main():
         record["aggregation"] = aggregation(args.steps)
     else:
         record["presets"] = {}
+        if args.output and os.path.exists(args.output):  # a run of some presets keeps the others' results
+            with open(args.output) as f:
+                record["presets"] = json.load(f).get("presets", {})
         with tempfile.TemporaryDirectory() as workdir:
             for preset in [p for p in args.presets.split(",") if p]:
                 record["presets"][preset] = measure_preset(preset, args.steps, workdir, args.reference_dir,

@@ -13,7 +13,7 @@ Signatures:
   ``class_names`` string ``(None,)``. The normalization is inside the graph: clients send raw
   pixels.
 * ``predict_encoded``: ``image_bytes`` string ``(None,)`` of PNG or JPEG files -> the same
-  outputs (decoded and resized to the model's input size in the graph). Each image's size is
+  outputs (decoded, shorter side resized to the model's input size and center-cropped, in the graph, as evaluation crops). Each image's size is
   read from its header first: above ``max_image_pixels`` (default 4096 x 4096) it is refused
   before decoding.
 * ``attention_maps`` (attention models): ``images`` as above and ``query_pixel`` int32 ``(2,)``
@@ -165,8 +165,8 @@ def build_archive(model: keras.Model, class_names, max_image_pixels: int = DEFAU
                 message=f"image larger than max_image_pixels={max_image_pixels} (set at export with "
                         "--max_image_pixels)")]):
             image = tf.io.decode_image(blob, channels=channels, expand_animations=False)
-        image = tf.image.resize(image, (height, width), antialias=True)
-        return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+        # As the model was evaluated: shorter side to the input size, then the center crop.
+        return data_lib.resize_and_crop(image, height)
 
     image_spec = tf.TensorSpec((None, height, width, channels), tf.uint8, name="images")
     archive.add_endpoint("serving_default", lambda images: outputs(images), input_signature=[image_spec])
@@ -205,15 +205,20 @@ def build_archive(model: keras.Model, class_names, max_image_pixels: int = DEFAU
 
 
 def verification_images(results: dict, image_shape, count: int = 16) -> tuple[np.ndarray, str]:
-    """Real images from the dataset the model was trained on when it is on local files here,
-    else generated ones of the model's input shape; and a word saying which."""
+    """Real images from the dataset the model was trained on when it is on local files here (the
+    official python files, or a folder dataset), at the model's input size as its evaluation saw
+    them, else generated ones of the model's input shape; and a word saying which."""
     config = results.get("train_config", {})
-    if config.get("dataset") and config.get("data_dir"):
+    dataset = config.get("dataset")
+    if dataset:
         try:
-            source = data_lib.get_source(config["dataset"])
+            source = data_lib.get_source(dataset)
             fmt = getattr(source, "fmt", None)
-            if fmt is not None and fmt.find(config["data_dir"]):  # local files only, never a download
-                test = fmt.load(config["data_dir"]).test.images[:count]
+            local = isinstance(source, data_lib.FolderSource) or (
+                fmt is not None and config.get("data_dir") and fmt.find(config["data_dir"]))
+            if local:  # never a download
+                loaded = source.load(config.get("data_dir"), config.get("seed", 0), image_size=config.get("image_size"))
+                test = data_lib.head(loaded.test, count, int(image_shape[0]))
                 if test.shape[1:] == tuple(image_shape):
                     return test, "test images"
         except data_lib.DatasetError:

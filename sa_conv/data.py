@@ -41,7 +41,9 @@ from typing import Sequence
 
 import numpy as np
 
+from sa_conv import image_files
 from sa_conv.errors import DatasetError
+from sa_conv.image_files import FileSplit
 
 # The paper's augmentation: zero-pad by 4 pixels, random crop to the image size, horizontal flip.
 CROP_PADDING = 4
@@ -70,6 +72,13 @@ class Split:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    def subset(self, indices) -> "Split":
+        return Split(self.images[indices], self.labels[indices])
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(int(s) for s in self.images.shape[1:])
+
 
 def channel_statistics(images: np.ndarray, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and standard deviation of uint8 ``images`` scaled to ``[0, 1]``, summed
@@ -88,13 +97,15 @@ def channel_statistics(images: np.ndarray, chunk: int = 4096) -> tuple[tuple[flo
 class ImageData:
     """The train and test splits and the class names of one dataset."""
 
-    train: Split
-    test: Split
+    train: Split | FileSplit
+    test: Split | FileSplit
     label_names: tuple[str, ...] = CIFAR10_LABEL_NAMES
+    validation: Split | FileSplit | None = None  # None: carved from train (`split_train_validation`)
+    notes: tuple[str, ...] = ()  # what loading decided or skipped, for the run's log
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
-        return tuple(int(s) for s in self.train.images.shape[1:])
+        return self.train.image_shape
 
     @property
     def num_classes(self) -> int:
@@ -102,19 +113,22 @@ class ImageData:
 
     @functools.cached_property
     def _statistics(self):
+        if isinstance(self.train, FileSplit):
+            return self.train.statistics
         return channel_statistics(self.train.images)
 
-    def model_fields(self) -> dict:
-        """The `sa_conv.ModelConfig` fields the data decides: image size and channels, number of
-        classes, and the normalization statistics of the training split (computed once)."""
+    def model_fields(self, image_size: int | None = None) -> dict:
+        """The `sa_conv.ModelConfig` fields the data decides: image size (``image_size`` when the
+        pipeline resizes, `make_dataset`) and channels, number of classes, and the normalization
+        statistics of the training split (computed once)."""
         height, width, channels = self.image_shape
-        if height != width:
+        if image_size is None and height != width:
             raise DatasetError(
-                f"The images are {height}x{width}; the models take square images. Crop or resize "
-                "the data to a square size first."
+                f"The images are {height}x{width}; the models take square images. Set --image_size "
+                "to resize them (shorter side, then a square crop)."
             )
         mean, std = self._statistics
-        return dict(image_size=height, image_channels=channels, num_classes=self.num_classes,
+        return dict(image_size=int(image_size or height), image_channels=channels, num_classes=self.num_classes,
                     pixel_mean=mean, pixel_std=std)
 
 
@@ -431,8 +445,11 @@ def _tfds_prepared(builder) -> bool:
         return False
 
 
-def load_tfds(name: str = "cifar10", data_dir: str | None = None, download: bool = True) -> ImageData:
-    """Loads a TensorFlow Datasets image-classification dataset with a fixed image size.
+def load_tfds(name: str = "cifar10", data_dir: str | None = None, download: bool = True,
+              image_size: int | None = None) -> ImageData:
+    """Loads a TensorFlow Datasets image-classification dataset into memory. Images of varying
+    size need ``image_size``: each is resized and center-cropped to it (`resize_and_crop`) as it
+    is read.
 
     Uses the ``train`` split and ``test`` (or ``validation`` when there is no test split).
     If the dataset is not prepared in ``data_dir`` and its download host (the dataset's
@@ -450,11 +467,12 @@ def load_tfds(name: str = "cifar10", data_dir: str | None = None, download: bool
         raise DatasetError(f"tfds:{name} has no (image, label) supervised keys; it is not an image-classification dataset.")
     image_key, label_key = info.supervised_keys[:2]
     shape = tuple(info.features[image_key].shape)
-    if len(shape) != 3 or None in shape:
+    if len(shape) != 3 or shape[-1] is None or (None in shape and not image_size):
         raise DatasetError(
-            f"tfds:{name} images have shape {shape}; only datasets with a fixed (height, width, "
-            "channels) image size are supported (e.g. tfds:svhn_cropped)."
+            f"tfds:{name} images have shape {shape}: their size varies. Pass --image_size=N to resize "
+            "them (shorter side to N, then the center N x N crop)."
         )
+    resize = None in shape
     if not _tfds_prepared(builder):
         if not download:
             raise DatasetError(f"tfds {name} is not prepared in {builder.data_dir!r} and download is off. " + OFFLINE_HINT)
@@ -473,6 +491,8 @@ def load_tfds(name: str = "cifar10", data_dir: str | None = None, download: bool
 
     def to_split(ds):
         images, labels = [], []
+        if resize:
+            ds = ds.map(lambda x, y: (resize_and_crop(x, int(image_size)), y), num_parallel_calls=-1)
         for x, y in tfds.as_numpy(ds.batch(4096)):
             images.append(x)
             labels.append(y)
@@ -495,7 +515,9 @@ class DatasetSource:
     name: str = ""
     needs_data_dir = False  # True: reads only local files (never the network)
 
-    def load(self, data_dir: str | None, seed: int = 0) -> ImageData:
+    def load(self, data_dir: str | None, seed: int = 0, image_size: int | None = None, log=None) -> ImageData:
+        """The data; ``image_size``: the side the pipeline will resize to (sources whose images
+        vary in size need it to load; fixed-size sources are resized by `make_dataset`)."""
         raise NotImplementedError
 
 
@@ -506,7 +528,7 @@ class CifarSource(DatasetSource):
     def __init__(self, name: str, fmt: CifarFormat, tfds_name: str, files_only: bool = False):
         self.name, self.fmt, self.tfds_name, self.needs_data_dir = name, fmt, tfds_name, files_only
 
-    def load(self, data_dir, seed=0):
+    def load(self, data_dir, seed=0, image_size=None, log=None):
         if self.needs_data_dir and not data_dir:
             raise DatasetError(
                 f"--dataset={self.name} needs --data_dir: the {self.fmt.dirname}/ directory or {self.fmt.archive}."
@@ -525,14 +547,39 @@ class TfdsSource(DatasetSource):
     def __init__(self, tfds_name: str):
         self.name, self.tfds_name = f"tfds:{tfds_name}", tfds_name
 
-    def load(self, data_dir, seed=0):
-        return load_tfds(self.tfds_name, data_dir)
+    def load(self, data_dir, seed=0, image_size=None, log=None):
+        return load_tfds(self.tfds_name, data_dir, image_size=image_size)
+
+
+class FolderSource(DatasetSource):
+    """``folder:PATH``: your own images, one subfolder per class (`sa_conv.image_files.scan_folder`:
+    PNG, JPEG, BMP, GIF; optional ``train/``, ``validation/``, ``test/``), streamed from disk at
+    ``image_size`` (default `DEFAULT_FOLDER_IMAGE_SIZE`). Without a ``test/`` folder, a seeded
+    `DEFAULT_VALIDATION_FRACTION` of the images is held out as the test split."""
+
+    needs_data_dir = True
+
+    def __init__(self, root: str):
+        self.name, self.root = f"folder:{root}", root
+
+    def load(self, data_dir, seed=0, image_size=None, log=None):
+        size = int(image_size or DEFAULT_FOLDER_IMAGE_SIZE)
+        scan = image_files.scan_folder(self.root, size, resize_and_crop, log=log)
+        notes = [f"{self.name}: {len(scan.class_names)} classes, "
+                 + ", ".join(f"{len(s)} {name} images" for name, s in scan.splits.items())
+                 + f" at {size}x{size}" + ("" if image_size else " (the default; set --image_size)")
+                 + f"; {scan.skipped_summary()}."]
+        train, test = scan.splits["train"], scan.splits.get("test")
+        if test is None:
+            train, test = split_train_validation(train, default_validation_size(len(train)) or 1, seed=seed + 1)
+            train = dataclasses.replace(train, statistics=scan.splits["train"].statistics)  # the checked pass's
+        return ImageData(train, test, scan.class_names, scan.splits.get("validation"), tuple(notes))
 
 
 class SyntheticSource(DatasetSource):
     name = "synthetic"
 
-    def load(self, data_dir, seed=0):
+    def load(self, data_dir, seed=0, image_size=None, log=None):
         return make_synthetic(seed=seed)
 
 
@@ -543,21 +590,28 @@ _SOURCES = {s.name: s for s in (
     CifarSource("cifar100_files", CIFAR100, "cifar100", files_only=True),
     SyntheticSource(),
 )}
-DATASETS = tuple(_SOURCES) + ("tfds:NAME",)
+DATASETS = tuple(_SOURCES) + ("tfds:NAME", "folder:PATH")
+# Side of the images of a folder dataset when --image_size is not given: CIFAR's.
+DEFAULT_FOLDER_IMAGE_SIZE = 32
 
 
 def get_source(name: str) -> DatasetSource:
-    """The source named ``name`` (see `DATASETS`); ``tfds:NAME`` for any tfds dataset."""
+    """The source named ``name`` (see `DATASETS`); ``tfds:NAME`` for any tfds dataset,
+    ``folder:PATH`` for a folder of class folders."""
     if isinstance(name, str) and name.startswith("tfds:") and len(name) > 5:
         return TfdsSource(name[5:])
+    if isinstance(name, str) and name.startswith("folder:") and len(name) > 7:
+        return FolderSource(os.path.expanduser(name[7:]))
     if name in _SOURCES:
         return _SOURCES[name]
     raise DatasetError(f"Unknown dataset {name!r}; choose one of {', '.join(DATASETS)}.")
 
 
-def load_dataset(name: str, data_dir: str | None = None, seed: int = 0) -> ImageData:
-    """Loads a dataset by name (see `get_source`)."""
-    return get_source(name).load(data_dir, seed)
+def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, image_size: int | None = None,
+                 log=None) -> ImageData:
+    """Loads a dataset by name (see `get_source`); ``image_size`` as in `DatasetSource.load`,
+    ``log`` for progress on long scans."""
+    return get_source(name).load(data_dir, seed, image_size=image_size, log=log)
 
 
 # --------------------------------------------------------------------------------------------
@@ -581,39 +635,67 @@ def split_train_validation(train: Split, validation_size: int | None = None, see
         raise DatasetError(f"validation_size={size} must be in [0, {n}) for {n} training images.")
     order = np.random.default_rng(seed).permutation(n)
     val_idx, train_idx = np.sort(order[:size]), np.sort(order[size:])
-    return (
-        Split(train.images[train_idx], train.labels[train_idx]),
-        Split(train.images[val_idx], train.labels[val_idx]),
-    )
+    return train.subset(train_idx), train.subset(val_idx)
 
 
-def augment(image, seed):
+def resize_and_crop(image, size: int, training: bool = False, seed=None):
+    """``image`` ``(H, W, C)`` uint8 at ``size x size``: its shorter side resized to ``size``
+    (bilinear, antialiased; a square image of that size is returned as it is), then the center
+    crop, or for ``training`` a random crop along the longer side and a horizontal flip with
+    probability 1/2 (``seed``: a shape-(2,) int tensor, stateless). What the folder source trains
+    and evaluates on, and what the exported ``predict_encoded`` signature applies to a request."""
+    import tensorflow as tf
+
+    shape = tf.shape(image)
+    height, width = shape[0], shape[1]
+    scale = tf.cast(size, tf.float32) / tf.cast(tf.minimum(height, width), tf.float32)
+    new_size = tf.maximum(size, tf.cast(tf.round(tf.cast(tf.stack([height, width]), tf.float32) * scale), tf.int32))
+    unchanged = tf.logical_and(tf.equal(height, size), tf.equal(width, size))
+    resized = tf.cond(
+        unchanged, lambda: image,
+        lambda: tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, new_size, antialias=True)), 0, 255), tf.uint8))
+    if not training:
+        top, left = (tf.shape(resized)[0] - size) // 2, (tf.shape(resized)[1] - size) // 2
+        return tf.ensure_shape(resized[top: top + size, left: left + size], (size, size, image.shape[-1]))
+    seeds = tf.random.experimental.stateless_split(seed, num=2)
+    cropped = tf.image.stateless_random_crop(resized, (size, size, tf.shape(image)[-1]), seed=seeds[0])
+    return tf.ensure_shape(tf.image.stateless_random_flip_left_right(cropped, seed=seeds[1]),
+                           (size, size, image.shape[-1]))
+
+
+def augment(image, seed, padding: int = CROP_PADDING):
     """The paper's augmentation of one uint8 image ``(H, W, C)``, stateless and seeded.
 
-    Zero-pads by `CROP_PADDING` pixels, takes a random crop of the image's own size and flips
+    Zero-pads by ``padding`` pixels (`CROP_PADDING`), takes a random crop of the image's own size and flips
     horizontally with probability 1/2. ``seed`` is a shape-(2,) int tensor; the same seed gives
     the same output.
     """
     import tensorflow as tf
 
     seeds = tf.random.experimental.stateless_split(seed, num=2)
-    p = CROP_PADDING
+    p = padding
     padded = tf.pad(image, [[p, p], [p, p], [0, 0]])
     cropped = tf.image.stateless_random_crop(padded, tf.shape(image), seed=seeds[0])
     return tf.image.stateless_random_flip_left_right(cropped, seed=seeds[1])
 
 
-def make_dataset(split: Split, batch_size: int, training: bool, seed: int | None = 0,
-                 drop_remainder: bool | None = None):
-    """A `tf.data.Dataset` of ``(images uint8 (batch, H, W, C), labels int64 (batch,))``.
+def make_dataset(split: Split | FileSplit, batch_size: int, training: bool, seed: int | None = 0,
+                 drop_remainder: bool | None = None, image_size: int | None = None):
+    """A `tf.data.Dataset` of ``(images uint8 (batch, S, S, C), labels int64 (batch,))``.
 
     Args:
-      split: the images and labels.
+      split: the images and labels: in memory (`Split`), or files (`FileSplit`, decoded here on
+        the fly, so they need not fit in memory).
       batch_size: the *global* batch size; under `tf.distribute` the strategy splits each batch
         into per-replica batches of ``batch_size / num_replicas``.
-      training: shuffle (reshuffled every epoch) and augment, repeat is left to the caller.
+      training: shuffle (reshuffled every epoch) and augment, repeat is left to the caller. In
+        memory: the paper's pad, crop and flip (`augment`); files: `resize_and_crop`'s random crop
+        and flip.
       seed: makes shuffling and augmentation deterministic; None for nondeterministic.
       drop_remainder: defaults to ``training`` (equal batches for every replica and for XLA).
+      image_size: the side ``S`` of the images yielded; None: the split's own. In-memory images of
+        another size go through `resize_and_crop` first (training pads by `CROP_PADDING` scaled
+        by the resize). A `FileSplit` has its size already.
     """
     import tensorflow as tf
 
@@ -626,7 +708,21 @@ def make_dataset(split: Split, batch_size: int, training: bool, seed: int | None
         raise DatasetError(
             f"The split has {len(split)} images, fewer than one batch of {batch_size}; lower the batch size."
         )
-    ds = tf.data.Dataset.from_tensor_slices((split.images, split.labels))
+    files = isinstance(split, FileSplit)
+    if files and image_size not in (None, split.image_size):
+        raise DatasetError(f"The files were scanned for {split.image_size}x{split.image_size} images, not {image_size}.")
+    own = split.image_shape[0]
+    size = own if image_size is None or files else int(image_size)
+    resize = not files and (size, size) != tuple(split.image_shape[:2])
+    padding = max(1, round(CROP_PADDING * size / own)) if resize else CROP_PADDING
+
+    def image_of(item, seed_pair=None):
+        if files:
+            return resize_and_crop(image_files.decode(item, split.channels), size, training, seed_pair)
+        image = resize_and_crop(item, size) if resize else item
+        return augment(image, seed_pair, padding) if training else image
+
+    ds = tf.data.Dataset.from_tensor_slices((list(split.paths) if files else split.images, split.labels))
     options = tf.data.Options()
     options.deterministic = seed is not None
     ds = ds.with_options(options)
@@ -635,17 +731,28 @@ def make_dataset(split: Split, batch_size: int, training: bool, seed: int | None
         # One independent stateless seed per example, itself reshuffled every epoch.
         seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
         ds = tf.data.Dataset.zip((ds, seeds)).map(
-            lambda pair, s: (augment(pair[0], s), pair[1]),
+            lambda pair, s: (image_of(pair[0], s), pair[1]),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=seed is not None,
         )
+    elif files or resize:
+        ds = ds.map(lambda item, label: (image_of(item), label), num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=True)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
+def head(split: Split | FileSplit, count: int, image_size: int | None = None) -> np.ndarray:
+    """The first ``count`` images of ``split`` as the evaluation pipeline gives them, uint8
+    ``(count, S, S, C)`` (for attention summaries and export checks: a few images, in memory)."""
+    count = min(count, len(split))
+    subset = split.subset(np.arange(count))
+    return next(make_dataset(subset, count, training=False, image_size=image_size).as_numpy_iterator())[0]
+
+
 __all__ = [
     "CIFAR10", "CIFAR100", "CifarData", "CifarFormat", "DATASETS", "DatasetError", "DatasetSource",
-    "ImageData", "Split", "augment", "channel_statistics", "default_validation_size", "get_source",
+    "FileSplit", "FolderSource", "ImageData", "Split", "augment", "head", "resize_and_crop", "channel_statistics", "default_validation_size", "get_source",
     "load_cifar10_files", "load_dataset", "load_tfds", "make_dataset", "make_synthetic", "parse_batch",
     "safe_unpickle", "split_train_validation", "write_cifar10_files",
 ]

@@ -30,6 +30,11 @@ MODEL_OVERRIDES = (
 _field = cli.config_field
 
 
+# Largest --image_size: a 1024x1024 image is a 512x512 attention grid after 2x2 pooling, far past
+# what any preset trains in memory (docs/training.md: resolution).
+MAX_IMAGE_SIZE = 1024
+
+
 @dataclasses.dataclass
 class TrainConfig:
     model: str = _field("sa_quadratic_small", "Model preset (former names, e.g. sa_learned_content, still work).",
@@ -43,11 +48,19 @@ class TrainConfig:
     attention_dropout: Optional[float] = _field(None, "Override the preset's attention dropout.")
     dataset: str = _field(
         "cifar10",
-        f"Data source: one of {', '.join(DATASETS)} (any tfds image-classification dataset with a fixed "
-        "image size). The model's image size, classes and normalization come from the data.",
+        f"Data source: one of {', '.join(DATASETS)} (tfds:NAME: any tfds image-classification dataset; "
+        "folder:PATH: one subfolder per class, optional train/ validation/ test/). The model's classes and "
+        "normalization come from the data, its image size too unless --image_size is given.",
     )
     data_dir: Optional[str] = _field(
         None, "For cifar10/cifar100: the official python-format directory or .tar.gz, else a tfds data_dir."
+    )
+    image_size: Optional[int] = _field(
+        None,
+        "Side of the square images the model sees (default: the dataset's own; 32 for folder:PATH). Images are "
+        "resized (shorter side) and cropped: center crop to evaluate, random crop and flip to train. The attention "
+        "grid is image_size / pooling width; attention dropout above 0 makes training take the dense "
+        "(N^2 memory) attention path.",
     )
     pixel_statistics: str = _field(
         "data",
@@ -200,6 +213,8 @@ class TrainConfig:
         for name, low, high in (("momentum", 0, 1), ("warmup_ratio", 0, 1), ("label_smoothing", 0, 1)):
             if not low <= getattr(self, name) < high:
                 raise ConfigError(f"--{name} must be in [{low}, {high}), got {getattr(self, name)}.")
+        if self.image_size is not None and not 1 <= self.image_size <= MAX_IMAGE_SIZE:
+            raise ConfigError(f"--image_size must be in [1, {MAX_IMAGE_SIZE}], got {self.image_size}.")
         if self.memory_budget_gb <= 0:
             raise ConfigError(f"--memory_budget_gb must be positive, got {self.memory_budget_gb}.")
         if self.weight_decay < 0:

@@ -44,7 +44,7 @@ def data_model_fields(config: TrainConfig, dataset: data_lib.ImageData) -> dict:
     """The `sa_conv.ModelConfig` fields that ``dataset`` decides (image size, channels, classes,
     normalization), with ``config.pixel_statistics`` applied."""
     try:
-        fields = dataset.model_fields()
+        fields = dataset.model_fields(config.image_size)
     except ValueError as exc:
         raise ConfigError(f"--dataset={config.dataset}: {exc}") from None
     if config.pixel_statistics == "reference":
@@ -83,6 +83,10 @@ def resolve_model_config(config: TrainConfig, dataset: data_lib.ImageData, repli
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     model_config = preset.replace(**data_model_fields(config, dataset))
+    if config.image_size is not None and model_config.architecture == "attention":
+        # The learned encodings' tables are sized from the grid (the offset-function encodings
+        # need nothing); a preset's larger tables stay.
+        model_config = model_config.replace(max_grid_size=max(model_config.max_grid_size, model_config.grid_size))
     return model_config.replace(remat=remat_blocks(config, model_config, replica_batch, log))
 
 
@@ -136,10 +140,16 @@ class Task:
                 raise ConfigError(
                     f"--{name}={getattr(config, name)} is not divisible by the {self.replicas} replicas; "
                     f"use a multiple of {self.replicas}.")
-        dataset = dataset or data_lib.load_dataset(config.dataset, config.data_dir, seed=config.seed)
+        dataset = dataset or data_lib.load_dataset(config.dataset, config.data_dir, seed=config.seed,
+                                                   image_size=config.image_size, log=log)
+        for note in dataset.notes:
+            log(note)
         self.label_names = dataset.label_names
-        self.train_split, self.val_split = data_lib.split_train_validation(
-            dataset.train, config.validation_size, seed=config.seed)
+        if dataset.validation is not None:  # the data's own validation split
+            self.train_split, self.val_split = dataset.train, dataset.validation
+        else:
+            self.train_split, self.val_split = data_lib.split_train_validation(
+                dataset.train, config.validation_size, seed=config.seed)
         self.test_split = dataset.test
         # Image size, classes and normalization statistics (of the official training split) come
         # from the data, so the model and its exports take this dataset's raw pixels.
@@ -290,12 +300,18 @@ class Task:
         """Epoch ``epoch``'s shuffled, augmented batches of the training split, distributed. One
         deterministic order per epoch, so a resumed epoch sees the data the lost one did."""
         seed = self.config.seed * 100_003 + epoch
-        ds = data_lib.make_dataset(self.train_split, self.config.global_batch_size, training=True, seed=seed)
+        ds = data_lib.make_dataset(self.train_split, self.config.global_batch_size, training=True, seed=seed,
+                                   image_size=self.model_config.image_size)
         return self.strategy.experimental_distribute_dataset(ds)
+
+    def images(self, split, count: int) -> np.ndarray:
+        """The first ``count`` images of ``split`` as the model sees them in evaluation, uint8."""
+        return data_lib.head(split, count, self.model_config.image_size)
 
     def evaluate(self, eval_step, split: data_lib.Split) -> dict:
         """Mean loss and accuracy on ``split`` with ``eval_step`` (`eval_function`)."""
-        ds = data_lib.make_dataset(split, self.config.eval_batch_size, training=False, seed=None)
+        ds = data_lib.make_dataset(split, self.config.eval_batch_size, training=False, seed=None,
+                                   image_size=self.model_config.image_size)
         totals = np.zeros(3)
         for batch in self.strategy.experimental_distribute_dataset(ds):
             totals += eval_step(batch).numpy()

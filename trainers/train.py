@@ -351,7 +351,7 @@ class Trainer:
             raise ConfigError(f"--attention_summaries_every needs an attention model, not {self.config.model}.")
         from trainers.attention_summaries import AttentionSummaries
 
-        callback = AttentionSummaries(self.task.val_split.images[:4], os.path.join(self.output_dir, "logs", "attention"), every)
+        callback = AttentionSummaries(self.task.images(self.task.val_split, 4), os.path.join(self.output_dir, "logs", "attention"), every)
         callback.set_model(self.model)
         return [callback]
 
