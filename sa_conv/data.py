@@ -572,7 +572,6 @@ class FolderSource(DatasetSource):
         train, test = scan.splits["train"], scan.splits.get("test")
         if test is None:
             train, test = split_train_validation(train, default_validation_size(len(train)) or 1, seed=seed + 1)
-            train = dataclasses.replace(train, statistics=scan.splits["train"].statistics)  # the checked pass's
         return ImageData(train, test, scan.class_names, scan.splits.get("validation"), tuple(notes))
 
 

@@ -75,20 +75,34 @@ def _jpeg_frame_size(f) -> tuple[int, int]:
 class FileSplit:
     """Image files and their labels: ``paths`` (n,) and ``labels`` (n,) int64, decoded on the fly
     (`sa_conv.data.make_dataset`) at ``image_size`` (shorter side resized, then cropped square).
-    ``statistics``: the per-channel mean and std in ``[0, 1]`` of the center crops, when scanned."""
+    ``channel_sums``: ``(n, 2 C + 1)`` float64 per file, the sums of its center crop's pixel values
+    in ``[0, 1]`` and of their squares per channel, and its pixel count (from `scan_folder`), so
+    that any subset has its exact `statistics` without decoding again."""
 
     paths: tuple[str, ...]
     labels: np.ndarray
     image_size: int
     channels: int = 3
-    statistics: tuple | None = None
+    channel_sums: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def subset(self, indices) -> "FileSplit":
-        return dataclasses.replace(self, paths=tuple(self.paths[i] for i in indices),
-                                   labels=self.labels[np.asarray(indices, dtype=np.int64)], statistics=None)
+        indices = np.asarray(indices, dtype=np.int64)
+        return dataclasses.replace(self, paths=tuple(self.paths[i] for i in indices), labels=self.labels[indices],
+                                   channel_sums=None if self.channel_sums is None else self.channel_sums[indices])
+
+    @property
+    def statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-channel mean and std in ``[0, 1]`` of the files' center crops."""
+        if self.channel_sums is None or not len(self):
+            raise DatasetError("These files were not scanned (sa_conv.image_files.scan_folder): no statistics.")
+        total = self.channel_sums.sum(axis=0)
+        c = self.channels
+        mean = total[:c] / total[-1]
+        std = np.maximum(np.sqrt(np.maximum(total[c:2 * c] / total[-1] - np.square(mean), 0.0)), 1e-3)
+        return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -161,11 +175,14 @@ def decode(path_or_bytes, channels: int = 3, from_bytes: bool = False):
     return image
 
 
-def _decode_pass(paths, labels, image_size, channels, transform, log, what):
+def _decode_pass(paths, image_size, channels, transform, log, what):
     """Decodes every file once (parallel, in tf.data): the indices that decode and the channel sums
-    of their center crops. A file whose body is corrupt fails its element, which
-    ``ignore_errors`` drops: its index is missing from the result."""
+    of their center crops (`FileSplit.channel_sums`). A file whose body is corrupt fails its
+    element, which ``ignore_errors`` drops: its index is missing from the result."""
     import tensorflow as tf
+
+    if not paths:
+        return [], np.zeros((0, 2 * channels + 1))
 
     def load(index, path):
         image = transform(decode(path, channels), image_size)
@@ -174,20 +191,14 @@ def _decode_pass(paths, labels, image_size, channels, transform, log, what):
 
     ds = tf.data.Dataset.from_tensor_slices((np.arange(len(paths), dtype=np.int64), list(paths)))
     ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE).ignore_errors().prefetch(tf.data.AUTOTUNE)
-    good, total, squares, count = [], np.zeros(channels), np.zeros(channels), 0.0
+    sums = {}
     report = max(1000, len(paths) // 10)
     for i, (index, s, s2, n) in enumerate(ds.as_numpy_iterator()):
-        good.append(int(index))
-        total, squares, count = total + s, squares + s2, count + n
+        sums[int(index)] = np.concatenate([s, s2, [n]])
         if log and (i + 1) % report == 0:
             log(f"Checked {i + 1:,} of {len(paths):,} {what} images.")
-    good = sorted(good)
-    stats = None
-    if count:
-        mean = total / count
-        std = np.maximum(np.sqrt(np.maximum(squares / count - np.square(mean), 0.0)), 1e-3)
-        stats = (tuple(float(m) for m in mean), tuple(float(s) for s in std))
-    return good, stats
+    good = sorted(sums)
+    return good, np.array([sums[i] for i in good]).reshape(len(good), 2 * channels + 1)
 
 
 def scan_folder(root: str, image_size: int, transform, channels: int = 3, max_pixels: int = MAX_IMAGE_PIXELS,
@@ -231,12 +242,12 @@ def scan_folder(root: str, image_size: int, transform, channels: int = 3, max_pi
                 checked.append((path, label))
         paths = [p for p, _ in checked]
         labels = np.array([label for _, label in checked], dtype=np.int64)
-        good, stats = _decode_pass(paths, labels, image_size, channels, transform, log, split)
+        good, sums = _decode_pass(paths, image_size, channels, transform, log, split)
         for i in sorted(set(range(len(paths))) - set(good)):
             skipped.setdefault("corrupt (does not decode)", []).append(paths[i])
         if not good:
             raise DatasetError(f"{folder} has no readable images (of {len(candidates)} candidate files).")
-        splits[split] = FileSplit(tuple(paths[i] for i in good), labels[good], image_size, channels, stats)
+        splits[split] = FileSplit(tuple(paths[i] for i in good), labels[good], image_size, channels, sums)
     return FolderScan(class_names, splits, skipped)
 
 
