@@ -321,6 +321,7 @@ def export(
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     precision: str = "float32",
     agreement_images: str | None = None,
+    image_size: int | None = None,
     log=print,
     _fail_before_rename: bool = False,
 ) -> str:
@@ -340,6 +341,13 @@ def export(
         raise ExportError("--precision=bfloat16 writes a SavedModel only; export TFLite and ONNX in float32.")
     path, results = resolve_model(model_dir, model_path)
     model = load_keras_model(path)
+    if image_size is not None and image_size != model.inputs[0].shape[1]:
+        # Another resolution than training's (sa_conv.with_image_size); every check below compares
+        # the export with this resized model.
+        try:
+            model = sa_conv.with_image_size(model, image_size)
+        except ValueError as exc:
+            raise ExportError(f"--image_size: {exc}") from None
     model_name = model_name or results.get("preset") or model.name
     if not model_name or "/" in model_name or model_name.startswith("."):
         raise ExportError(f"--model_name {model_name!r} is not a valid directory name.")
@@ -451,6 +459,9 @@ class ExportConfig:
     agreement_images: Optional[str] = _field(
         None, "A .npy/.npz file of uint8 images for the bfloat16 agreement check; default: the run's own "
         "test images when its dataset is on local files, else generated ones.")
+    image_size: Optional[int] = _field(
+        None, "Serve another input size than training's (offset-function encodings as they are, learned offset "
+        "tables interpolated: sa_conv.with_image_size); default: the trained size.")
 
 
 def main():

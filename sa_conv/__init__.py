@@ -17,7 +17,7 @@ from sa_conv.heads import degenerate_heads, prune_heads, reset_heads
 from sa_conv.invertible_pooling import InvertiblePooling, InvertibleUnpooling
 from sa_conv.models import (
     attention_blocks, attention_grid, attention_probabilities, build_attention_classifier, build_model,
-    freeze_for_inference, with_dtype_policy,
+    freeze_for_inference, interpolate_offset_table, with_dtype_policy, with_image_size,
 )
 from sa_conv import preprocessing as _preprocessing
 from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
@@ -42,5 +42,5 @@ __all__ = [
     "REFERENCE_PIXEL_STD", "RelativeEncoding", "SaConvError", "TransformerBlock", "attention_blocks", "attention_grid", "attention_probabilities",
     "attention_to_conv", "build_attention_classifier", "build_model", "build_resnet", "conv_to_attention",
     "convert_model", "degenerate_heads", "freeze_for_inference", "get_config", "get_encoding", "preset_names", "prune_heads",
-    "register_encoding", "reset_heads", "with_dtype_policy",
+    "interpolate_offset_table", "register_encoding", "reset_heads", "with_dtype_policy", "with_image_size",
 ]

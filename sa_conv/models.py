@@ -230,6 +230,71 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
     return frozen
 
 
+def interpolate_offset_table(table, size: int, scale: float):
+    """A relative-offset table ``(2 P - 1, ...)`` (row ``P - 1 + d`` for offset ``d``) resampled to
+    ``(2 size - 1, ...)``: offset ``d`` of the new grid reads the old table at ``d * scale``
+    (``scale`` = old grid side / new grid side, so an offset covers the same fraction of the image),
+    linearly between the two nearest offsets and clamped at the table's ends. NumPy, float64."""
+    table = np.asarray(table, np.float64)
+    old = (table.shape[0] + 1) // 2
+    position = np.clip(np.arange(-(size - 1), size) * float(scale), -(old - 1), old - 1) + (old - 1)
+    low = np.floor(position).astype(int)
+    high = np.minimum(low + 1, table.shape[0] - 1)
+    weight = (position - low).reshape((-1,) + (1,) * (table.ndim - 1))
+    return (1 - weight) * table[low] + weight * table[high]
+
+
+def with_image_size(model: keras.Model, image_size: int, max_grid_size: int | None = None) -> keras.Model:
+    """A copy of ``model`` that takes ``image_size x image_size`` images, with ``model``'s weights.
+
+    Attention on the ``(image_size / w)``-sided grid (``w``: the pooling width): the quadratic,
+    sinusoidal and MLP encodings are functions of the offset and keep their weights; the learned
+    tables (the ``learned`` encoding's, and the content encodings' offset tables) are resized to
+    ``2 max_grid_size - 1`` offsets with `interpolate_offset_table`, reading offset ``d`` at
+    ``d * old grid / new grid``: at twice the resolution, offset 2 gets what offset 1 had. Every
+    other weight is copied as it is (ResNets: all of them). ``max_grid_size``: of the copy's
+    tables; None: the new grid, or the old tables' reach scaled with the grid when larger.
+
+    Raises ValueError for a size the pooling does not divide, or a model frozen for inference
+    (its constants belong to one grid: change the resolution first, then freeze)."""
+    image_size = int(image_size)
+    _, height, _, channels = model.inputs[0].shape
+    blocks = attention_blocks(model)
+    if any(block.attention.inference_constants for block in blocks):
+        raise ValueError("The model holds inference constants for its grid: call with_image_size on the model it "
+                         "was frozen from, then sa_conv.freeze_for_inference.")
+    (old_grid, _), pooling = attention_grid(model) if blocks else ((height, height), 1)
+    if image_size < 1 or image_size % pooling:
+        raise ValueError(f"image_size must be a positive multiple of the pooling width {pooling}, got {image_size}.")
+    grid = image_size // pooling
+    tables = {}
+
+    def clone(layer):
+        config = layer.get_config()
+        if isinstance(layer, TransformerBlock):
+            attention = config["attention_config"]
+            reach = max_grid_size or max(grid, round(attention["max_grid_size"] * grid / old_grid))
+            tables[layer.name] = reach
+            config = {**config, "attention_config": {**attention, "max_grid_size": reach}}
+        return layer.__class__.from_config(config)
+
+    copy = keras.models.clone_model(model, clone_function=clone,
+                                    input_tensors=keras.Input((image_size, image_size, channels), name="image"))
+    values = {v.path: v for v in model.weights}
+    for variable in copy.weights:
+        value = values.pop(variable.path, None)
+        if value is None:
+            raise ValueError(f"{variable.path} has no counterpart in {model.name}.")
+        value = ops.convert_to_numpy(value)
+        if tuple(value.shape) != tuple(variable.shape):
+            block = variable.path.split("/")[0]
+            if block not in tables or variable.shape[0] != 2 * tables[block] - 1 or value.shape[1:] != variable.shape[1:]:
+                raise ValueError(f"{variable.path}: shape {tuple(value.shape)} cannot become {tuple(variable.shape)}.")
+            value = interpolate_offset_table(value, tables[block], old_grid / grid)
+        variable.assign(np.asarray(value).astype(variable.dtype))
+    return copy
+
+
 def attention_probabilities(model: keras.Model, images) -> list:
     """Attention probabilities of every block for ``images``: a list (one per layer) of
     ``(batch, heads, N, N)`` float32, N = grid pixels, row-major. Inference mode."""

@@ -25,13 +25,25 @@ def save_keras_atomically(model: keras.Model, path: str) -> None:
 
 def init_from(model: keras.Model, path: str, log=print) -> None:
     """Sets every weight of ``model`` from the model saved at ``path`` (``--init_from``); an
-    error names what differs when it is not the same architecture or normalization."""
+    error names what differs when it is not the same architecture or normalization. A model of
+    another input size is first moved to ``model``'s (`sa_conv.with_image_size`)."""
     if not os.path.isfile(path):
         raise ConfigError(f"--init_from={path} does not exist.")
     try:
         source = keras.saving.load_model(path, compile=False)
     except Exception as exc:  # not a .keras archive, or one of unknown classes
         raise ConfigError(f"--init_from={path} cannot be read as a Keras model: {exc}") from None
+
+    size, source_size = model.inputs[0].shape[1], source.inputs[0].shape[1]
+    if source_size != size:  # another resolution: the offset tables follow the grid (sa_conv.with_image_size)
+        blocks = sa_conv.attention_blocks(model)
+        try:
+            source = sa_conv.with_image_size(
+                source, size, max_grid_size=blocks[0].attention.max_grid_size if blocks else None)
+        except ValueError as exc:
+            raise ConfigError(f"--init_from={path} takes {source_size}x{source_size} images: {exc}") from None
+        log(f"--init_from={path} was trained on {source_size}x{source_size} images; this run's are {size}x{size}: "
+            "offset-function encodings carry over as they are, learned offset tables are interpolated.")
 
     def weights(m):
         return [v for v in m.weights if "seed_generator" not in v.path]

@@ -82,11 +82,15 @@ def resolve_model_config(config: TrainConfig, dataset: data_lib.ImageData, repli
         preset = sa_conv.get_config(config.model, **config.model_overrides(), **(model_fields or {}))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    model_config = preset.replace(**data_model_fields(config, dataset))
-    if config.image_size is not None and model_config.architecture == "attention":
+    fields = data_model_fields(config, dataset)
+    if config.image_size is not None and preset.architecture == "attention":
         # The learned encodings' tables are sized from the grid (the offset-function encodings
         # need nothing); a preset's larger tables stay.
-        model_config = model_config.replace(max_grid_size=max(model_config.max_grid_size, model_config.grid_size))
+        fields["max_grid_size"] = max(preset.max_grid_size, fields["image_size"] // preset.pooling_width)
+    try:
+        model_config = preset.replace(**fields)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return model_config.replace(remat=remat_blocks(config, model_config, replica_batch, log))
 
 
