@@ -1,0 +1,150 @@
+"""Attention at higher resolution: training and inference memory and speed against the grid size.
+
+    .venv/bin/python benchmarks/scaling.py --output=benchmarks/results/scaling.json
+    .venv/bin/python benchmarks/scaling.py --presets=sa_quadratic --grids=48 --paths=separable --modes=train
+
+For each position-only paper preset, grid side ``G`` (``--image_size = 2 G``: the presets pool
+2x2), attention path (``separable``: `sa_conv.separable`, exact, ``O(N (H + W))`` per head and
+channel; ``dense``: Eq. (5)-(6) with ``(heads, N, N)`` probabilities) and mode, one process
+measures at ``--batch`` (32), attention dropout 0 (which the separable path needs in training):
+
+* ``train``: the trainer's own step (`trainers.task.Task`: its loss, weight decay, SGD, XLA
+  default, and ``--remat=auto``'s decision from `sa_conv.footprint`, recorded with its estimate):
+  images/s, the fastest of ``--train_steps`` after a warm-up step;
+* ``infer``: ``model(x, training=False)`` in a `tf.function`, images/s, the fastest of
+  ``--infer_steps``;
+
+and the process's peak RSS, its RSS once the model and data are built (before the first step),
+and the difference. A case that fails (out of memory, over ``--timeout`` seconds) is recorded with
+its error. Results merge into the output file by case name, so grids can be measured in several
+runs. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.timing import fastest  # noqa: E402  (standard library only)
+
+PRESETS = ("sa_quadratic", "sa_learned")
+GRIDS = (16, 24, 32, 48)
+PATHS = {"separable": True, "dense": False}
+MODES = ("train", "infer")
+
+
+def case_name(preset, grid, path, mode):
+    return f"{preset}/{grid}x{grid}/{path}/{mode}"
+
+
+def _rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def measure(preset, grid, path, mode, batch, steps):
+    """One case in this process (see the module docstring)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from benchmarks import flops
+    from sa_conv import footprint
+    from trainers import process
+    from trainers.config import make_config
+    from trainers.task import Task
+
+    config = make_config(overrides=dict(
+        model=preset, dataset="synthetic", image_size=2 * grid, global_batch_size=batch, eval_batch_size=batch,
+        validation_size=100, epochs=1, strategy="one_device", model_dir=tempfile.mkdtemp(prefix="scaling_")))
+    task = Task(config, log=lambda s: None,
+                model_fields={"attention_dropout": 0.0, "fast_position_attention": PATHS[path]})
+    process.keep_freed_memory(task.keeps_freed_memory())
+    model = task.build_model()
+    result = {"preset": preset, "grid": grid, "path": path, "mode": mode, "batch": batch,
+              "image_size": 2 * grid, "n_h_plus_w": grid * grid * 2 * grid,
+              "forward_gflops_per_image": flops.forward_flops(task.model_config, fast=PATHS[path]) / 1e9}
+    if mode == "train":
+        remat = bool(task.model_config.remat)
+        result.update(remat=remat, xla=task.use_xla(), estimated_activation_gb=footprint.training_activation_bytes(
+            task.model_config, batch, remat=remat) / 2**30)
+        train = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
+        iterator = iter(task.train_dataset(0))
+        one = tf.constant(1)
+        next(iter(task.train_dataset(1)))  # the pipeline's buffers, before the baseline
+        result["rss_before_first_step_mb"] = _rss_mb()
+        seconds = fastest(lambda: train(iterator, one).numpy(), steps)
+    else:
+        x = tf.constant(np.random.default_rng(0).integers(0, 256, (batch, 2 * grid, 2 * grid, 3), dtype=np.uint8))
+        infer = tf.function(lambda t: model(t, training=False))
+        result["rss_before_first_step_mb"] = _rss_mb()
+        seconds = fastest(lambda: infer(x).numpy(), steps)
+    result["images_per_second"] = batch / seconds
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["step_peak_growth_mb"] = result["peak_rss_mb"] - result["rss_before_first_step_mb"]
+    result["process"] = process.describe()
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default=",".join(PRESETS))
+    parser.add_argument("--grids", default=",".join(map(str, GRIDS)))
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--train_steps", type=int, default=2)
+    parser.add_argument("--infer_steps", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "scaling.json"))
+    parser.add_argument("--_single", dest="single", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    from trainers import process
+
+    process.configure()
+    if args.single:
+        preset, grid, path, mode = args.single.split("/")
+        steps = args.train_steps if mode == "train" else args.infer_steps
+        print("RESULT " + json.dumps(measure(preset, int(grid), path, mode, args.batch, steps)), flush=True)
+        return
+    report = {"cases": {}}
+    if os.path.exists(args.output):
+        with open(args.output) as f:
+            report = json.load(f)
+    report.update(date=datetime.date.today().isoformat(), batch=args.batch,
+                  machine={"cpus": os.cpu_count(), "memory_gb": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30})
+    from sa_conv import files
+
+    for preset in args.presets.split(","):
+        for grid in map(int, args.grids.split(",")):
+            for path in args.paths.split(","):
+                for mode in args.modes.split(","):
+                    name = case_name(preset, grid, path, mode)
+                    command = [sys.executable, __file__, f"--_single={preset}/{grid}/{path}/{mode}",
+                               f"--batch={args.batch}", f"--train_steps={args.train_steps}",
+                               f"--infer_steps={args.infer_steps}"]
+                    try:
+                        proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
+                                              env={**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "2"})
+                        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+                        result = json.loads(line[7:]) if line else {
+                            "error": f"exit {proc.returncode} ({'killed: out of memory?' if proc.returncode < 0 else ''})"
+                                     f" {proc.stderr.strip().splitlines()[-1][:300] if proc.stderr.strip() else ''}"}
+                    except subprocess.TimeoutExpired:
+                        result = {"error": f"over {args.timeout:.0f} s"}
+                    result["date"] = datetime.date.today().isoformat()
+                    report["cases"][name] = result
+                    print(name, json.dumps({k: v for k, v in result.items() if k != "process"}), flush=True)
+                    files.write_json(args.output, report, sort_keys=True)  # each case as it lands
+
+
+if __name__ == "__main__":
+    main()
