@@ -28,7 +28,9 @@ COMPOSES = {"programs/demo.py": {"export", "trainers"}, "programs/launch.py": {"
             # Measured children configured as the trainer's; the parent configures itself too.
             "benchmarks/malloc.py": {"trainers"}, "benchmarks/remat_allocator.py": {"trainers"},
             # --lockstep takes the trainer's own batches and schedule.
-            "benchmarks/vs_reference_training.py": {"trainers"}}
+            "benchmarks/vs_reference_training.py": {"trainers"},
+            # The trainer's step at each grid size; training, evaluating and fine-tuning at two sizes.
+            "benchmarks/scaling.py": {"trainers"}, "benchmarks/resolution_transfer.py": {"trainers"}}
 
 
 def _imported_packages(path: pathlib.Path) -> set[str]:

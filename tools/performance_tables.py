@@ -214,6 +214,51 @@ def serving_aggregation():
                                             rows)
 
 
+def scaling():
+    """Per preset, grid and path: training and inference at batch 32, and how training's memory
+    grows against ``N (H + W)`` from the smallest grid measured."""
+    data = _load("scaling")
+    cases = data["cases"]
+    keys = sorted({(c["preset"], c["grid"], c["path"]) for c in cases.values() if "preset" in c},
+                  key=lambda k: (k[0], k[2], k[1]))
+    keys += sorted({tuple(name.split("/")[:3]) for name, c in cases.items() if "preset" not in c} - set(
+        (p, f"{g}x{g}", path) for p, g, path in keys))
+
+    def case(preset, grid, path, mode):
+        return cases.get(f"{preset}/{grid}x{grid}/{path}/{mode}", {})
+
+    rows, first = [], {}
+    for key in keys:
+        preset, grid, path = key[0], int(str(key[1]).split("x")[0]), key[2]
+        train, infer = case(preset, grid, path, "train"), case(preset, grid, path, "infer")
+        base = first.setdefault((preset, path), (grid, train.get("step_peak_growth_mb")))
+        growth = train.get("step_peak_growth_mb")
+        size_ratio = (grid / base[0]) ** 3  # N (H + W) = 2 G^3 on a G x G grid
+        rows.append([_preset(preset), f"{grid}x{grid}", path,
+                     _num(train.get("images_per_second")) if "error" not in train else f"failed: {train['error'][:60]}",
+                     _gib(train.get("peak_rss_mb")), "yes" if train.get("remat") else ("no" if train else "-"),
+                     f"{_ratio(growth / base[1]) if growth and base[1] else '-'} (N(H+W): {_ratio(size_ratio)})",
+                     _num(infer.get("images_per_second")) if "error" not in infer else f"failed: {infer['error'][:60]}",
+                     _gib(infer.get("peak_rss_mb"))])
+    caption = (f"{data['date']}, batch {data['batch']}, attention dropout 0, the trainer's step and `--remat=auto`; "
+               f"a {data['machine']['cpus']}-core machine with {data['machine']['memory_gb']:.0f} GiB.\n\n")
+    return caption + _table(["preset", "grid", "path", "train img/s", "train peak RSS", "remat",
+                             "train step memory / smallest grid's", "infer img/s", "infer peak RSS"], rows)
+
+
+def resolution_transfer():
+    data = _load("resolution_transfer")
+    acc = data["test_accuracy"]
+    caption = (f"{data['date']}: `{data['model']}` on {data['data_dir']} ({data['train_images']} training, "
+               f"{data['test_images']} test images), {data['epochs_at_32']} epochs at 32x32, batch {data['batch']}; "
+               f"64x64 = {data['what_64_means']}.\n\n")
+    rows = [["32x32, as trained", _ratio(acc["at_32"])],
+            ["64x64, the same weights, no fine-tuning", _ratio(acc["at_64_without_fine_tuning"])],
+            [f"64x64, after {data['fine_tune_epochs']} epoch(s) of fine-tuning", _ratio(acc["at_64_after_fine_tuning"])],
+            [f"64x64, {data['fine_tune_epochs']} epoch(s) from scratch", _ratio(acc["at_64_from_scratch_same_epochs"])]]
+    return caption + _table(["evaluated at", "test accuracy"], rows)
+
+
 TABLES = {
     "vs_reference_summary": ("vs_reference", vs_reference_summary),
     "vs_reference": ("vs_reference", vs_reference_full),
@@ -228,6 +273,8 @@ TABLES = {
     "serving_ratios": ("serving", serving_ratios),
     "serving_summary": ("serving", serving_summary),
     "serving_aggregation": ("serving_aggregation", serving_aggregation),
+    "scaling": ("scaling", scaling),
+    "resolution_transfer": ("resolution_transfer", resolution_transfer),
 }
 
 BLOCK = re.compile(r"(<!-- table:(?P<name>\w+) [^>]*-->\n)(?P<body>.*?)(<!-- end table:(?P=name) -->)", re.S)
