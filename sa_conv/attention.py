@@ -76,6 +76,9 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         "depth": 3}`` for ``"mlp"``.
       inference_constants: hold the probabilities as constants for serving (position-only
         encodings; see **Serving**).
+      recompute_gradient: on the separable path, a gradient that keeps only the layer's input and
+        recomputes the rest head by head (`sa_conv.separable`): less memory, slower steps; what
+        a rematerialized `TransformerBlock` sets.
       initialization: None (the initializer arguments decide), ``"reference"`` (the reference
         implementation's PyTorch defaults: dense weights and biases ``U(+-1/sqrt(fan_in))``,
         learned tables ``N(0, 1)``) or ``"bert"`` (``N(0, initializer_range)``, zero biases);
@@ -110,6 +113,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         encoding_options=None,
         initialization=None,
         inference_constants=False,
+        recompute_gradient=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -143,6 +147,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             raise ValueError(f"fast_position_attention must be 'auto', True or False, got {fast_position_attention!r}.")
         self.fast_position_attention = fast_position_attention
         self.inference_constants = bool(inference_constants)
+        self.recompute_gradient = bool(recompute_gradient)
         if self.inference_constants and not self.position_only:
             raise ValueError(
                 f"inference_constants: the {self.encoding!r} encoding's probabilities depend on the input; "
@@ -293,7 +298,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             row, col = self.position_encoding.factor_logits(height, width)
             outputs = separable.separable_attention(
                 inputs, row, col, self.value_dense.kernel,
-                self.value_dense.bias if self.value_dense.use_bias else None, self.compute_dtype)
+                self.value_dense.bias if self.value_dense.use_bias else None, self.compute_dtype,
+                recompute_gradient=self.recompute_gradient)
             if not return_attention_scores:
                 return outputs
             probs = self.attention_probabilities(inputs)
@@ -397,4 +403,5 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             "encoding_options": self.encoding_options or None,
             "initialization": self.initialization,
             "inference_constants": self.inference_constants,
+            "recompute_gradient": self.recompute_gradient,
         }

@@ -9,8 +9,10 @@ saves some in 16 bits, which the estimate ignores, erring high):
   tensors: the dropped weights, the boolean keep-mask and the backward pass's gradient of the
   weights, a transient of the same size);
   content encodings also keep their queries and keys ``2 x (N, heads * D)``;
-- the heads' mixed values ``(N, heads * D)`` before the value map (the separable path keeps
-  three tensors of that size: the value-mapped input, its transpose and the column pass);
+- the heads' mixed values ``(N, heads * D)`` before the value map, on the dense path; the
+  separable path keeps three tensors of that size (the value-mapped input, its transpose and the
+  column pass), except in rematerialized blocks, where its gradient keeps only its input and
+  recomputes the rest head by head (`sa_conv.separable`, ``recompute_gradient``);
 - ``N x D`` tensors: block input, attention output, its dropout, the residual sums and the two
   LayerNorms' inputs and outputs (about 10), and ``N x M`` ones for the MLP (its input and GELU's
   intermediates, about 4).
@@ -31,8 +33,30 @@ from sa_conv.encodings import get_encoding
 _FLOAT_BYTES = 4
 
 
-def block_activation_floats(config: ModelConfig) -> int:
-    """Floats one transformer block keeps for its backward pass, per example (see module doc)."""
+def trains_separable(config: ModelConfig, attention_dropout: float | None = None) -> bool:
+    """Whether the attention of ``config`` trains through the separable path
+    (`sa_conv.separable`): a position-only encoding whose logits separate, no attention dropout
+    (its masks are per probability, which only the dense path has; ``attention_dropout``: None =
+    ``config``'s) and ``fast_position_attention`` True, or ``"auto"`` on a grid where it pays."""
+    g = config.grid_size
+    encoding = get_encoding(config.encoding)
+    dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+    return (encoding.position_only and encoding.separable and not dropout > 0
+            and (config.fast_position_attention is True
+                 or (config.fast_position_attention == "auto" and separable_pays(g, g))))
+
+
+def attention_dropout_bytes(config: ModelConfig) -> int:
+    """Bytes per example and layer of the ``(heads, N, N)`` float32 tensors that attention dropout
+    adds to a training step on a position-only encoding (three: see the module doc); 0 without
+    attention dropout."""
+    n = config.grid_size ** 2
+    return 3 * config.num_heads * n * n * _FLOAT_BYTES if config.attention_dropout > 0 else 0
+
+
+def block_activation_floats(config: ModelConfig, remat: bool | None = None) -> int:
+    """Floats one transformer block keeps for its backward pass, per example (see module doc;
+    ``remat``: whether the block is rematerialized, None = ``config.remat``)."""
     g = config.grid_size
     n, h, d, m = g * g, config.num_heads, config.hidden_size, config.mlp_size
     encoding = get_encoding(config.encoding)
@@ -42,10 +66,10 @@ def block_activation_floats(config: ModelConfig) -> int:
         floats += 2 * n * h * d + (3 if dropout else 2) * h * n * n
     elif dropout:
         floats += 3 * h * n * n
-    separable = (encoding.position_only and encoding.separable and not dropout
-                 and (config.fast_position_attention is True
-                      or (config.fast_position_attention == "auto" and separable_pays(g, g))))
-    floats += (3 if separable else 1) * n * h * d
+    if not trains_separable(config):
+        floats += n * h * d
+    elif not (config.remat if remat is None else remat):
+        floats += 3 * n * h * d
     return floats
 
 
@@ -56,7 +80,7 @@ def training_activation_bytes(config: ModelConfig, batch_size: int, remat: bool 
         return 0
     remat = config.remat if remat is None else remat
     g = config.grid_size
-    block = block_activation_floats(config)
+    block = block_activation_floats(config, remat)
     encoding = get_encoding(config.encoding)
     kept_per_block = 2 if encoding.position_only and config.attention_dropout > 0 else 1
     block_input = kept_per_block * g * g * config.hidden_size

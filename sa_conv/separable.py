@@ -11,8 +11,18 @@ Eq. (6), ``sum_h sum_k P_h(q, k) x_k W^(h)``, is then two 1-D passes, over key c
 key rows, with no truncation. `MultiHeadSelfAttention2D` takes this path when `separable_pays`
 and no attention dropout is active; it gives its dense path's output to float32 rounding.
 Measured speed-ups: ``benchmarks/results/throughput.json``.
+
+Memory: `separable_sum` computes all heads at once, with three ``(batch, N, heads * out)``
+intermediates, which autodiff keeps for the gradient (the fastest order). With
+``recompute_gradient=True`` (what a rematerialized `TransformerBlock` asks for),
+`separable_attention` goes head by head with a custom gradient (`keras.ops.custom_gradient`, on
+the TensorFlow and JAX backends) that keeps only its inputs and recomputes each head's two cheap
+1-D passes in the backward pass, so neither pass holds more than a few ``(batch, N, max(D, out))``
+tensors at a time: slower, and what lets a 48x48 grid train at batch 32 in a few GB
+(``benchmarks/results/scaling.json``).
 """
 
+import keras
 from keras import ops
 
 __all__ = ["separable_attention", "separable_pays", "separable_sum"]
@@ -28,7 +38,7 @@ def separable_pays(height, width, constants=False):
     return height * width >= (6 if constants else 4) * (height + width)
 
 
-def separable_attention(inputs, row_logits, col_logits, kernel, bias=None, dtype=None):
+def separable_attention(inputs, row_logits, col_logits, kernel, bias=None, dtype=None, recompute_gradient=False):
     """``sum_h sum_k P_h(q, k) x_k W^(h) + b`` with ``P_h`` = row factor x column factor.
 
     Args:
@@ -38,16 +48,75 @@ def separable_attention(inputs, row_logits, col_logits, kernel, bias=None, dtype
       kernel: the heads' value maps stacked, ``(heads * D, out)``, rows ordered ``[head, channel]``.
       bias: ``(out,)`` or None.
       dtype: the compute dtype (default: the inputs').
+      recompute_gradient: False: all heads at once, differentiated by the backend's autodiff;
+        True: head by head with a custom gradient that keeps only the arguments (see the module
+        doc; on backends without ``custom_gradient``, PyTorch, the former).
 
     Returns:
       ``(batch, H, W, out)``.
 
-    The order keeps every step a plain (batched) matrix product: the heads' value maps first,
-    ``y_h = x W^(h)``; then the column pass for every head; then the row pass with the sum over
-    heads folded into its contraction (``K = H * heads``).
+    With ``recompute_gradient``, head by head, ``y += R_h (C_h x) W^(h)`` (``C_h``: the column
+    pass, ``R_h``: the row pass), with the custom gradient of `_per_head_sum`; otherwise
+    `separable_sum`'s all-heads order.
     """
-    return separable_sum(inputs, ops.softmax(row_logits, axis=-1), ops.softmax(col_logits, axis=-1), kernel, bias,
-                         dtype)
+    row_probabilities, col_probabilities = ops.softmax(row_logits, axis=-1), ops.softmax(col_logits, axis=-1)
+    if not recompute_gradient or keras.backend.backend() not in ("tensorflow", "jax"):
+        return separable_sum(inputs, row_probabilities, col_probabilities, kernel, bias, dtype)
+    dtype = dtype or inputs.dtype
+    outputs = ops.custom_gradient(_per_head_sum)(ops.cast(inputs, dtype), ops.cast(row_probabilities, dtype),
+                                                 ops.cast(col_probabilities, dtype), ops.cast(kernel, dtype))
+    if bias is not None:
+        outputs = outputs + ops.cast(bias, dtype)
+    return outputs
+
+
+def _columns(p, v):
+    """The column pass: ``p`` ``(Wq, Wk)``, ``v`` ``(batch, H, Wk, C)`` -> ``(batch, H, Wq, C)``."""
+    return ops.matmul(p, v)
+
+
+def _rows(p, v):
+    """The row pass: ``p`` ``(Hq, Hk)``, ``v`` ``(batch, Hk, W, C)`` -> ``(batch, Hq, W, C)``."""
+    _, height, width, channels = v.shape
+    return ops.reshape(ops.matmul(p, ops.reshape(v, (-1, height, width * channels))), (-1, p.shape[0], width, channels))
+
+
+def _per_head_sum(x, p_row, p_col, kernel):
+    """``sum_h R_h (C_h x) W^(h)`` for ``x`` ``(batch, H, W, D)``, ``p_row`` ``(heads, H, H)``,
+    ``p_col`` ``(heads, W, W)``, ``kernel`` ``(heads * D, out)``; its gradient keeps only these
+    arguments. With ``u_h = C_h x``, ``z_h = R_h u_h``, ``y = sum_h z_h W^(h)`` and ``g = dL/dy``:
+    ``dz_h = g W^(h)T``, ``dW^(h) = z_h^T g``, ``dR_h = sum dz_h u_h^T``, ``du_h = R_h^T dz_h``,
+    ``dC_h = sum du_h x^T``, ``dx = sum_h C_h^T du_h``. Returns ``(y, grad)`` for
+    `keras.ops.custom_gradient`, which wraps it per call (the PyTorch backend has none, so not at
+    import)."""
+    heads, d = p_row.shape[0], x.shape[-1]
+    out = kernel.shape[-1]
+    height, width = x.shape[1], x.shape[2]
+    maps = [kernel[h * d:(h + 1) * d] for h in range(heads)]
+    y = None
+    for h in range(heads):
+        term = ops.matmul(_rows(p_row[h], _columns(p_col[h], x)), maps[h])
+        y = term if y is None else y + term
+
+    def grad(*args, upstream=None):
+        g = args[0] if upstream is None else upstream
+        g_flat = ops.reshape(g, (-1, out))
+        x_t = ops.transpose(x, (0, 1, 3, 2))  # (batch, H, D, W)
+        dx, d_rows, d_cols, d_maps = None, [], [], []
+        for h in range(heads):
+            u = _columns(p_col[h], x)
+            z = _rows(p_row[h], u)
+            d_maps.append(ops.matmul(ops.transpose(ops.reshape(z, (-1, d))), g_flat))
+            dz = ops.matmul(g, ops.transpose(maps[h]))
+            d_rows.append(ops.sum(ops.matmul(ops.reshape(dz, (-1, height, width * d)),
+                                             ops.transpose(ops.reshape(u, (-1, height, width * d)), (0, 2, 1))), 0))
+            du = _rows(ops.transpose(p_row[h]), dz)
+            d_cols.append(ops.sum(ops.matmul(du, x_t), (0, 1)))
+            dx_h = _columns(ops.transpose(p_col[h]), du)
+            dx = dx_h if dx is None else dx + dx_h
+        return dx, ops.stack(d_rows), ops.stack(d_cols), ops.concatenate(d_maps, 0)
+
+    return y, grad
 
 
 def separable_sum(inputs, row_probabilities, col_probabilities, kernel, bias=None, dtype=None):

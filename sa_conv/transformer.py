@@ -51,8 +51,10 @@ class TransformerBlock(keras.layers.Layer):
 
     ``remat=True`` wraps that path in `keras.remat` in training (`seeded_dropout.rematerialize`):
     the backward pass keeps only the block's input and its dropout seeds and recomputes its
-    activations from them, so a step holds one block's activations instead of all blocks'. The
-    recomputation draws the same masks from the same seeds, so the gradients are those without
+    activations from them, so a step holds one block's activations instead of all blocks'; its
+    attention's separable path then recomputes its own gradient head by head
+    (``recompute_gradient``), so that block's backward pass holds no ``(batch, N, heads * D)``
+    tensor either. The recomputation draws the same masks from the same seeds, so the gradients are those without
     remat, to float32 rounding. With a position-only encoding and attention dropout, the
     attention is left out of the wrapper: its own gradient draws its mask again and recomputes
     one product per head (`MultiHeadSelfAttention2D.attend_with_dropout` with a seed), cheaper
@@ -87,9 +89,10 @@ class TransformerBlock(keras.layers.Layer):
             kernel_initializer, bias_initializer = initializers["kernel_initializer"], initializers["bias_initializer"]
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        # A rematerialized block trades compute for memory: so does its separable attention.
         self.attention = MultiHeadSelfAttention2D(
             kernel_initializer=self.kernel_initializer, name="attention", dtype=self.dtype_policy,
-            **self.attention_config,
+            **{"recompute_gradient": self.remat, **self.attention_config},
         )
 
     def _sublayer(self, cls, name, fan_in=None, **kwargs):

@@ -21,7 +21,7 @@ from sa_conv.attention import MultiHeadSelfAttention2D
 from sa_conv.seeded_dropout import draw_keep_mask
 from sa_conv.transformer import TransformerBlock
 from trainers import train as train_lib
-from trainers.task import remat_blocks
+from trainers.task import attention_dropout_note, remat_blocks
 from trainers.config import ConfigError, make_config
 
 
@@ -156,6 +156,8 @@ def test_remat_is_saved_and_reloaded(tmp_path):
     model.save(path)
     loaded = keras.models.load_model(path)
     assert [b.remat for b in sa_conv.attention_blocks(loaded)] == [True, True, False]  # not the last
+    # A rematerialized block's separable attention recomputes its gradient too.
+    assert [b.attention.recompute_gradient for b in sa_conv.attention_blocks(loaded)] == [True, True, False]
     x = np.random.default_rng(1).integers(0, 256, (2, 32, 32, 3)).astype("float32")
     np.testing.assert_allclose(loaded(x), model(x), rtol=1e-5, atol=1e-6)
 
@@ -172,7 +174,9 @@ def test_activation_estimate_scales_and_remat_keeps_one_block(batch, layers, dro
     block = footprint.block_activation_floats(config) * 4 * batch
     assert full == layers * block
     kept = footprint.training_activation_bytes(config, batch, remat=True)
-    # One block + every block's input (and, with attention dropout, its attention's output).
+    # One block (whose separable attention recomputes its gradient's intermediates) + every
+    # block's input (and, with attention dropout, its attention's output).
+    block = footprint.block_activation_floats(config, remat=True) * 4 * batch
     assert kept == block + (2 if dropout else 1) * layers * batch * 4 * 16 * 16 * 400
     if layers > 1:
         assert kept < full
@@ -184,8 +188,12 @@ def test_activation_estimate_counts_per_example_attention():
     n, heads = 256, 9
     with_dropout = footprint.block_activation_floats(base)
     without = footprint.block_activation_floats(base.replace(attention_dropout=0.0))
-    # Without dropout the separable path keeps 2 more (N, heads * D) tensors instead.
+    # Without dropout the separable path keeps 2 more (N, heads * D) tensors instead; in a
+    # rematerialized block none (its gradient recomputes them head by head).
     assert with_dropout - without == 3 * heads * n * n - 2 * n * heads * 400
+    without_remat = footprint.block_activation_floats(base.replace(attention_dropout=0.0), remat=True)
+    assert without - without_remat == 3 * n * heads * 400
+    assert footprint.block_activation_floats(base, remat=True) == with_dropout  # the dense path is the same
     assert footprint.training_activation_bytes(sa_conv.get_config("resnet18"), 100) == 0
 
 
@@ -200,6 +208,23 @@ def _trainer(tmp_path, **overrides):
     keras.utils.set_random_seed(config.seed)  # as train() does: every run starts from the same weights
     trainer = train_lib.Trainer(config, log=logs.append)
     return trainer, logs
+
+
+def test_attention_dropout_note_names_the_dense_paths_cost_and_the_choice(tmp_path):
+    """Where attention dropout keeps a separable encoding on the dense path in training, the run
+    says what that costs on its grid and how to take the separable path; nowhere else."""
+    paper = sa_conv.get_config("sa_quadratic")  # attention dropout 0.1, 16x16
+    assert "--attention_dropout=0.1" in attention_dropout_note(paper) and "16x16" in attention_dropout_note(paper)
+    assert f" {3 * 9 * 256 ** 2 * 4 / 2 ** 20:,.1f} MB " in attention_dropout_note(paper)
+    large = attention_dropout_note(paper.replace(image_size=96, max_grid_size=48))
+    assert "48x48" in large and f" {3 * 9 * 2304 ** 2 * 4 / 2 ** 20:,.1f} MB " in large and "separable" in large
+    for config in (paper.replace(attention_dropout=0.0), paper.replace(fast_position_attention=False),
+                   paper.replace(image_size=8),  # a 4x4 grid: the dense path is the faster there anyway
+                   sa_conv.get_config("sa_content_plus_learned_bias"), sa_conv.get_config("resnet18")):
+        assert attention_dropout_note(config) is None
+    trainer, logs = _trainer(tmp_path, attention_dropout=0.1)
+    trainer.prepare()
+    assert sum("makes training take the dense attention path on this 16x16 grid" in line for line in logs) == 1
 
 
 def test_auto_remat_follows_the_memory_budget(tmp_path):

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from keras import ops
 
 from sa_conv.separable import separable_attention, separable_pays
+from tests.conftest import gradients
 
 
 def _softmax(z):
@@ -59,6 +60,37 @@ def test_large_logit_spreads_do_not_underflow():
     got = ops.convert_to_numpy(separable_attention(x, row, col, kernel))
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, np.broadcast_to(x[:, 3:4, 1:2, :], got.shape), rtol=1e-6)
+
+
+def dense_attention(x, row_logits, col_logits, kernel, bias):
+    """Eq. (5)-(6) in Keras ops, differentiated by the backend's autodiff."""
+    b, height, width, d = x.shape
+    heads, n = row_logits.shape[0], height * width
+    logits = ops.reshape(row_logits[:, :, None, :, None] + col_logits[:, None, :, None, :], (heads, n, n))
+    mixed = ops.einsum("hqk,bkd->bqhd", ops.softmax(logits, axis=-1), ops.reshape(x, (-1, n, d)))
+    return ops.reshape(ops.matmul(ops.reshape(mixed, (-1, n, heads * d)), kernel) + bias, (-1, height, width, kernel.shape[-1]))
+
+
+@pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
+@settings(max_examples=15, deadline=None)
+@given(height=st.integers(1, 6), width=st.integers(1, 6), heads=st.integers(1, 3), d=st.integers(1, 4),
+       out=st.integers(1, 4), batch=st.integers(1, 3), seed=st.integers(0, 2**16), recompute=st.booleans())
+def test_gradients_equal_autodiff_of_the_dense_sum(height, width, heads, d, out, batch, seed, recompute):
+    """Both gradients of the separable path (autodiff of the all-heads order, and the per-head
+    custom gradient that recomputes) for the input, both factors' logits, the value maps and the
+    bias, against the backend's autodiff of the dense Eq. (5)-(6)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, height, width, d)).astype(np.float32)
+    weights = [keras.Variable(rng.normal(scale=s, size=shape).astype(np.float32)) for s, shape in
+               ((2.0, (heads, height, height)), (2.0, (heads, width, width)), (1.0, (heads * d, out)), (1.0, (out,)))]
+    target = ops.convert_to_tensor(rng.normal(size=(batch, height, width, out)).astype(np.float32))
+    def separable(v, *w):
+        return separable_attention(v, *w, recompute_gradient=recompute)
+
+    got, want = (gradients(lambda v, fn=fn: ops.sum(fn(v, *weights) * target), x, weights)
+                 for fn in (separable, dense_attention))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -24,7 +24,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-FILES = ("README.md", "docs/performance.md", "docs/reference.md")
+FILES = ("README.md", "docs/performance.md", "docs/reference.md", "docs/training.md")
 
 sys.path.insert(0, str(ROOT))
 from sa_conv.config import PRESET_ALIASES  # noqa: E402  (presets renamed after a benchmark recorded them)

@@ -91,7 +91,25 @@ def resolve_model_config(config: TrainConfig, dataset: data_lib.ImageData, repli
         model_config = preset.replace(**fields)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if log:
+        note = attention_dropout_note(model_config)
+        if note:
+            log(note)
     return model_config.replace(remat=remat_blocks(config, model_config, replica_batch, log))
+
+
+def attention_dropout_note(model_config) -> str | None:
+    """What attention dropout costs a run whose encoding could otherwise train through the exact
+    separable path, and the choice (None where it does not apply): the dense path's per-example
+    ``(heads, N, N)`` tensors grow as ``N^2``, the separable path's activations as ``N``."""
+    if (model_config.architecture != "attention" or footprint.trains_separable(model_config)
+            or not footprint.trains_separable(model_config, attention_dropout=0.0)):
+        return None
+    g = model_config.grid_size
+    return (f"--attention_dropout={model_config.attention_dropout:g} makes training take the dense attention path on "
+            f"this {g}x{g} grid: {footprint.attention_dropout_bytes(model_config) / 2**20:,.1f} MB of (heads, N, N) "
+            f"tensors per example and layer, growing as N^2. --attention_dropout=0 trains through the exact separable "
+            f"path (O(N (H + W)); docs/training.md, resolution and memory).")
 
 
 def decays(variable, excluded=NO_WEIGHT_DECAY) -> bool:
