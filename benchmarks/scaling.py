@@ -15,8 +15,12 @@ measures at ``--batch`` (32), attention dropout 0 (which the separable path need
   ``--infer_steps``;
 
 and the process's peak RSS, its RSS once the model and data are built (before the first step),
-and the difference. A case that fails (out of memory, over ``--timeout`` seconds) is recorded with
-its error. Results merge into the output file by case name, so grids can be measured in several
+and the difference (and, from the parent, the largest RSS it saw the case's process reach,
+which a case that dies cannot report itself). Each case's process may allocate at most ``--memory_limit_gb`` (``RLIMIT_DATA``;
+default: the machine's memory), so a case that does not fit in the machine fails with an
+allocation error instead of waking the kernel's OOM killer. A case that fails (out of memory, over
+``--timeout`` seconds) is recorded with its error: ``--grids=64 --presets=sa_quadratic
+--modes=train`` shows where the dense path no longer fits. Results merge into the output file by case name, so grids can be measured in several
 runs. Nothing here is a test.
 """
 
@@ -27,9 +31,11 @@ import datetime
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -46,9 +52,45 @@ def case_name(preset, grid, path, mode):
     return f"{preset}/{grid}x{grid}/{path}/{mode}"
 
 
-def _rss_mb():
-    with open("/proc/self/statm") as f:
+def _machine_memory_gb():
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def _failure(returncode, stderr):
+    """What a case's process died of: its exit status (the signal's name when one ended it) and
+    TensorFlow's out-of-memory line, or else the last error line, of its standard error."""
+    lines = [l.strip() for l in stderr.splitlines() if l.strip()]
+    reason = next((l for l in reversed(lines) if "OOM when allocating" in l or "MemoryError" in l), None)
+    reason = reason or next((l for l in reversed(lines) if "Error" in l), lines[-1] if lines else "")
+    status = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit {returncode}"
+    return f"{status}: {reason[:300]}" if reason else status
+
+
+def _rss_mb(pid="self"):
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _run_watched(command, env, timeout):
+    """Runs ``command``; returns ``(returncode, stdout, stderr, largest RSS seen in MB)``, the RSS
+    read every 0.2 s from outside (what a process that dies cannot report itself). Raises
+    `subprocess.TimeoutExpired` after ``timeout`` seconds, the process killed."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
+        largest, start = 0.0, time.monotonic()
+        while proc.poll() is None:
+            try:
+                largest = max(largest, _rss_mb(proc.pid))
+            except (OSError, IndexError):  # it just ended
+                pass
+            if time.monotonic() - start > timeout:
+                proc.kill()
+                proc.wait()
+                raise subprocess.TimeoutExpired(command, timeout)
+            time.sleep(0.2)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read(), err.read(), largest
 
 
 def measure(preset, grid, path, mode, batch, steps):
@@ -104,6 +146,7 @@ def main():
     parser.add_argument("--train_steps", type=int, default=2)
     parser.add_argument("--infer_steps", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--memory_limit_gb", type=float, default=_machine_memory_gb())
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "scaling.json"))
     parser.add_argument("--_single", dest="single", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -111,6 +154,8 @@ def main():
 
     process.configure()
     if args.single:
+        limit = int(args.memory_limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
         preset, grid, path, mode = args.single.split("/")
         steps = args.train_steps if mode == "train" else args.infer_steps
         print("RESULT " + json.dumps(measure(preset, int(grid), path, mode, args.batch, steps)), flush=True)
@@ -120,7 +165,7 @@ def main():
         with open(args.output) as f:
             report = json.load(f)
     report.update(date=datetime.date.today().isoformat(), batch=args.batch,
-                  machine={"cpus": os.cpu_count(), "memory_gb": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30})
+                  machine={"cpus": os.cpu_count(), "memory_gb": _machine_memory_gb()})
     from sa_conv import files
 
     for preset in args.presets.split(","):
@@ -130,17 +175,18 @@ def main():
                     name = case_name(preset, grid, path, mode)
                     command = [sys.executable, __file__, f"--_single={preset}/{grid}/{path}/{mode}",
                                f"--batch={args.batch}", f"--train_steps={args.train_steps}",
-                               f"--infer_steps={args.infer_steps}"]
+                               f"--infer_steps={args.infer_steps}", f"--memory_limit_gb={args.memory_limit_gb}"]
                     try:
-                        proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
-                                              env={**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "2"})
-                        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
-                        result = json.loads(line[7:]) if line else {
-                            "error": f"exit {proc.returncode} ({'killed: out of memory?' if proc.returncode < 0 else ''})"
-                                     f" {proc.stderr.strip().splitlines()[-1][:300] if proc.stderr.strip() else ''}"}
+                        returncode, stdout, stderr, largest = _run_watched(
+                            command, {**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "2"}, args.timeout)
+                        line = next((l for l in stdout.splitlines() if l.startswith("RESULT ")), None)
+                        result = json.loads(line[7:]) if line else {"error": _failure(returncode, stderr)}
+                        result["largest_rss_seen_mb"] = largest
                     except subprocess.TimeoutExpired:
                         result = {"error": f"over {args.timeout:.0f} s"}
-                    result["date"] = datetime.date.today().isoformat()
+                    if "error" in result:
+                        result.update(preset=preset, grid=grid, path=path, mode=mode, batch=args.batch)
+                    result.update(date=datetime.date.today().isoformat(), memory_limit_gb=args.memory_limit_gb)
                     report["cases"][name] = result
                     print(name, json.dumps({k: v for k, v in result.items() if k != "process"}), flush=True)
                     files.write_json(args.output, report, sort_keys=True)  # each case as it lands

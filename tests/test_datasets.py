@@ -84,6 +84,26 @@ def test_tfds_dataset_with_other_size_and_channels_trains_end_to_end(tmp_path, m
                                atol=1e-5)
 
 
+def test_tfds_images_of_varying_size_need_and_take_image_size(monkeypatch):
+    """tfds:caltech101 (mocked offline: images of random sizes, e.g. 43x33 and 7x38) is refused
+    without --image_size, with the fix named, and loads at that size with it, each image the
+    center crop of its resize (`resize_and_crop`)."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    monkeypatch.setattr(data, "host_reachable", lambda *a, **k: True)
+    with tfds.testing.mock_data(num_examples=12):
+        with pytest.raises(data.DatasetError, match=r"\(None, None, 3\): their size varies. Pass --image_size=N"):
+            data.load_dataset("tfds:caltech101")
+        loaded = data.load_dataset("tfds:caltech101", image_size=24)
+        originals = [x for x, _ in tfds.as_numpy(tfds.load("caltech101", split="train", as_supervised=True))]
+    assert len({x.shape for x in originals}) > 1  # the mock's sizes do vary
+    assert loaded.train.images.shape == (12, 24, 24, 3) and loaded.test.images.shape[1:] == (24, 24, 3)
+    assert loaded.model_fields()["image_size"] == 24
+    expected = np.stack([data.resize_and_crop(tf.constant(x), 24).numpy() for x in originals])
+    np.testing.assert_array_equal(loaded.train.images, expected.astype(np.uint8))
+
+
 def test_tfds_errors_name_the_problem():
     with pytest.raises(data.DatasetError, match="tfds has no dataset 'no_such_set'"):
         data.load_dataset("tfds:no_such_set")

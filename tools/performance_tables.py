@@ -219,26 +219,35 @@ def scaling():
     grows against ``N (H + W)`` from the smallest grid measured."""
     data = _load("scaling")
     cases = data["cases"]
-    keys = sorted({(c["preset"], c["grid"], c["path"]) for c in cases.values() if "preset" in c},
+    # Case names are preset/GxG/path/mode: a failed case has nothing else to say what it was.
+    keys = sorted({(preset, int(grid.split("x")[0]), path) for preset, grid, path, _ in map(lambda n: n.split("/"), cases)},
                   key=lambda k: (k[0], k[2], k[1]))
-    keys += sorted({tuple(name.split("/")[:3]) for name, c in cases.items() if "preset" not in c} - set(
-        (p, f"{g}x{g}", path) for p, g, path in keys))
 
     def case(preset, grid, path, mode):
         return cases.get(f"{preset}/{grid}x{grid}/{path}/{mode}", {})
 
+    def speed(result):
+        """images/s, or what the case's process died of, how much it held and its limit."""
+        if "error" not in result:
+            return _num(result.get("images_per_second"))
+        error, seen, limit = result["error"], result.get("largest_rss_seen_mb"), result.get("memory_limit_gb")
+        what = "out of memory" if ("OOM when allocating" in error or "MemoryError" in error) else error.split(":")[0]
+        where = ", ".join(w for w in (seen and f"{seen / 1024:.1f} GiB RSS reached",
+                                      limit and f"allocations limited to {limit:.1f} GiB") if w)
+        return f"failed: {what}" + (f" ({where})" if where else "")
+
     rows, first = [], {}
     for key in keys:
-        preset, grid, path = key[0], int(str(key[1]).split("x")[0]), key[2]
+        preset, grid, path = key
         train, infer = case(preset, grid, path, "train"), case(preset, grid, path, "infer")
         base = first.setdefault((preset, path), (grid, train.get("step_peak_growth_mb")))
         growth = train.get("step_peak_growth_mb")
         size_ratio = (grid / base[0]) ** 3  # N (H + W) = 2 G^3 on a G x G grid
         rows.append([_preset(preset), f"{grid}x{grid}", path,
-                     _num(train.get("images_per_second")) if "error" not in train else f"failed: {train['error'][:60]}",
-                     _gib(train.get("peak_rss_mb")), "yes" if train.get("remat") else ("no" if train else "-"),
+                     speed(train),
+                     _gib(train.get("peak_rss_mb")), "yes" if train.get("remat") else ("no" if "remat" in train else "-"),
                      f"{_ratio(growth / base[1]) if growth and base[1] else '-'} (N(H+W): {_ratio(size_ratio)})",
-                     _num(infer.get("images_per_second")) if "error" not in infer else f"failed: {infer['error'][:60]}",
+                     speed(infer),
                      _gib(infer.get("peak_rss_mb"))])
     caption = (f"{data['date']}, batch {data['batch']}, attention dropout 0, the trainer's step and `--remat=auto`; "
                f"a {data['machine']['cpus']}-core machine with {data['machine']['memory_gb']:.0f} GiB.\n\n")
@@ -254,8 +263,10 @@ def resolution_transfer():
                f"64x64 = {data['what_64_means']}.\n\n")
     rows = [["32x32, as trained", _ratio(acc["at_32"])],
             ["64x64, the same weights, no fine-tuning", _ratio(acc["at_64_without_fine_tuning"])],
-            [f"64x64, after {data['fine_tune_epochs']} epoch(s) of fine-tuning", _ratio(acc["at_64_after_fine_tuning"])],
-            [f"64x64, {data['fine_tune_epochs']} epoch(s) from scratch", _ratio(acc["at_64_from_scratch_same_epochs"])]]
+            [f"64x64, after {data['fine_tune_epochs']} epoch(s) of fine-tuning (learning rate "
+             f"{data['fine_tune_learning_rate']:g})", _ratio(acc["at_64_after_fine_tuning"])],
+            [f"64x64, {data['fine_tune_epochs']} epoch(s) from scratch (learning rate {data['learning_rate']:g})",
+             _ratio(acc["at_64_from_scratch_same_epochs"])]]
     return caption + _table(["evaluated at", "test accuracy"], rows)
 
 
