@@ -215,9 +215,9 @@ def test_attention_dropout_note_names_the_dense_paths_cost_and_the_choice(tmp_pa
     says what that costs on its grid and how to take the separable path; nowhere else."""
     paper = sa_conv.get_config("sa_quadratic")  # attention dropout 0.1, 16x16
     assert "--attention_dropout=0.1" in attention_dropout_note(paper) and "16x16" in attention_dropout_note(paper)
-    assert f" {3 * 9 * 256 ** 2 * 4 / 2 ** 20:,.1f} MB " in attention_dropout_note(paper)
+    assert f" {3 * 9 * 256 ** 2 * 4 / 2 ** 20:,.1f} MiB " in attention_dropout_note(paper)
     large = attention_dropout_note(paper.replace(image_size=96, max_grid_size=48))
-    assert "48x48" in large and f" {3 * 9 * 2304 ** 2 * 4 / 2 ** 20:,.1f} MB " in large and "separable" in large
+    assert "48x48" in large and f" {3 * 9 * 2304 ** 2 * 4 / 2 ** 20:,.1f} MiB " in large and "separable" in large
     for config in (paper.replace(attention_dropout=0.0), paper.replace(fast_position_attention=False),
                    paper.replace(image_size=8),  # a 4x4 grid: the dense path is the faster there anyway
                    sa_conv.get_config("sa_content_plus_learned_bias"), sa_conv.get_config("resnet18")):

@@ -107,7 +107,7 @@ def attention_dropout_note(model_config) -> str | None:
         return None
     g = model_config.grid_size
     return (f"--attention_dropout={model_config.attention_dropout:g} makes training take the dense attention path on "
-            f"this {g}x{g} grid: {footprint.attention_dropout_bytes(model_config) / 2**20:,.1f} MB of (heads, N, N) "
+            f"this {g}x{g} grid: {footprint.attention_dropout_bytes(model_config) / 2**20:,.1f} MiB of (heads, N, N) "
             f"tensors per example and layer, growing as N^2. --attention_dropout=0 trains through the exact separable "
             f"path (O(N (H + W)); docs/training.md, resolution and memory).")
 
