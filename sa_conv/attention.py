@@ -281,14 +281,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     def uses_fast_path(self, training=False, grid=None):
         """Whether a call with this ``training`` flag on a ``grid`` ``(H, W)`` runs the separable
         path (``grid`` matters only for ``"auto"``; None: assume it pays)."""
-        if self.fast_position_attention == "auto" and grid is not None and not separable.separable_pays(*grid):
-            return False
-        return (
-            bool(self.fast_position_attention)
-            and self.position_only
-            and self.encoding_spec.separable
-            and not (training and self.attention_dropout > 0)
-        )
+        return separable.takes_separable_path(self.encoding_spec, self.fast_position_attention, grid,
+                                              attention_dropout_active=bool(training) and self.attention_dropout > 0)
 
     def call(self, inputs, training=None, return_attention_scores=False):
         height, width = self._check_grid(inputs)

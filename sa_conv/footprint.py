@@ -26,7 +26,7 @@ figure is an estimate for deciding, not a measurement: measured peaks are in
 
 from __future__ import annotations
 
-from sa_conv.separable import separable_pays
+from sa_conv.separable import takes_separable_path
 from sa_conv.config import ModelConfig
 from sa_conv.encodings import get_encoding
 
@@ -38,12 +38,9 @@ def trains_separable(config: ModelConfig, attention_dropout: float | None = None
     (`sa_conv.separable`): a position-only encoding whose logits separate, no attention dropout
     (its masks are per probability, which only the dense path has; ``attention_dropout``: None =
     ``config``'s) and ``fast_position_attention`` True, or ``"auto"`` on a grid where it pays."""
-    g = config.grid_size
-    encoding = get_encoding(config.encoding)
     dropout = config.attention_dropout if attention_dropout is None else attention_dropout
-    return (encoding.position_only and encoding.separable and not dropout > 0
-            and (config.fast_position_attention is True
-                 or (config.fast_position_attention == "auto" and separable_pays(g, g))))
+    return takes_separable_path(get_encoding(config.encoding), config.fast_position_attention,
+                                (config.grid_size, config.grid_size), attention_dropout_active=dropout > 0)
 
 
 def attention_dropout_bytes(config: ModelConfig) -> int:

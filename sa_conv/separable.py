@@ -25,7 +25,7 @@ tensors at a time: slower, and what lets a 48x48 grid train at batch 32 in a few
 import keras
 from keras import ops
 
-__all__ = ["separable_attention", "separable_pays", "separable_sum"]
+__all__ = ["separable_attention", "separable_pays", "separable_sum", "takes_separable_path"]
 
 
 def separable_pays(height, width, constants=False):
@@ -36,6 +36,19 @@ def separable_pays(height, width, constants=False):
     cheaper): when ``H * W >= 6 * (H + W)`` (12x12 and larger); at 8x8 the dense path measured
     faster at batch 1 and 100 alike (``benchmarks/results/serving_aggregation.json``)."""
     return height * width >= (6 if constants else 4) * (height + width)
+
+
+def takes_separable_path(encoding, fast_position_attention, grid, attention_dropout_active=False):
+    """Whether attention with the registered ``encoding`` (its spec) runs the separable path on a
+    ``grid`` ``(H, W)`` (None: assume it pays): a position-only encoding whose logits separate,
+    no active attention dropout (its masks are per probability, which only the dense path has),
+    and ``fast_position_attention`` True, or ``"auto"`` where `separable_pays`. The one rule the
+    layer (`MultiHeadSelfAttention2D.uses_fast_path`) and the memory estimate
+    (`sa_conv.footprint`) both follow."""
+    if fast_position_attention == "auto" and grid is not None and not separable_pays(*grid):
+        return False
+    return (bool(fast_position_attention) and encoding.position_only and encoding.separable
+            and not attention_dropout_active)
 
 
 def separable_attention(inputs, row_logits, col_logits, kernel, bias=None, dtype=None, recompute_gradient=False):
