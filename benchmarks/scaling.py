@@ -15,12 +15,13 @@ measures at ``--batch`` (32), attention dropout 0 (which the separable path need
   ``--infer_steps``;
 
 and the process's peak RSS, its RSS once the model and data are built (before the first step),
-and the difference (and, from the parent, the largest RSS it saw the case's process reach,
-which a case that dies cannot report itself). Each case's process may allocate at most ``--memory_limit_gb`` (``RLIMIT_DATA``;
-default: the machine's memory), so a case that does not fit in the machine fails with an
-allocation error instead of waking the kernel's OOM killer. A case that fails (out of memory, over
-``--timeout`` seconds) is recorded with its error: ``--grids=64 --presets=sa_quadratic
---modes=train`` shows where the dense path no longer fits. Results merge into the output file by case name, so grids can be measured in several
+and the difference (and, from the parent, the largest RSS it saw the case's process reach, which
+a case that dies cannot report itself). Each case's process may allocate at most
+``--memory_limit_gb`` (``RLIMIT_DATA``; default: the machine's memory), so a case that does not fit
+in the machine fails with an allocation error instead of waking the kernel's OOM killer. A case
+that fails (out of memory, over ``--timeout`` seconds) is recorded with its error: ``--grids=64
+--presets=sa_quadratic --modes=train`` shows where the dense path no longer fits. Results merge
+into the output file by case name, so grids can be measured in several
 runs. Nothing here is a test.
 """
 
