@@ -6,14 +6,17 @@ separable path of position-only encodings (`sa_conv.separable`) and dropout from
 memory-lean training (`sa_conv.seeded_dropout`, used by `sa_conv.TransformerBlock`).
 """
 
+import math
+
 import keras
+import numpy as np
 from keras import ops
 
 from sa_conv import seeded_dropout, separable
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS, bias_for, clone_initializer, dense_initializers
 
-__all__ = ["MultiHeadSelfAttention2D"]
+__all__ = ["MultiHeadSelfAttention2D", "fold_query_key"]
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
@@ -59,7 +62,13 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     ``inference_constants=True`` the layer holds them (dense ``(heads, N, N)``, or the separable
     factors) as non-trainable weights, filled by `update_constants`, and inference reads them
     instead of evaluating the encoding; such a layer only serves. `sa_conv.freeze_for_inference`
-    makes that copy of a trained model.
+    makes that copy of a trained model. A content encoding whose logits are ``q . k / sqrt(D)``
+    plus a position-only term (``content_plus_learned_bias``; the encoding's
+    ``has_position_bias``) holds that term as a constant, and its query and key maps folded into
+    one ``query_key`` map ``D -> heads * D`` (`fold_query_key`): the logits become
+    ``(x_q M_h + u_h) . x_k / sqrt(D)``, one map of the input instead of two. They differ from the
+    trained layer's by a constant per query, which the softmax over keys removes: the
+    probabilities are the same to float32 rounding.
 
     Args:
       num_heads: number of heads ``N_h``.
@@ -75,7 +84,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
       encoding_options: further arguments of the encoding, e.g. ``{"hidden_units": 64,
         "depth": 3}`` for ``"mlp"``.
       inference_constants: hold the probabilities as constants for serving (position-only
-        encodings; see **Serving**).
+        encodings), or the position term and a folded query-key map (content encodings with a
+        position bias); see **Serving**.
       recompute_gradient: on the separable path, a gradient that keeps only the layer's input and
         recomputes the rest head by head (`sa_conv.separable`): less memory, slower steps; what
         a rematerialized `TransformerBlock` sets.
@@ -148,10 +158,10 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         self.fast_position_attention = fast_position_attention
         self.inference_constants = bool(inference_constants)
         self.recompute_gradient = bool(recompute_gradient)
-        if self.inference_constants and not self.position_only:
+        if self.inference_constants and not (self.position_only or self.encoding_spec.has_position_bias):
             raise ValueError(
                 f"inference_constants: the {self.encoding!r} encoding's probabilities depend on the input; "
-                "only position-only encodings have constant probabilities.")
+                "only position-only encodings (and content encodings with a position bias) have constants to hold.")
         self.dropout = keras.layers.Dropout(self.attention_dropout, seed=seed, name="attention_dropout")
 
     @property
@@ -182,7 +192,10 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         out = self.output_dim or self.input_dim
         heads = self.num_heads
         self.position_encoding = self.encoding_spec.create(self, self.input_dim)
-        if not self.position_only:
+        if not self.position_only and self.inference_constants:  # q.k folded: see **Serving**
+            self.query_key = self._dense(heads * self.input_dim, "query_key", self.input_dim)
+            self.query_key.build(input_shape)
+        elif not self.position_only:
             self.query_dense = self._dense(heads * self.input_dim, "query", self.input_dim)
             self.key_dense = self._dense(heads * self.input_dim, "key", self.input_dim)
             self.query_dense.build(input_shape)
@@ -198,9 +211,13 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         if height is None or width is None:
             raise ValueError("inference_constants needs a static grid size: give the model input a fixed shape.")
         self.constants_grid = (int(height), int(width))
-        shapes = {"dense": {"probabilities": (self.num_heads, height * width, height * width)},
-                  "separable": {"row_probabilities": (self.num_heads, height, height),
-                                "col_probabilities": (self.num_heads, width, width)}}[self.inference_aggregation()]
+        n = height * width
+        if not self.position_only:
+            shapes = {"position_logits": (n, self.num_heads, n)}  # (query, head, key): see _folded_logits
+        else:
+            shapes = {"dense": {"probabilities": (self.num_heads, n, n)},
+                      "separable": {"row_probabilities": (self.num_heads, height, height),
+                                    "col_probabilities": (self.num_heads, width, width)}}[self.inference_aggregation()]
         self.constants = {
             name: self.add_weight(name=f"constant_{name}", shape=shape, initializer="zeros", trainable=False,
                                   autocast=False)
@@ -229,11 +246,16 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         """Computes the constant probabilities of ``inference_constants`` from the encoding's
         current weights: what `sa_conv.freeze_for_inference` calls once the weights are set.
         Dense: ``(heads, N, N)``; separable: the row and column factors ``(heads, H, H)`` and
-        ``(heads, W, W)``, after the softmax over keys of Eq. (5)."""
+        ``(heads, W, W)``, after the softmax over keys of Eq. (5); content encodings: their
+        position term ``(heads, N, N)`` (the folded query-key map is set by
+        `sa_conv.freeze_for_inference`, from the trained layer's query and key maps), held as
+        ``(N, heads, N)`` (query, head, key)."""
         if not self.inference_constants:
             raise ValueError(f"{self.name} was built without inference_constants.")
         height, width = self.constants_grid
-        if "probabilities" in self.constants:
+        if "position_logits" in self.constants:
+            values = {"position_logits": ops.transpose(self.position_encoding.position_logits(height, width), (1, 0, 2))}
+        elif "probabilities" in self.constants:
             values = {"probabilities": ops.softmax(self.position_encoding.logits(height, width), axis=-1)}
         else:
             row, col = self.position_encoding.factor_logits(height, width)
@@ -264,10 +286,14 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         return height, width
 
     def attention_logits(self, inputs):
-        """Logits ``(heads, N, N)`` (position only) or ``(batch, heads, N, N)``, float32."""
+        """Logits ``(heads, N, N)`` (position only) or ``(batch, heads, N, N)``, float32. A
+        content layer with inference constants gives them up to a constant per query (see
+        **Serving**)."""
         height, width = self._check_grid(inputs)
         if self.position_only:
             return self.position_encoding.logits(height, width)
+        if self.inference_constants:
+            return ops.transpose(self._folded_logits(inputs), (0, 2, 1, 3))
         heads, d = self.num_heads, self.input_dim
         n = height * width
         q = ops.transpose(ops.reshape(self.query_dense(inputs), (-1, n, heads, d)), (0, 2, 1, 3))  # (b, heads, n, d)
@@ -312,6 +338,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         if tuple(inputs.shape[1:3]) != self.constants_grid:
             raise ValueError(f"{self.name}'s constants are for a {self.constants_grid} grid, got {tuple(inputs.shape[1:3])}.")
         bias = self.value_dense.bias if self.value_dense.use_bias else None
+        if "position_logits" in self.constants:
+            return self._call_folded_content(inputs, return_attention_scores)
         if "probabilities" in self.constants:
             outputs, probs = self._compute_attention(inputs, self.constants["probabilities"], training=False)
         else:
@@ -324,6 +352,27 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         if not return_attention_scores:
             return outputs
         return outputs, ops.broadcast_to(probs[None], (ops.shape(inputs)[0],) + tuple(probs.shape))
+
+    def _folded_logits(self, inputs):
+        """Content logits from the folded ``query_key`` map plus the constant position term,
+        ``(batch, N, heads, N)`` (query, head, key), float32: the layout in which the
+        aggregation needs no transpose."""
+        _, height, width, d = inputs.shape
+        n, heads = height * width, self.num_heads
+        queries = ops.reshape(self.query_key(inputs), (-1, n, heads, d))
+        x = ops.reshape(ops.cast(inputs, queries.dtype), (-1, n, d))
+        content = ops.cast(ops.einsum("bqhd,bkd->bqhk", queries, x), "float32") / math.sqrt(d)
+        return content + self.constants["position_logits"][None]
+
+    def _call_folded_content(self, inputs, return_attention_scores):
+        _, height, width, d = inputs.shape
+        probs = ops.softmax(self._folded_logits(inputs), axis=-1)  # (batch, query, heads, key)
+        x = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, height * width, d))
+        mixed = ops.einsum("bqhk,bkd->bqhd", ops.cast(probs, self.compute_dtype), x)
+        outputs = self.value_dense(ops.reshape(mixed, (-1, height, width, self.num_heads * d)))
+        if not return_attention_scores:
+            return outputs
+        return outputs, ops.transpose(probs, (0, 2, 1, 3))
 
     def _compute_attention(self, inputs, probabilities, training=None):
         """Eq. (5)-(6), dense: ``sum_h Dropout(P_h) X W^(h) + b``.
@@ -399,3 +448,30 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             "inference_constants": self.inference_constants,
             "recompute_gradient": self.recompute_gradient,
         }
+
+
+def fold_query_key(query_kernel, query_bias, key_kernel, num_heads):
+    """The query and key maps of content attention folded into one map for serving.
+
+    ``q_h . k_h = x_q Wq_h Wk_h^T x_k^T + x_q Wq_h bk_h + bq_h Wk_h^T x_k^T + bq_h . bk_h``; the
+    second and last terms are the same for every key of a query, so the softmax over keys removes
+    them, and what is left is ``(x_q M_h + u_h) . x_k`` with ``M_h = Wq_h Wk_h^T`` ``(D, D)`` and
+    ``u_h = Wk_h bq_h`` ``(D,)``: one map ``D -> heads * D`` of the query pixel against the raw
+    key pixel.
+
+    Args:
+      query_kernel, key_kernel: ``(D, heads * d)``, columns ordered ``[head, channel]``.
+      query_bias: ``(heads * d,)`` (None: zeros). The key bias drops out.
+      num_heads: the heads.
+
+    Returns:
+      ``(kernel (D, heads * D), bias (heads * D,))``, float64 NumPy, columns ``[head, channel]``.
+    """
+    wq = np.asarray(query_kernel, np.float64)
+    wk = np.asarray(key_kernel, np.float64)
+    dim = wq.shape[0]
+    wq, wk = wq.reshape(dim, num_heads, -1), wk.reshape(dim, num_heads, -1)
+    bq = np.zeros(wq.shape[1:]) if query_bias is None else np.asarray(query_bias, np.float64).reshape(num_heads, -1)
+    kernel = np.einsum("ihc,jhc->ihj", wq, wk).reshape(dim, -1)  # [input, head, key channel]
+    bias = np.einsum("jhc,hc->hj", wk, bq).reshape(-1)
+    return kernel, bias

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from sa_conv.attention import fold_query_key
 from sa_conv.config import ModelConfig, get_config
 from sa_conv.initializers import bias_for, dense_initializers
 from sa_conv.invertible_pooling import InvertiblePooling
@@ -184,6 +185,32 @@ def _folded_convolution(conv, batch_norm):
     return kernel, (bias - value(batch_norm.moving_mean, None)) * scale + value(batch_norm.beta, np.zeros(channels))
 
 
+def _fold_block(block, target):
+    """Sets ``target`` (``block``'s frozen copy) from ``block``: the attention's value map times
+    the output map, and the folded query-key map of content attention, in float64."""
+    def value(variable):
+        return np.asarray(ops.convert_to_numpy(variable), np.float64)
+
+    attention, output = block.attention, block.attention_output
+    kernel = value(attention.value_dense.kernel) @ value(output.kernel)
+    bias = value(output.bias) if output.use_bias else np.zeros(kernel.shape[1])
+    if attention.value_dense.use_bias:
+        bias = bias + value(attention.value_dense.bias) @ value(output.kernel)
+    target.attention.value_dense.kernel.assign(kernel.astype(np.float32))
+    target.attention.value_dense.bias.assign(bias.astype(np.float32))
+    if not attention.position_only:
+        query, key = attention.query_dense, attention.key_dense
+        if target.attention.inference_constants:
+            folded, folded_bias = fold_query_key(value(query.kernel), value(query.bias) if query.use_bias else None,
+                                                 value(key.kernel), attention.num_heads)
+            target.attention.query_key.kernel.assign(folded.astype(np.float32))
+            target.attention.query_key.bias.assign(folded_bias.astype(np.float32))
+        else:  # its encoding needs the queries themselves
+            for source, copy in ((query, target.attention.query_dense), (key, target.attention.key_dense)):
+                for weight, twin in zip(source.weights, copy.weights):
+                    twin.assign(weight)
+
+
 def freeze_for_inference(model: keras.Model) -> keras.Model:
     """A copy of ``model`` for serving, with what inference no longer needs computed once from
     ``model``'s current weights:
@@ -192,6 +219,11 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
       (`MultiHeadSelfAttention2D` ``inference_constants``): inference evaluates no encoding, and a
       SavedModel, TFLite or ONNX export of the copy carries the probabilities, not their
       computation;
+    * a content attention layer whose logits are ``q . k / sqrt(D)`` plus a position term
+      (``content_plus_learned_bias``) holds that term as a constant and one query-key map
+      (`sa_conv.attention.fold_query_key`) instead of its query and key maps;
+    * every `TransformerBlock` folds its ``attention_output`` map into the attention's value map
+      (``fold_attention_output``): ``W_v W_o`` and ``b_v W_o + b_o``;
     * every `BatchNormalization` that follows a linear `Conv2D` alone (the ResNet's) is folded into
       it: the convolution's kernel scaled by ``gamma / sqrt(var + eps)`` per output channel and a
       bias ``beta - mean * gamma / sqrt(var + eps)``, so the copy has no batch-norm layers and one
@@ -200,15 +232,22 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
     Same outputs as ``model(images, training=False)`` to float32 rounding, on the same attention
     path (dense or separable) as ``model`` chooses for its grid. The copy only serves (its
     attention layers refuse training; its folded convolutions have no batch statistics to train);
-    ``model`` is unchanged. Content-based attention is copied as it is.
+    ``model`` is unchanged. The folds are computed in float64 and cast once.
     """
     folds = _convolutions_before_batch_norm(model)
     folded_convs = set(folds.values())
+    blocks = attention_blocks(model)
+    # Weights the copy computes rather than copies (by path prefix), in the model or the copy.
+    computed = tuple(f"{block.name}/{part}/" for block in blocks
+                     for part in ("attention_output", "attention/value", "attention/query", "attention/key",
+                                  "attention/query_key"))
 
     def clone(layer):
         config = layer.get_config()
-        if isinstance(layer, TransformerBlock) and layer.attention.position_only:
-            config = {**config, "attention_config": {**config["attention_config"], "inference_constants": True}}
+        if isinstance(layer, TransformerBlock):
+            constants = layer.attention.position_only or layer.attention.encoding_spec.has_position_bias
+            config = {**config, "fold_attention_output": True,
+                      "attention_config": {**config["attention_config"], "inference_constants": constants}}
         if layer.name in folded_convs:
             config = {**config, "use_bias": True}
         return layer.__class__.from_config(config)
@@ -218,7 +257,10 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
 
     frozen = keras.models.clone_model(model, clone_function=clone, call_function=call if folds else None)
     folded = set(folds) | folded_convs
-    _copy_weights(model, frozen, target_only="/constant_", skip=lambda path: path.split("/")[0] in folded)
+    _copy_weights(model, frozen, target_only="/constant_",
+                  skip=lambda path: path.split("/")[0] in folded or path.startswith(computed))
+    for block in blocks:
+        _fold_block(block, frozen.get_layer(block.name))
     for bn_name, conv_name in folds.items():
         kernel, bias = _folded_convolution(model.get_layer(conv_name), model.get_layer(bn_name))
         target = frozen.get_layer(conv_name)

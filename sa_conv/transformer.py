@@ -64,6 +64,12 @@ class TransformerBlock(keras.layers.Layer):
     Sublayers: ``attention``, ``attention_output`` (dense), ``attention_output_dropout`` (at rate
     ``dropout``; the attention's own ``attention_dropout`` acts on its probabilities),
     ``attention_norm``, ``intermediate``, ``output``, ``output_dropout``, ``output_norm``.
+
+    ``fold_attention_output=True`` (serving only, set by `sa_conv.freeze_for_inference`): in
+    inference the attention's value map ``heads * D -> D`` and ``attention_output`` are two linear
+    maps in a row, so the block has no ``attention_output`` and the attention's value map holds
+    their product, ``W_v W_o`` with bias ``b_v W_o + b_o``: one map of ``heads * D x D`` instead
+    of that and a ``D x D`` one per pixel. Such a block only serves.
     """
 
     def __init__(
@@ -75,10 +81,12 @@ class TransformerBlock(keras.layers.Layer):
         attention_config=None,
         bias_initializer="zeros",
         remat=False,
+        fold_attention_output=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.remat = bool(remat)
+        self.fold_attention_output = bool(fold_attention_output)
         self.mlp_size = int(mlp_size)
         self.dropout_rate = float(dropout)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
@@ -105,7 +113,9 @@ class TransformerBlock(keras.layers.Layer):
         hidden = input_shape[-1]
         dense, norm = keras.layers.Dense, keras.layers.LayerNormalization
         self.attention.build(input_shape)
-        self.attention_output = self._sublayer(dense, "attention_output", hidden, units=hidden)
+        # Folded: the attention's value map is also the output map (see the class docstring).
+        self.attention_output = None if self.fold_attention_output else self._sublayer(
+            dense, "attention_output", hidden, units=hidden)
         self.attention_output_dropout = self._sublayer(
             keras.layers.Dropout, "attention_output_dropout", rate=self.dropout_rate)
         self.attention_norm = self._sublayer(norm, "attention_norm", epsilon=self.layer_norm_epsilon)
@@ -119,7 +129,8 @@ class TransformerBlock(keras.layers.Layer):
             (self.intermediate, input_shape), (self.output_dense, mlp_shape),
             (self.output_norm, input_shape),
         ):
-            layer.build(shape)
+            if layer is not None:
+                layer.build(shape)
 
     def _mask_seeds(self, inputs):
         """The seeds of the block's three dropouts for this call (None where the rate is 0), each
@@ -135,6 +146,10 @@ class TransformerBlock(keras.layers.Layer):
     def call(self, inputs, training=None, return_attention_scores=False):
         if training and self.attention.inference_constants:
             self.attention.refuse_training()
+        if training and self.fold_attention_output:
+            raise ValueError(
+                f"{self.name} folds its attention output map into the attention's value map "
+                "(sa_conv.freeze_for_inference): it serves, it does not train. Train the model it was made from.")
         seeds = self._mask_seeds(inputs) if training else (None, None, None)
         if not (self.remat and training) or return_attention_scores:
             return self._block(inputs, *seeds, return_attention_scores=return_attention_scores)
@@ -161,8 +176,8 @@ class TransformerBlock(keras.layers.Layer):
     def _tail(self, inputs, attended, attention_output_seed=None, output_seed=None):
         """The block after the attention: output map, dropouts, residuals, LayerNorms and MLP."""
         shape = (ops.shape(inputs)[0],) + tuple(inputs.shape[1:])
-        x = apply_keep_mask(self.attention_output(attended), self._keep(shape, attention_output_seed),
-                            self.dropout_rate)
+        mapped = attended if self.fold_attention_output else self.attention_output(attended)
+        x = apply_keep_mask(mapped, self._keep(shape, attention_output_seed), self.dropout_rate)
         x = self.attention_norm(inputs + x)
         y = apply_keep_mask(self.output_dense(exact_gelu(self.intermediate(x))), self._keep(shape, output_seed),
                             self.dropout_rate)
@@ -188,4 +203,5 @@ class TransformerBlock(keras.layers.Layer):
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "attention_config": self.attention_config,
             "remat": self.remat,
+            "fold_attention_output": self.fold_attention_output,
         }

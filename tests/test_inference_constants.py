@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras import ops
 
 import sa_conv
+from sa_conv.attention import fold_query_key
 from sa_conv.resnet import build_resnet
 
 POSITION_ONLY = [name for name, spec in sa_conv.ENCODINGS.items() if spec.position_only]
@@ -96,14 +97,65 @@ def test_a_frozen_model_refuses_to_train_and_saves(tmp_path):
                                ops.convert_to_numpy(frozen(IMAGES, training=False)), rtol=1e-6, atol=1e-6)
 
 
-def test_content_models_are_copied_unchanged_and_their_layers_refuse_constants():
-    model = _model("content_plus_learned_bias")
+def _away_from_initialization(model, seed=4):
+    """Biases, tables and LayerNorms moved off their initial zeros and ones, as after training: a
+    fold that dropped a bias (the query's, the value map's) or misordered heads cannot pass."""
+    rng = np.random.default_rng(seed)
+    for w in model.weights:
+        if any(part in w.path for part in ("bias", "embeddings", "head_keys", "gamma", "beta")):
+            w.assign(w + rng.normal(scale=0.3, size=w.shape).astype(np.float32))
+    return model
+
+
+@pytest.mark.parametrize("encoding", ["content_plus_learned_bias", "content_with_relative_keys", "learned"])
+def test_folded_maps_give_the_models_outputs_and_probabilities(encoding, tmp_path):
+    """The frozen copy has no attention_output map (folded into the value map) and, for content
+    logits plus a position bias, one query_key map and the position term as a constant in place
+    of the query and key maps; outputs and attention maps are the model's to float32 rounding,
+    also after a .keras round trip."""
+    model = _away_from_initialization(_model(encoding))
     frozen = sa_conv.freeze_for_inference(model)
-    assert not any(b.attention.inference_constants for b in sa_conv.attention_blocks(frozen))
-    np.testing.assert_allclose(ops.convert_to_numpy(frozen(IMAGES, training=False)),
-                               ops.convert_to_numpy(model(IMAGES, training=False)), rtol=1e-6, atol=1e-6)
+    paths = {w.path.split("/", 1)[1] for w in frozen.weights if w.path.startswith("block_0/")}
+    assert not any(p.startswith("attention_output/") for p in paths)
+    folds_query_key = encoding == "content_plus_learned_bias"
+    assert ("attention/query_key/kernel" in paths) == folds_query_key
+    assert ("attention/query/kernel" in paths) == (encoding == "content_with_relative_keys")
+    assert ("attention/constant_position_logits" in paths) == folds_query_key
+    want = ops.convert_to_numpy(model(IMAGES, training=False))
+    path = str(tmp_path / "frozen.keras")
+    frozen.save(path)
+    for served in (frozen, keras.models.load_model(path)):
+        np.testing.assert_allclose(ops.convert_to_numpy(served(IMAGES, training=False)), want, rtol=1e-5, atol=1e-5)
+        for got, ref in zip(sa_conv.attention_probabilities(served, IMAGES[:2]),
+                            sa_conv.attention_probabilities(model, IMAGES[:2])):
+            np.testing.assert_allclose(ops.convert_to_numpy(got), ops.convert_to_numpy(ref), rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="it serves, it does not train"):
+        frozen(IMAGES, training=True)
+
+
+def test_query_key_fold_drops_only_what_the_softmax_removes():
+    """``fold_query_key``: for every query, the folded logits minus q.k are the same for every
+    key (the terms of the key bias and the query-only term), so the softmax is unchanged."""
+    rng = np.random.default_rng(5)
+    heads, dim, n = 3, 6, 7
+    wq, wk = rng.normal(size=(dim, heads * dim)), rng.normal(size=(dim, heads * dim))
+    bq, bk = rng.normal(size=heads * dim), rng.normal(size=heads * dim)
+    x = rng.normal(size=(n, dim))
+    kernel, bias = fold_query_key(wq, bq, wk, heads)
+    q, k = (x @ wq + bq).reshape(n, heads, dim), (x @ wk + bk).reshape(n, heads, dim)
+    exact = np.einsum("qhd,khd->hqk", q, k)
+    folded = np.einsum("qhd,kd->hqk", (x @ kernel + bias).reshape(n, heads, dim), x)
+    difference = exact - folded
+    np.testing.assert_allclose(difference, difference[:, :, :1].repeat(n, axis=2), atol=1e-9)
+    assert np.ptp(difference) > 1e-3  # the dropped terms are not zero: the test can fail
+
+
+def test_only_content_encodings_with_a_position_bias_hold_constants():
     with pytest.raises(ValueError, match="depend on the input; only position-only encodings"):
-        sa_conv.MultiHeadSelfAttention2D(2, encoding="content_plus_learned_bias", inference_constants=True)
+        sa_conv.MultiHeadSelfAttention2D(2, encoding="content_with_relative_keys", inference_constants=True)
+    layer = sa_conv.MultiHeadSelfAttention2D(2, encoding="content_plus_learned_bias", inference_constants=True)
+    layer.build((None, 4, 4, 8))
+    assert layer.inference_aggregation() == "dense" and set(layer.constants) == {"position_logits"}
 
 
 def _with_batch_statistics(model, seed=3):

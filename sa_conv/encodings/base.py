@@ -72,6 +72,10 @@ class RelativeEncoding(keras.layers.Layer):
     * ``separable`` and ``factor_logits(height, width)``: whether the logits are a row term
       plus a column term, ``logit(q, k) = row[h, qi, ki] + col[h, qj, kj]``, and those terms
       ``(heads, H, H)``, ``(heads, W, W)``. The exact separable attention path uses them.
+    * ``has_position_bias`` and ``position_logits(height, width)``: whether the logits of a
+      content encoding are ``q . k / sqrt(d)`` plus a position-only term, and that term
+      ``(heads, H*W, H*W)``. A layer frozen for serving then holds the term as a constant and
+      folds its query and key maps into one (`MultiHeadSelfAttention2D` ``inference_constants``).
     * ``logits_flops(height, width, num_heads, input_dim, **options)`` (classmethod): the
       FLOPs per example of the logits that depend on the input (0 for position-only ones,
       whose logits are computed once per batch).
@@ -107,12 +111,20 @@ class RelativeEncoding(keras.layers.Layer):
         return False
 
     @classmethod
+    def is_position_bias(cls, **options) -> bool:
+        return False
+
+    @classmethod
     def logits_flops(cls, height, width, num_heads, input_dim, **options) -> int:
         return 0
 
     @property
     def separable(self) -> bool:
         return type(self).is_separable(**self.options)
+
+    @property
+    def has_position_bias(self) -> bool:
+        return type(self).is_position_bias(**self.options)
 
     @property
     def options(self) -> dict:
@@ -130,6 +142,9 @@ class RelativeEncoding(keras.layers.Layer):
 
     def factor_logits(self, height, width):
         raise ValueError(f"{type(self).__name__} logits do not separate into row and column terms.")
+
+    def position_logits(self, height, width):
+        raise ValueError(f"{type(self).__name__} logits are not content logits plus a position-only term.")
 
     def gaussian(self):
         return None
@@ -150,6 +165,10 @@ class EncodingSpec:
     @property
     def separable(self) -> bool:
         return self.cls.is_separable(**self.options)
+
+    @property
+    def has_position_bias(self) -> bool:
+        return self.cls.is_position_bias(**self.options)
 
     def create(self, attention, input_dim) -> RelativeEncoding:
         """The encoding of ``attention``, with its ``encoding_options`` (e.g. the MLP's width)."""

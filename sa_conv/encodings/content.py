@@ -85,6 +85,10 @@ class LearnedContentEncoding(RelativeEncoding):
             )
 
     @classmethod
+    def is_position_bias(cls, relative="query"):
+        return relative == "head_keys"
+
+    @classmethod
     def logits_flops(cls, height, width, num_heads, input_dim, relative="query"):
         n, d = height * width, input_dim
         query_key = 2 * (2 * n * d * num_heads * d)  # the two maps D -> heads * D
@@ -101,6 +105,12 @@ class LearnedContentEncoding(RelativeEncoding):
             seed = None if self.seed is None else self.seed + i
             init = keras.initializers.RandomNormal(0.0, self.initializer_range, seed=seed)
             setattr(self, name, self.add_weight(name=name, shape=(n, e), initializer=init, autocast=False))
+
+    def position_logits(self, height, width):
+        """``head_keys`` only: the position-only term ``logit_h(delta)``, ``(heads, H*W, H*W)``."""
+        if self.relative != "head_keys":
+            return super().position_logits(height, width)
+        return self.position.logits(height, width)
 
     def relative_logits(self, queries):
         """``q . r_delta`` of shape ``(batch, heads, H*W, H*W)`` for queries
@@ -125,7 +135,7 @@ class LearnedContentEncoding(RelativeEncoding):
         d = queries.shape[-1]
         content = ops.cast(ops.einsum("bhqd,bhkd->bhqk", queries, keys), "float32")
         if self.relative == "head_keys":
-            return content / math.sqrt(d) + self.position.logits(height, width)[None]
+            return content / math.sqrt(d) + self.position_logits(height, width)[None]
         relative = self.relative_logits(ops.reshape(queries, (-1, queries.shape[1], height, width, d)))
         return (content + relative) / math.sqrt(d)
 
