@@ -12,8 +12,10 @@ from sa_conv.config import ModelConfig
 from sa_conv.encodings import get_encoding
 
 
-def attention_layer_flops(config: ModelConfig, fast: bool) -> dict:
-    """Forward FLOPs of one transformer block on the attention grid, by part."""
+def attention_layer_flops(config: ModelConfig, fast: bool, frozen: bool = False) -> dict:
+    """Forward FLOPs of one transformer block on the attention grid, by part. ``frozen``: of the
+    copy `sa_conv.freeze_for_inference` serves (the output map folded into the value map; one
+    query-key map instead of two for content logits with a position bias)."""
     g = config.grid_size
     n, h, d, m = g * g, config.num_heads, config.hidden_size, config.mlp_size
     encoding = get_encoding(config.encoding)
@@ -28,7 +30,10 @@ def attention_layer_flops(config: ModelConfig, fast: bool) -> dict:
     else:
         parts["aggregation"] = 2 * h * n * n * d
     parts["value_merge"] = 2 * n * (h * d) * d
-    parts["attention_output"] = 2 * n * d * d
+    if not frozen:
+        parts["attention_output"] = 2 * n * d * d
+    elif encoding.has_position_bias:
+        parts["logits"] -= 2 * n * d * h * d  # the key map
     parts["mlp"] = 2 * 2 * n * d * m
     return parts
 
@@ -50,14 +55,14 @@ def resnet18_flops(image_size: int = 32, num_classes: int = 10) -> int:
     return total + 2 * channels * num_classes
 
 
-def forward_flops(config: ModelConfig, fast: bool = True) -> int:
+def forward_flops(config: ModelConfig, fast: bool = True, frozen: bool = False) -> int:
     """Forward FLOPs per image. ``fast``: the separable path where it applies (inference, or
-    training without attention dropout)."""
+    training without attention dropout); ``frozen``: of the served copy (`attention_layer_flops`)."""
     if config.architecture == "resnet18":
         return resnet18_flops(config.image_size, config.num_classes)
     g = config.grid_size
     embedding = 2 * g * g * (3 * config.pooling_width**2) * config.hidden_size
-    block = sum(attention_layer_flops(config, fast).values())
+    block = sum(attention_layer_flops(config, fast, frozen).values())
     return embedding + config.num_layers * block + 2 * config.hidden_size * config.num_classes
 
 

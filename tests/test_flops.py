@@ -32,3 +32,16 @@ def test_training_path_follows_attention_dropout():
     no_drop = paper.replace(attention_dropout=0.0, fast_position_attention=True)
     assert flops.training_flops(no_drop) == 3 * flops.forward_flops(no_drop, fast=True)
     assert flops.training_flops(no_drop) < flops.training_flops(paper)
+
+
+def test_frozen_copy_counts_the_folded_maps_once():
+    """The served copy has no output map (folded into the value map) and, for content logits
+    with a position bias, one query-key map instead of a query and a key map."""
+    n, d, heads = 16 * 16, 400, 9
+    for encoding, saved in (("learned", 2 * n * d * d), ("content_plus_learned_bias", 2 * n * d * d + 2 * n * d * heads * d),
+                            ("content_with_relative_keys", 2 * n * d * d)):
+        config = sa_conv.get_config("sa_learned", encoding=encoding)
+        layer = sum(flops.attention_layer_flops(config, fast=True).values())
+        assert layer - sum(flops.attention_layer_flops(config, fast=True, frozen=True).values()) == saved
+        assert flops.forward_flops(config) - flops.forward_flops(config, frozen=True) == config.num_layers * saved
+    assert flops.forward_flops(sa_conv.get_config("resnet18"), frozen=True) == flops.forward_flops(sa_conv.get_config("resnet18"))
