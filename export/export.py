@@ -406,8 +406,13 @@ def export(
             "signatures": sorted(loaded.signatures.keys()),
             "limits": {"max_image_pixels": max_image_pixels, "max_batch_size": max_batch_size},
             "precision": precision_record,
-            # Per block with position-only attention: served from constant probabilities, on this path.
+            # Per block with constants (position-only probabilities on this path, or a content
+            # encoding's position term: "dense").
             "attention_constants": constants,
+            # Linear maps folded into the one before them, per kind (sa_conv.freeze_for_inference).
+            "maps_folded": {
+                "attention_output": sum(b.fold_attention_output for b in sa_conv.attention_blocks(serving)),
+                "query_key": sum(hasattr(b.attention, "query_key") for b in sa_conv.attention_blocks(serving))},
             # Batch norms folded into the convolution before them (the ResNet's): one conv with bias each.
             "batch_norms_folded": _count_batch_norms(model) - _count_batch_norms(serving),
             "source": os.path.abspath(path),

@@ -72,6 +72,11 @@ def test_reload_in_a_fresh_process_matches_keras(family, attention_export, real_
     expected_signatures = {"serving_default", "predict_encoded"} | ({"attention_maps"} if family == "attention" else set())
     assert set(meta["signatures"]) == expected_signatures
     assert meta["batch_norms_folded"] == (20 if family == "resnet" else 0)  # served from the folded copy
+    # The content model's 2 blocks: output maps and query-key maps folded, yet the served
+    # probabilities above are the Keras model's.
+    folded = 2 if family == "attention" else 0
+    assert meta["maps_folded"] == {"attention_output": folded, "query_key": folded}
+    assert meta["attention_constants"] == (["dense", "dense"] if family == "attention" else [])
 
 
 @pytest.mark.slow
