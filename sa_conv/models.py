@@ -234,9 +234,12 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
     attention layers refuse training; its folded convolutions have no batch statistics to train);
     ``model`` is unchanged. The folds are computed in float64 and cast once.
     """
+    blocks = attention_blocks(model)
+    if any(block.fold_attention_output for block in blocks):
+        raise ValueError(f"{model.name} is already frozen for inference (its blocks fold their output maps): "
+                         "freeze the trained model it was made from.")
     folds = _convolutions_before_batch_norm(model)
     folded_convs = set(folds.values())
-    blocks = attention_blocks(model)
     # Weights the copy computes rather than copies (by path prefix), in the model or the copy.
     computed = tuple(f"{block.name}/{part}/" for block in blocks
                      for part in ("attention_output", "attention/value", "attention/query", "attention/key",

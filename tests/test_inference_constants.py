@@ -131,6 +131,8 @@ def test_folded_maps_give_the_models_outputs_and_probabilities(encoding, tmp_pat
             np.testing.assert_allclose(ops.convert_to_numpy(got), ops.convert_to_numpy(ref), rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="it serves, it does not train"):
         frozen(IMAGES, training=True)
+    with pytest.raises(ValueError, match="already frozen for inference"):
+        sa_conv.freeze_for_inference(frozen)
 
 
 def test_query_key_fold_drops_only_what_the_softmax_removes():
