@@ -227,7 +227,11 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
     * every `BatchNormalization` that follows a linear `Conv2D` alone (the ResNet's) is folded into
       it: the convolution's kernel scaled by ``gamma / sqrt(var + eps)`` per output channel and a
       bias ``beta - mean * gamma / sqrt(var + eps)``, so the copy has no batch-norm layers and one
-      convolution with bias per pair (oneDNN fuses the bias into the convolution).
+      convolution with bias per pair (oneDNN fuses the bias into the convolution);
+    * under a mixed policy (e.g. ``"mixed_bfloat16"``, `with_dtype_policy`), the model's own
+      `Conv2D` and `Dense` layers hold their weights in the compute dtype: the mixed policy would
+      cast them from float32 on every call, the same rounding each time, which at batch 1 is a
+      large part of a ResNet's time. (The attention blocks' inner maps keep the policy.)
 
     Same outputs as ``model(images, training=False)`` to float32 rounding, on the same attention
     path (dense or separable) as ``model`` chooses for its grid. The copy only serves (its
@@ -253,6 +257,9 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
                       "attention_config": {**config["attention_config"], "inference_constants": constants}}
         if layer.name in folded_convs:
             config = {**config, "use_bias": True}
+        policy = layer.dtype_policy
+        if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense)) and policy.compute_dtype != policy.variable_dtype:
+            config = {**config, "dtype": policy.compute_dtype}  # weights cast once, here
         return layer.__class__.from_config(config)
 
     def call(layer, *args, **kwargs):
@@ -267,8 +274,8 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
     for bn_name, conv_name in folds.items():
         kernel, bias = _folded_convolution(model.get_layer(conv_name), model.get_layer(bn_name))
         target = frozen.get_layer(conv_name)
-        target.kernel.assign(kernel.astype(np.float32))
-        target.bias.assign(bias.astype(np.float32))
+        target.kernel.assign(ops.cast(kernel.astype(np.float32), target.kernel.dtype))
+        target.bias.assign(ops.cast(bias.astype(np.float32), target.bias.dtype))
     for block in attention_blocks(frozen):
         if block.attention.inference_constants:
             block.attention.update_constants()

@@ -196,6 +196,29 @@ def test_resnet_batch_norms_fold_into_their_convolutions(tmp_path):
     np.testing.assert_allclose(ops.convert_to_numpy(loaded(IMAGES, training=False)), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_mixed_precision_copy_holds_convolution_weights_in_the_compute_dtype(tmp_path):
+    """Under mixed_bfloat16 the frozen ResNet's convolutions hold bfloat16 weights: the float32
+    copy's folded weights rounded once, which is what the mixed policy would compute with on
+    every call. The logits layer (kept float32 by `with_dtype_policy`) stays float32."""
+    keras.utils.set_random_seed(4)
+    model = _with_batch_statistics(build_resnet(widths=(8, 16, 16, 32)))
+    float32 = sa_conv.freeze_for_inference(model)
+    mixed = sa_conv.freeze_for_inference(sa_conv.with_dtype_policy(model, "mixed_bfloat16"))
+    convs = [layer for layer in mixed.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert len(convs) == 20 and all(c.kernel.dtype == "bfloat16" and c.bias.dtype == "bfloat16" for c in convs)
+    for conv in convs:
+        twin = float32.get_layer(conv.name)
+        np.testing.assert_array_equal(ops.convert_to_numpy(ops.cast(conv.kernel, "float32")),
+                                      ops.convert_to_numpy(ops.cast(ops.cast(twin.kernel, "bfloat16"), "float32")))
+    logits = mixed.get_layer(model.output_names[0])
+    assert logits.kernel.dtype == "float32" and logits.compute_dtype == "float32"
+    got, want = (ops.convert_to_numpy(m(IMAGES, training=False)) for m in (mixed, float32))
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    np.testing.assert_allclose(got, want, rtol=0.1, atol=0.1 * np.abs(want).max())
+    mixed.save(tmp_path / "mixed.keras")
+    np.testing.assert_array_equal(ops.convert_to_numpy(keras.models.load_model(tmp_path / "mixed.keras")(IMAGES)), got)
+
+
 def test_only_a_convolution_feeding_its_batch_norm_alone_is_folded():
     """A convolution whose output also goes elsewhere, one with an activation, and a batch norm
     after another layer are left as they are; the copy still computes the same function."""
