@@ -198,17 +198,17 @@ def _fold_block(block, target):
         bias = bias + value(attention.value_dense.bias) @ value(output.kernel)
     target.attention.value_dense.kernel.assign(kernel.astype(np.float32))
     target.attention.value_dense.bias.assign(bias.astype(np.float32))
-    if not attention.position_only:
+    if _folds_query_key(attention):
         query, key = attention.query_dense, attention.key_dense
-        if target.attention.inference_constants:
-            folded, folded_bias = fold_query_key(value(query.kernel), value(query.bias) if query.use_bias else None,
-                                                 value(key.kernel), attention.num_heads)
-            target.attention.query_key.kernel.assign(folded.astype(np.float32))
-            target.attention.query_key.bias.assign(folded_bias.astype(np.float32))
-        else:  # its encoding needs the queries themselves
-            for source, copy in ((query, target.attention.query_dense), (key, target.attention.key_dense)):
-                for weight, twin in zip(source.weights, copy.weights):
-                    twin.assign(weight)
+        folded, folded_bias = fold_query_key(value(query.kernel), value(query.bias) if query.use_bias else None,
+                                             value(key.kernel), attention.num_heads)
+        target.attention.query_key.kernel.assign(folded.astype(np.float32))
+        target.attention.query_key.bias.assign(folded_bias.astype(np.float32))
+
+
+def _folds_query_key(attention):
+    """Whether the frozen copy of ``attention`` folds its query and key maps into one."""
+    return not attention.position_only and attention.encoding_spec.has_position_bias
 
 
 def freeze_for_inference(model: keras.Model) -> keras.Model:
@@ -246,13 +246,14 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
     folded_convs = set(folds.values())
     # Weights the copy computes rather than copies (by path prefix), in the model or the copy.
     computed = tuple(f"{block.name}/{part}/" for block in blocks
-                     for part in ("attention_output", "attention/value", "attention/query", "attention/key",
-                                  "attention/query_key"))
+                     for part in ("attention_output", "attention/value")
+                     + (("attention/query", "attention/key", "attention/query_key")
+                        if _folds_query_key(block.attention) else ()))
 
     def clone(layer):
         config = layer.get_config()
         if isinstance(layer, TransformerBlock):
-            constants = layer.attention.position_only or layer.attention.encoding_spec.has_position_bias
+            constants = layer.attention.position_only or _folds_query_key(layer.attention)
             config = {**config, "fold_attention_output": True,
                       "attention_config": {**config["attention_config"], "inference_constants": constants}}
         if layer.name in folded_convs:
