@@ -185,8 +185,6 @@ def main():
                         result["largest_rss_seen_mb"] = largest
                     except subprocess.TimeoutExpired:
                         result = {"error": f"over {args.timeout:.0f} s"}
-                    if "error" in result:
-                        result.update(preset=preset, grid=grid, path=path, mode=mode, batch=args.batch)
                     result.update(date=datetime.date.today().isoformat(), memory_limit_gb=args.memory_limit_gb)
                     report["cases"][name] = result
                     print(name, json.dumps({k: v for k, v in result.items() if k != "process"}), flush=True)

@@ -171,37 +171,37 @@ def _convolutions_before_batch_norm(model: keras.Model) -> dict:
     return pairs
 
 
+def _float64(variable, default=None):
+    """``variable`` as a float64 NumPy array (``default`` when it is None): what the folds of
+    `freeze_for_inference` compute with before they cast once."""
+    return default if variable is None else np.asarray(ops.convert_to_numpy(variable), np.float64)
+
+
 def _folded_convolution(conv, batch_norm):
     """``(kernel, bias)`` of ``conv`` followed by ``batch_norm`` in inference:
     ``gamma (x * k + b - mean) / sqrt(var + eps) + beta``, in float64 before the cast."""
-    def value(variable, default):
-        return default if variable is None else np.asarray(ops.convert_to_numpy(variable), np.float64)
-
     channels = conv.kernel.shape[-1]
-    scale = value(batch_norm.gamma, np.ones(channels)) / np.sqrt(
-        value(batch_norm.moving_variance, None) + batch_norm.epsilon)
-    bias = value(conv.bias, np.zeros(channels)) if conv.use_bias else np.zeros(channels)
-    kernel = value(conv.kernel, None) * scale
-    return kernel, (bias - value(batch_norm.moving_mean, None)) * scale + value(batch_norm.beta, np.zeros(channels))
+    scale = _float64(batch_norm.gamma, np.ones(channels)) / np.sqrt(
+        _float64(batch_norm.moving_variance) + batch_norm.epsilon)
+    bias = _float64(conv.bias, np.zeros(channels)) if conv.use_bias else np.zeros(channels)
+    kernel = _float64(conv.kernel) * scale
+    return kernel, (bias - _float64(batch_norm.moving_mean)) * scale + _float64(batch_norm.beta, np.zeros(channels))
 
 
 def _fold_block(block, target):
     """Sets ``target`` (``block``'s frozen copy) from ``block``: the attention's value map times
     the output map, and the folded query-key map of content attention, in float64."""
-    def value(variable):
-        return np.asarray(ops.convert_to_numpy(variable), np.float64)
-
     attention, output = block.attention, block.attention_output
-    kernel = value(attention.value_dense.kernel) @ value(output.kernel)
-    bias = value(output.bias) if output.use_bias else np.zeros(kernel.shape[1])
+    kernel = _float64(attention.value_dense.kernel) @ _float64(output.kernel)
+    bias = _float64(output.bias) if output.use_bias else np.zeros(kernel.shape[1])
     if attention.value_dense.use_bias:
-        bias = bias + value(attention.value_dense.bias) @ value(output.kernel)
+        bias = bias + _float64(attention.value_dense.bias) @ _float64(output.kernel)
     target.attention.value_dense.kernel.assign(kernel.astype(np.float32))
     target.attention.value_dense.bias.assign(bias.astype(np.float32))
     if _folds_query_key(attention):
         query, key = attention.query_dense, attention.key_dense
-        folded, folded_bias = fold_query_key(value(query.kernel), value(query.bias) if query.use_bias else None,
-                                             value(key.kernel), attention.num_heads)
+        folded, folded_bias = fold_query_key(_float64(query.kernel), _float64(query.bias) if query.use_bias else None,
+                                             _float64(key.kernel), attention.num_heads)
         target.attention.query_key.kernel.assign(folded.astype(np.float32))
         target.attention.query_key.bias.assign(folded_bias.astype(np.float32))
 

@@ -219,7 +219,7 @@ def scaling():
     grows against ``N (H + W)`` from the smallest grid measured."""
     data = _load("scaling")
     cases = data["cases"]
-    # Case names are preset/GxG/path/mode: a failed case has nothing else to say what it was.
+    # Case names (preset/GxG/path/mode) say what every case was, failed ones too.
     keys = sorted({(preset, int(grid.split("x")[0]), path) for preset, grid, path, _ in map(lambda n: n.split("/"), cases)},
                   key=lambda k: (k[0], k[2], k[1]))
 
