@@ -25,6 +25,23 @@ def test_keras_files_saved_before_the_redesign_load_unchanged(name):
     assert np.abs(expected[name]).max() > 1e-3  # real outputs, not zeros
 
 
+@pytest.mark.parametrize("name", ["frozen_sa_quadratic_small", "frozen_sa_learned_small",
+                                  "frozen_sa_content_plus_learned_bias_small"])
+def test_serving_copies_saved_when_serving_was_a_flag_of_the_layers_load_unchanged(name, tmp_path):
+    """Frozen models written while serving was a set of flags of the training layers
+    (``inference_constants``, ``fold_attention_output``; tests/fixtures/legacy/README.md) load,
+    serve the same outputs, and save and load again."""
+    expected = np.load(LEGACY / "expected_frozen.npz")
+    model = keras.models.load_model(LEGACY / f"{name}.keras")
+    got = ops.convert_to_numpy(model(expected["images"], training=False))
+    np.testing.assert_allclose(got, expected[name], rtol=1e-5, atol=1e-6)
+    assert np.abs(expected[name]).max() > 1e-3
+    model.save(tmp_path / "again.keras")
+    again = keras.models.load_model(tmp_path / "again.keras")
+    np.testing.assert_allclose(ops.convert_to_numpy(again(expected["images"], training=False)), got, rtol=1e-6,
+                               atol=1e-7)
+
+
 def test_a_checkpoint_written_before_the_redesign_resumes(tmp_path):
     """A run directory written before the Task split and the renames (tests/fixtures/legacy/run):
     today's trainer, with the run's own flags (the old preset name included), restores every

@@ -1,0 +1,154 @@
+"""Golden outputs of every preset with fixed weights: the proof that a redesign changed nothing.
+
+    python -m tests.golden --write          # records tests/fixtures/golden/<preset>.npz
+
+Run it only before a change meant to keep behaviour, and commit the fixtures before the change.
+
+`record(preset)` builds the preset, sets every variable from a generator keyed by the variable's
+path (so neither the order in which layers create their weights nor the initializers matter;
+dropout seed-generator states included) and computes, for fixed images and labels:
+
+* ``logits``: inference logits ``(4, classes)``;
+* ``attention``: block 0's inference attention probabilities for queries ``0, 17, 34, ...``
+  (``(2, heads, 6, N)``; attention presets only);
+* ``grad/<variant>/<path>`` (or ``sketch/...``): the gradient of one training step's mean cross-entropy for each
+  variable, under the variants of `VARIANTS` (remat on and off, attention dropout on and off,
+  the dropout masks drawn from the fixed seed-generator states). Gradients of up to
+  `WHOLE` entries are kept whole; larger ones as a sketch (`sketch`: their dot products with
+  fixed random vectors, and their norm), which moves with any change of them: the whole
+  gradients of the presets would weigh tens of MB;
+* ``frozen``: logits of `sa_conv.freeze_for_inference(model)`;
+* ``bfloat16``: logits of the frozen ``mixed_bfloat16`` copy (`with_dtype_policy` first).
+
+`tests/test_golden.py` recomputes them and compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import zlib
+
+import keras
+import numpy as np
+from keras import ops
+
+import sa_conv
+
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "golden"
+# (remat, attention_dropout) of the training-step gradients.
+VARIANTS = {"plain": (False, 0.0), "remat": (True, 0.0), "attention_dropout": (False, 0.1),
+            "remat_attention_dropout": (True, 0.1)}
+BATCH = 4
+GRAD_BATCH = 2
+WHOLE = 4096
+SKETCHES = 4
+
+
+def presets() -> list[str]:
+    return sa_conv.preset_names()
+
+
+def _rng(path: str, salt: str = "") -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32((salt + path).encode()))
+
+
+def canonical_path(path: str) -> str:
+    """The variable's path as the fixtures name it (one place to map a renamed path)."""
+    return path
+
+
+def _value(variable) -> np.ndarray:
+    """The fixed value of ``variable``, from its path: scaled to its role, so that activations
+    stay in range and attention is neither uniform nor one-hot."""
+    path = canonical_path(variable.path)
+    shape = tuple(variable.shape)
+    rng = _rng(path)
+    name = path.split("/")[-1]
+    if "seed_generator" in path:
+        return rng.integers(1, 2 ** 30, shape).astype(variable.dtype)
+    if name in ("gamma", "moving_variance"):
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32) ** (2 if name == "moving_variance" else 1)
+    if name == "centers":
+        return rng.normal(0.0, 2.0, shape).astype(np.float32)
+    if name == "spreads":
+        return (0.5 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    fan_in = shape[0] if len(shape) == 2 else (int(np.prod(shape[:-1])) if len(shape) > 2 else 10)
+    return rng.normal(0.0, 1.0 / np.sqrt(fan_in), shape).astype(np.float32)
+
+
+def build(preset: str, **overrides) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = sa_conv.build_model(preset, **overrides)
+    for variable in model.variables:
+        variable.assign(_value(variable))
+    return model
+
+
+def inputs():
+    rng = np.random.default_rng(7)
+    return rng.integers(0, 256, (BATCH, 32, 32, 3)).astype(np.float32), rng.integers(0, 10, (BATCH,))
+
+
+def _gradients(model, images, labels):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        logits = model(images, training=True)
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    return {canonical_path(v.path): ops.convert_to_numpy(g) for v, g in zip(model.trainable_variables, grads)}
+
+
+def sketch_vectors(path: str, size: int) -> np.ndarray:
+    """`SKETCHES` fixed standard normal vectors of ``size`` entries, keyed by ``path``."""
+    return _rng(path, "sketch").standard_normal((SKETCHES, int(size)))
+
+
+def sketch(path: str, gradient: np.ndarray) -> np.ndarray:
+    """``(g . r_1, ..., g . r_S, |g|, size)`` for the fixed vectors of `sketch_vectors`. An
+    entrywise relative change ``e`` of ``g`` moves each product by at most ``e |g| |r_i|``."""
+    g = gradient.astype(np.float64).reshape(-1)
+    return np.concatenate([sketch_vectors(path, g.size) @ g, [np.linalg.norm(g), g.size]])
+
+
+def record(preset: str) -> dict[str, np.ndarray]:
+    images, labels = inputs()
+    model = build(preset)
+    out = {"logits": ops.convert_to_numpy(model(images, training=False))}
+    attention = sa_conv.get_config(preset).architecture == "attention"
+    if attention:
+        probs = ops.convert_to_numpy(sa_conv.attention_probabilities(model, images[:2])[0])
+        out["attention"] = probs[:, :, ::51, :]
+    variants = VARIANTS if attention else {"plain": (False, 0.0)}
+    for variant, (remat, rate) in variants.items():
+        overrides = dict(remat=remat, attention_dropout=rate) if attention else {}
+        grads = _gradients(build(preset, **overrides), images[:GRAD_BATCH], labels[:GRAD_BATCH])
+        for path, g in grads.items():
+            if g.size <= WHOLE:
+                out[f"grad/{variant}/{path}"] = g
+            else:
+                out[f"sketch/{variant}/{path}"] = sketch(path, g)
+    out["frozen"] = ops.convert_to_numpy(sa_conv.freeze_for_inference(model)(images, training=False))
+    mixed = sa_conv.freeze_for_inference(sa_conv.with_dtype_policy(model, "mixed_bfloat16"))
+    out["bfloat16"] = ops.convert_to_numpy(mixed(images, training=False)).astype(np.float32)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write the fixtures (else: list them)")
+    parser.add_argument("--preset", action="append", help="only these presets (repeatable)")
+    args = parser.parse_args(argv)
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    for preset in args.preset or presets():
+        if args.write:
+            values = record(preset)
+            np.savez_compressed(FIXTURES / f"{preset}.npz", **values)
+            print(f"{preset}: {len(values)} arrays", flush=True)
+        else:
+            print(preset)
+
+
+if __name__ == "__main__":
+    main()
