@@ -78,6 +78,9 @@ def _value(variable) -> np.ndarray:
 
 
 def build(preset: str, **overrides) -> keras.Model:
+    # Keras numbers auto-named layers and seed generators per process ("seed_generator_3"): afresh,
+    # the variables' paths, and so their values, do not depend on what the process built before.
+    keras.backend.clear_session()
     keras.utils.set_random_seed(0)
     model = sa_conv.build_model(preset, **overrides)
     for variable in model.variables:
