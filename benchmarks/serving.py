@@ -196,6 +196,7 @@ def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
     import tensorflow as tf
 
     import sa_conv
+    from sa_conv import serving
 
     rows = []
     for grid in grids:
@@ -203,10 +204,10 @@ def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
             x = tf.constant(np.random.default_rng(0).normal(size=(batch, grid, grid, 400)).astype(np.float32))
             row = {"grid": grid, "batch": batch}
             for path, fast in (("dense", False), ("separable", True)):
-                layer = sa_conv.MultiHeadSelfAttention2D(9, encoding="quadratic", max_grid_size=grid,
-                                                         fast_position_attention=fast, inference_constants=True)
-                layer.build(x.shape)
-                layer.update_constants()
+                trained = sa_conv.MultiHeadSelfAttention2D(9, encoding="quadratic", max_grid_size=grid,
+                                                           fast_position_attention=fast)
+                trained.build(x.shape)
+                layer = serving.serving_attention(trained, x.shape)
                 fn = tf.function(lambda t, layer=layer: layer(t, training=False))
                 row[path] = batch / fastest(lambda: fn(x).numpy(), steps if batch == 1 else max(2, steps // 5))
             row["separable_over_dense"] = row["separable"] / row["dense"]

@@ -369,8 +369,7 @@ def export(
     # every format with the trained model itself.
     serving = sa_conv.freeze_for_inference(
         sa_conv.with_dtype_policy(model, "mixed_bfloat16") if dtype == "bfloat16" else model)
-    constants = [block.attention.inference_aggregation() for block in sa_conv.attention_blocks(serving)
-                 if block.attention.inference_constants]
+    folds = sa_conv.serving.summary(serving)
     try:
         archive = build_archive(serving, class_names, max_image_pixels, max_batch_size)
         archive.write_out(tmp, verbose=False)
@@ -408,11 +407,9 @@ def export(
             "precision": precision_record,
             # Per block with constants (position-only probabilities on this path, or a content
             # encoding's position term: "dense").
-            "attention_constants": constants,
+            "attention_constants": folds["attention_constants"],
             # Linear maps folded into the one before them, per kind (sa_conv.freeze_for_inference).
-            "maps_folded": {
-                "attention_output": sum(b.fold_attention_output for b in sa_conv.attention_blocks(serving)),
-                "query_key": sum(hasattr(b.attention, "query_key") for b in sa_conv.attention_blocks(serving))},
+            "maps_folded": folds["maps_folded"],
             # Batch norms folded into the convolution before them (the ResNet's): one conv with bias each.
             "batch_norms_folded": _count_batch_norms(model) - _count_batch_norms(serving),
             "source": os.path.abspath(path),

@@ -17,8 +17,9 @@ from sa_conv.heads import degenerate_heads, prune_heads, reset_heads
 from sa_conv.invertible_pooling import InvertiblePooling, InvertibleUnpooling
 from sa_conv.models import (
     attention_blocks, attention_grid, attention_probabilities, build_attention_classifier, build_model,
-    freeze_for_inference, interpolate_offset_table, with_dtype_policy, with_image_size,
+    interpolate_offset_table, no_weight_decay, with_dtype_policy, with_image_size,
 )
+from sa_conv.serving import freeze_for_inference
 from sa_conv import preprocessing as _preprocessing
 from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
@@ -41,6 +42,6 @@ __all__ = [
     "MultiHeadSelfAttention2D", "PRESETS", "PRESET_ALIASES", "PixelNormalization", "QuadraticEncoding", "REFERENCE_PIXEL_MEAN",
     "REFERENCE_PIXEL_STD", "RelativeEncoding", "SaConvError", "TransformerBlock", "attention_blocks", "attention_grid", "attention_probabilities",
     "attention_to_conv", "build_attention_classifier", "build_model", "build_resnet", "conv_to_attention",
-    "convert_model", "degenerate_heads", "freeze_for_inference", "get_config", "get_encoding", "preset_names", "prune_heads",
+    "convert_model", "degenerate_heads", "freeze_for_inference", "get_config", "get_encoding", "no_weight_decay", "preset_names", "prune_heads",
     "interpolate_offset_table", "register_encoding", "reset_heads", "with_dtype_policy", "with_image_size",
 ]

@@ -26,7 +26,7 @@ figure is an estimate for deciding, not a measurement: measured peaks are in
 
 from __future__ import annotations
 
-from sa_conv.separable import takes_separable_path
+from sa_conv import aggregation
 from sa_conv.config import ModelConfig
 from sa_conv.encodings import get_encoding
 
@@ -39,8 +39,9 @@ def trains_separable(config: ModelConfig, attention_dropout: float | None = None
     (its masks are per probability, which only the dense path has; ``attention_dropout``: None =
     ``config``'s) and ``fast_position_attention`` True, or ``"auto"`` on a grid where it pays."""
     dropout = config.attention_dropout if attention_dropout is None else attention_dropout
-    return takes_separable_path(get_encoding(config.encoding), config.fast_position_attention,
-                                (config.grid_size, config.grid_size), attention_dropout_active=dropout > 0)
+    chosen = aggregation.choose(get_encoding(config.encoding), config.fast_position_attention,
+                                (config.grid_size, config.grid_size), dropout)
+    return chosen.takes_factors(dropout=dropout > 0)
 
 
 def attention_dropout_bytes(config: ModelConfig) -> int:

@@ -6,7 +6,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from sa_conv.attention import fold_query_key
 from sa_conv.config import ModelConfig, get_config
 from sa_conv.initializers import bias_for, dense_initializers
 from sa_conv.invertible_pooling import InvertiblePooling
@@ -93,9 +92,19 @@ def build_model(name_or_config: str | ModelConfig = "sa_quadratic_small", name: 
     return build_attention_classifier(config, name=name, dtype=dtype)
 
 
-def attention_blocks(model: keras.Model) -> list[TransformerBlock]:
-    """The model's transformer blocks, in order."""
-    return [layer for layer in model.layers if isinstance(layer, TransformerBlock)]
+def attention_blocks(model: keras.Model) -> list[keras.layers.Layer]:
+    """The model's transformer blocks, in order: its `TransformerBlock` layers, or in a serving
+    copy their `sa_conv.serving.ServingTransformerBlock` (each a layer with an ``attention``
+    sublayer)."""
+    return [layer for layer in model.layers if isinstance(getattr(layer, "attention", None), keras.layers.Layer)]
+
+
+def no_weight_decay(model: keras.Model) -> list:
+    """The variables of ``model`` that take no weight decay, as its layers declare them (each
+    attention layer's ``no_weight_decay``: the quadratic encodings' centers and spreads, as in the
+    reference implementation); the trainer decays every other trainable variable."""
+    return [v for block in attention_blocks(model) if hasattr(block.attention, "no_weight_decay")
+            for v in block.attention.no_weight_decay()]
 
 
 def attention_grid(model: keras.Model) -> tuple[tuple[int, int], int]:
@@ -107,20 +116,18 @@ def attention_grid(model: keras.Model) -> tuple[tuple[int, int], int]:
     return (height // width, image_width // width), width
 
 
-def _copy_weights(source: keras.Model, target: keras.Model, target_only: str | None = None, skip=None) -> None:
+def copy_weights(source: keras.Model, target: keras.Model, skip=None) -> None:
     """Assigns every weight of ``source`` to the weight of ``target`` with the same path. ValueError
-    when a weight of either model has no counterpart, except the target's weights whose path
-    contains ``target_only``, and the paths of either for which ``skip(path)`` is true (the caller
-    sets those)."""
+    when a weight of either model has no counterpart, except the paths of either for which
+    ``skip(path)`` is true (the caller sets those)."""
     skip = skip or (lambda path: False)
     values = {v.path: v for v in source.weights if not skip(v.path)}
     for variable in target.weights:
         if skip(variable.path):
             continue
-        if variable.path in values:
-            variable.assign(ops.cast(values.pop(variable.path), variable.dtype))
-        elif target_only is None or target_only not in variable.path:
+        if variable.path not in values:
             raise ValueError(f"{variable.path} has no counterpart in {source.name}.")
+        variable.assign(ops.cast(values.pop(variable.path), variable.dtype))
     if values:
         raise ValueError(f"{sorted(values)[:5]} of {source.name} have no counterpart in the copy.")
 
@@ -139,148 +146,8 @@ def with_dtype_policy(model: keras.Model, policy: str) -> keras.Model:
         return layer.__class__.from_config(config)
 
     copy = keras.models.clone_model(model, clone_function=clone)
-    _copy_weights(model, copy)
+    copy_weights(model, copy)
     return copy
-
-
-def _convolutions_before_batch_norm(model: keras.Model) -> dict:
-    """``{batch_norm_name: conv_name}`` for each `BatchNormalization` (over the last axis) whose
-    only input is a linear `Conv2D` that feeds nothing else: the pairs inference can fold."""
-    def tensors(value):  # the serialized Keras tensors among a node's arguments
-        if isinstance(value, (list, tuple)):
-            return [t for item in value for t in tensors(item)]
-        is_tensor = isinstance(value, dict) and value.get("class_name") == "__keras_tensor__"
-        return [value["config"]["keras_history"][0]] if is_tensor else []
-
-    consumers, sources = {}, {}
-    for entry in model.get_config()["layers"]:
-        for node in entry.get("inbound_nodes", []):
-            for source in tensors(node.get("args", [])):
-                consumers[source] = consumers.get(source, 0) + 1
-                sources.setdefault(entry["name"], []).append(source)
-    pairs = {}
-    for layer in model.layers:
-        if not isinstance(layer, keras.layers.BatchNormalization) or layer.axis not in (-1, 3):
-            continue
-        inputs = sources.get(layer.name, [])
-        if len(inputs) != 1 or consumers[inputs[0]] != 1:
-            continue
-        conv = model.get_layer(inputs[0])
-        if isinstance(conv, keras.layers.Conv2D) and conv.get_config()["activation"] == "linear":
-            pairs[layer.name] = conv.name
-    return pairs
-
-
-def _float64(variable, default=None):
-    """``variable`` as a float64 NumPy array (``default`` when it is None): what the folds of
-    `freeze_for_inference` compute with before they cast once."""
-    return default if variable is None else np.asarray(ops.convert_to_numpy(variable), np.float64)
-
-
-def _folded_convolution(conv, batch_norm):
-    """``(kernel, bias)`` of ``conv`` followed by ``batch_norm`` in inference:
-    ``gamma (x * k + b - mean) / sqrt(var + eps) + beta``, in float64 before the cast."""
-    channels = conv.kernel.shape[-1]
-    scale = _float64(batch_norm.gamma, np.ones(channels)) / np.sqrt(
-        _float64(batch_norm.moving_variance) + batch_norm.epsilon)
-    bias = _float64(conv.bias, np.zeros(channels)) if conv.use_bias else np.zeros(channels)
-    kernel = _float64(conv.kernel) * scale
-    return kernel, (bias - _float64(batch_norm.moving_mean)) * scale + _float64(batch_norm.beta, np.zeros(channels))
-
-
-def _fold_block(block, target):
-    """Sets ``target`` (``block``'s frozen copy) from ``block``: the attention's value map times
-    the output map, and the folded query-key map of content attention, in float64."""
-    attention, output = block.attention, block.attention_output
-    kernel = _float64(attention.value_dense.kernel) @ _float64(output.kernel)
-    bias = _float64(output.bias) if output.use_bias else np.zeros(kernel.shape[1])
-    if attention.value_dense.use_bias:
-        bias = bias + _float64(attention.value_dense.bias) @ _float64(output.kernel)
-    target.attention.value_dense.kernel.assign(kernel.astype(np.float32))
-    target.attention.value_dense.bias.assign(bias.astype(np.float32))
-    if _folds_query_key(attention):
-        query, key = attention.query_dense, attention.key_dense
-        folded, folded_bias = fold_query_key(_float64(query.kernel), _float64(query.bias) if query.use_bias else None,
-                                             _float64(key.kernel), attention.num_heads)
-        target.attention.query_key.kernel.assign(folded.astype(np.float32))
-        target.attention.query_key.bias.assign(folded_bias.astype(np.float32))
-
-
-def _folds_query_key(attention):
-    """Whether the frozen copy of ``attention`` folds its query and key maps into one."""
-    return not attention.position_only and attention.encoding_spec.has_position_bias
-
-
-def freeze_for_inference(model: keras.Model) -> keras.Model:
-    """A copy of ``model`` for serving, with what inference no longer needs computed once from
-    ``model``'s current weights:
-
-    * every position-only attention layer holds its probabilities as constants
-      (`MultiHeadSelfAttention2D` ``inference_constants``): inference evaluates no encoding, and a
-      SavedModel, TFLite or ONNX export of the copy carries the probabilities, not their
-      computation;
-    * a content attention layer whose logits are ``q . k / sqrt(D)`` plus a position term
-      (``content_plus_learned_bias``) holds that term as a constant and one query-key map
-      (`sa_conv.attention.fold_query_key`) instead of its query and key maps;
-    * every `TransformerBlock` folds its ``attention_output`` map into the attention's value map
-      (``fold_attention_output``): ``W_v W_o`` and ``b_v W_o + b_o``;
-    * every `BatchNormalization` that follows a linear `Conv2D` alone (the ResNet's) is folded into
-      it: the convolution's kernel scaled by ``gamma / sqrt(var + eps)`` per output channel and a
-      bias ``beta - mean * gamma / sqrt(var + eps)``, so the copy has no batch-norm layers and one
-      convolution with bias per pair (oneDNN fuses the bias into the convolution);
-    * under a mixed policy (e.g. ``"mixed_bfloat16"``, `with_dtype_policy`), the model's own
-      `Conv2D` and `Dense` layers hold their weights in the compute dtype: the mixed policy would
-      cast them from float32 on every call, the same rounding each time, which at batch 1 is a
-      large part of a ResNet's time. (The attention blocks' inner maps keep the policy.)
-
-    Same outputs as ``model(images, training=False)`` to float32 rounding, on the same attention
-    path (dense or separable) as ``model`` chooses for its grid. The copy only serves (its
-    attention layers refuse training; its folded convolutions have no batch statistics to train);
-    ``model`` is unchanged. The folds are computed in float64 and cast once.
-    """
-    blocks = attention_blocks(model)
-    if any(block.fold_attention_output for block in blocks):
-        raise ValueError(f"{model.name} is already frozen for inference (its blocks fold their output maps): "
-                         "freeze the trained model it was made from.")
-    folds = _convolutions_before_batch_norm(model)
-    folded_convs = set(folds.values())
-    # Weights the copy computes rather than copies (by path prefix), in the model or the copy.
-    computed = tuple(f"{block.name}/{part}/" for block in blocks
-                     for part in ("attention_output", "attention/value")
-                     + (("attention/query", "attention/key", "attention/query_key")
-                        if _folds_query_key(block.attention) else ()))
-
-    def clone(layer):
-        config = layer.get_config()
-        if isinstance(layer, TransformerBlock):
-            constants = layer.attention.position_only or _folds_query_key(layer.attention)
-            config = {**config, "fold_attention_output": True,
-                      "attention_config": {**config["attention_config"], "inference_constants": constants}}
-        if layer.name in folded_convs:
-            config = {**config, "use_bias": True}
-        policy = layer.dtype_policy
-        if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense)) and policy.compute_dtype != policy.variable_dtype:
-            config = {**config, "dtype": policy.compute_dtype}  # weights cast once, here
-        return layer.__class__.from_config(config)
-
-    def call(layer, *args, **kwargs):
-        return args[0] if layer.name in folds else layer(*args, **kwargs)
-
-    frozen = keras.models.clone_model(model, clone_function=clone, call_function=call if folds else None)
-    folded = set(folds) | folded_convs
-    _copy_weights(model, frozen, target_only="/constant_",
-                  skip=lambda path: path.split("/")[0] in folded or path.startswith(computed))
-    for block in blocks:
-        _fold_block(block, frozen.get_layer(block.name))
-    for bn_name, conv_name in folds.items():
-        kernel, bias = _folded_convolution(model.get_layer(conv_name), model.get_layer(bn_name))
-        target = frozen.get_layer(conv_name)
-        target.kernel.assign(ops.cast(kernel.astype(np.float32), target.kernel.dtype))
-        target.bias.assign(ops.cast(bias.astype(np.float32), target.bias.dtype))
-    for block in attention_blocks(frozen):
-        if block.attention.inference_constants:
-            block.attention.update_constants()
-    return frozen
 
 
 def interpolate_offset_table(table, size: int, scale: float):
@@ -312,8 +179,10 @@ def with_image_size(model: keras.Model, image_size: int, max_grid_size: int | No
     (its constants belong to one grid: change the resolution first, then freeze)."""
     image_size = int(image_size)
     _, height, _, channels = model.inputs[0].shape
+    from sa_conv import serving  # it builds on this module
+
     blocks = attention_blocks(model)
-    if any(block.attention.inference_constants for block in blocks):
+    if serving.is_frozen(model):
         raise ValueError("The model holds inference constants for its grid: call with_image_size on the model it "
                          "was frozen from, then sa_conv.freeze_for_inference.")
     (old_grid, _), pooling = attention_grid(model) if blocks else ((height, height), 1)
@@ -357,7 +226,7 @@ def attention_probabilities(model: keras.Model, images) -> list:
     x = images
     probs = []
     for layer in model.layers[1:]:
-        if isinstance(layer, TransformerBlock):
+        if any(layer is block for block in blocks):
             x, p = layer(x, training=False, return_attention_scores=True)
             probs.append(p)
             if len(probs) == len(blocks):

@@ -8,14 +8,15 @@ Eq. (5) factorizes exactly::
 
 (each 1-D softmax subtracts its own maximum, so large spreads do not underflow). The sum of
 Eq. (6), ``sum_h sum_k P_h(q, k) x_k W^(h)``, is then two 1-D passes, over key columns and then
-key rows, with no truncation. `MultiHeadSelfAttention2D` takes this path when `separable_pays`
-and no attention dropout is active; it gives its dense path's output to float32 rounding.
+key rows, with no truncation. `sa_conv.aggregation.SeparableSum` takes this path (chosen by
+`sa_conv.aggregation.choose` where `separable_pays`, and when no attention dropout is active); it
+gives the dense sum's output to float32 rounding.
 Measured speed-ups: ``benchmarks/results/throughput.json``.
 
 Memory: `separable_sum` computes all heads at once, with three ``(batch, N, heads * out)``
 intermediates, which autodiff keeps for the gradient (the fastest order). With
 ``recompute_gradient=True`` (what a rematerialized `TransformerBlock` asks for),
-`separable_attention` goes head by head with a custom gradient (`keras.ops.custom_gradient`, on
+`separable_sum` goes head by head with a custom gradient (`keras.ops.custom_gradient`, on
 the TensorFlow and JAX backends) that keeps only its inputs and recomputes each head's two cheap
 1-D passes in the backward pass, so neither pass holds more than a few ``(batch, N, max(D, out))``
 tensors at a time: slower, and what lets a 48x48 grid train at batch 32 in a few GB
@@ -25,7 +26,7 @@ tensors at a time: slower, and what lets a 48x48 grid train at batch 32 in a few
 import keras
 from keras import ops
 
-__all__ = ["separable_attention", "separable_pays", "separable_sum", "takes_separable_path"]
+__all__ = ["separable_pays", "separable_sum"]
 
 
 def separable_pays(height, width, constants=False):
@@ -36,51 +37,6 @@ def separable_pays(height, width, constants=False):
     cheaper): when ``H * W >= 6 * (H + W)`` (12x12 and larger); at 8x8 the dense path measured
     faster at batch 1 and 100 alike (``benchmarks/results/serving_aggregation.json``)."""
     return height * width >= (6 if constants else 4) * (height + width)
-
-
-def takes_separable_path(encoding, fast_position_attention, grid, attention_dropout_active=False):
-    """Whether attention with the registered ``encoding`` (its spec) runs the separable path on a
-    ``grid`` ``(H, W)`` (None: assume it pays): a position-only encoding whose logits separate,
-    no active attention dropout (its masks are per probability, which only the dense path has),
-    and ``fast_position_attention`` True, or ``"auto"`` where `separable_pays`. The one rule the
-    layer (`MultiHeadSelfAttention2D.uses_fast_path`) and the memory estimate
-    (`sa_conv.footprint`) both follow."""
-    if fast_position_attention == "auto" and grid is not None and not separable_pays(*grid):
-        return False
-    return (bool(fast_position_attention) and encoding.position_only and encoding.separable
-            and not attention_dropout_active)
-
-
-def separable_attention(inputs, row_logits, col_logits, kernel, bias=None, dtype=None, recompute_gradient=False):
-    """``sum_h sum_k P_h(q, k) x_k W^(h) + b`` with ``P_h`` = row factor x column factor.
-
-    Args:
-      inputs: ``x``, ``(batch, H, W, D)``.
-      row_logits, col_logits: ``(heads, H, H)`` and ``(heads, W, W)``, float32 (the encoding's
-        ``factor_logits``), indexed ``[head, query, key]``.
-      kernel: the heads' value maps stacked, ``(heads * D, out)``, rows ordered ``[head, channel]``.
-      bias: ``(out,)`` or None.
-      dtype: the compute dtype (default: the inputs').
-      recompute_gradient: False: all heads at once, differentiated by the backend's autodiff;
-        True: head by head with a custom gradient that keeps only the arguments (see the module
-        doc; on backends without ``custom_gradient``, PyTorch, the former).
-
-    Returns:
-      ``(batch, H, W, out)``.
-
-    With ``recompute_gradient``, head by head, ``y += R_h (C_h x) W^(h)`` (``C_h``: the column
-    pass, ``R_h``: the row pass), with the custom gradient of `_per_head_sum`; otherwise
-    `separable_sum`'s all-heads order.
-    """
-    row_probabilities, col_probabilities = ops.softmax(row_logits, axis=-1), ops.softmax(col_logits, axis=-1)
-    if not recompute_gradient or keras.backend.backend() not in ("tensorflow", "jax"):
-        return separable_sum(inputs, row_probabilities, col_probabilities, kernel, bias, dtype)
-    dtype = dtype or inputs.dtype
-    outputs = ops.custom_gradient(_per_head_sum)(ops.cast(inputs, dtype), ops.cast(row_probabilities, dtype),
-                                                 ops.cast(col_probabilities, dtype), ops.cast(kernel, dtype))
-    if bias is not None:
-        outputs = outputs + ops.cast(bias, dtype)
-    return outputs
 
 
 def _columns(p, v):
@@ -132,11 +88,30 @@ def _per_head_sum(x, p_row, p_col, kernel):
     return y, grad
 
 
-def separable_sum(inputs, row_probabilities, col_probabilities, kernel, bias=None, dtype=None):
-    """`separable_attention` from the factors' probabilities (softmax of the row and column
-    logits over keys, ``(heads, H, H)`` and ``(heads, W, W)``): what inference uses when the
-    probabilities are precomputed constants. Same arguments and result otherwise."""
+def separable_sum(inputs, row_probabilities, col_probabilities, kernel, bias=None, dtype=None,
+                  recompute_gradient=False):
+    """``sum_h sum_k P_h(q, k) x_k W^(h) + b`` with ``P_h`` = row factor x column factor.
+
+    Args:
+      inputs: ``x``, ``(batch, H, W, D)``.
+      row_probabilities, col_probabilities: ``(heads, H, H)`` and ``(heads, W, W)``, indexed
+        ``[head, query, key]``: the softmax over keys of the encoding's ``factor_logits``.
+      kernel: the heads' value maps stacked, ``(heads * D, out)``, rows ordered ``[head, channel]``.
+      bias: ``(out,)`` or None.
+      dtype: the compute dtype (default: the inputs').
+      recompute_gradient: False: all heads at once, differentiated by the backend's autodiff;
+        True: head by head, ``y += R_h (C_h x) W^(h)`` with the custom gradient of
+        `_per_head_sum`, which keeps only the arguments (see the module doc; on backends without
+        ``custom_gradient``, PyTorch, the former).
+
+    Returns:
+      ``(batch, H, W, out)``.
+    """
     dtype = dtype or inputs.dtype
+    if recompute_gradient and keras.backend.backend() in ("tensorflow", "jax"):
+        outputs = ops.custom_gradient(_per_head_sum)(ops.cast(inputs, dtype), ops.cast(row_probabilities, dtype),
+                                                     ops.cast(col_probabilities, dtype), ops.cast(kernel, dtype))
+        return outputs if bias is None else outputs + ops.cast(bias, dtype)
     _, height, width, d = inputs.shape
     heads = row_probabilities.shape[0]
     out = kernel.shape[-1]

@@ -55,21 +55,19 @@ class TransformerBlock(keras.layers.Layer):
     attention's separable path then recomputes its own gradient head by head
     (``recompute_gradient``), so that block's backward pass holds no ``(batch, N, heads * D)``
     tensor either. The recomputation draws the same masks from the same seeds, so the gradients are those without
-    remat, to float32 rounding. With a position-only encoding and attention dropout, the
-    attention is left out of the wrapper: its own gradient draws its mask again and recomputes
-    one product per head (`MultiHeadSelfAttention2D.attend_with_dropout` with a seed), cheaper
-    than recomputing its forward; only the rest of the block is rematerialized (from the
-    block's input and the attention's output).
+    remat, to float32 rounding. Where the attention's aggregation recomputes its own dropout
+    gradient (`sa_conv.aggregation`, ``recomputes_dropout_gradient``: position-only encodings
+    with attention dropout, whose gradient draws the mask again and recomputes one product per
+    head, cheaper than recomputing the forward), the attention is left out of the wrapper and
+    only the rest of the block is rematerialized (from the block's input and the attention's
+    output).
 
     Sublayers: ``attention``, ``attention_output`` (dense), ``attention_output_dropout`` (at rate
     ``dropout``; the attention's own ``attention_dropout`` acts on its probabilities),
     ``attention_norm``, ``intermediate``, ``output``, ``output_dropout``, ``output_norm``.
 
-    ``fold_attention_output=True`` (serving only, set by `sa_conv.freeze_for_inference`): in
-    inference the attention's value map ``heads * D -> D`` and ``attention_output`` are two linear
-    maps in a row, so the block has no ``attention_output`` and the attention's value map holds
-    their product, ``W_v W_o`` with bias ``b_v W_o + b_o``: one map of ``heads * D x D`` instead
-    of that and a ``D x D`` one per pixel. Such a block only serves.
+    Its serving copy (`sa_conv.serving.ServingTransformerBlock`) is built from a trained block by
+    `sa_conv.serving.freeze_for_inference`.
     """
 
     def __init__(
@@ -81,12 +79,10 @@ class TransformerBlock(keras.layers.Layer):
         attention_config=None,
         bias_initializer="zeros",
         remat=False,
-        fold_attention_output=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.remat = bool(remat)
-        self.fold_attention_output = bool(fold_attention_output)
         self.mlp_size = int(mlp_size)
         self.dropout_rate = float(dropout)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
@@ -113,9 +109,7 @@ class TransformerBlock(keras.layers.Layer):
         hidden = input_shape[-1]
         dense, norm = keras.layers.Dense, keras.layers.LayerNormalization
         self.attention.build(input_shape)
-        # Folded: the attention's value map is also the output map (see the class docstring).
-        self.attention_output = None if self.fold_attention_output else self._sublayer(
-            dense, "attention_output", hidden, units=hidden)
+        self.attention_output = self._sublayer(dense, "attention_output", hidden, units=hidden)
         self.attention_output_dropout = self._sublayer(
             keras.layers.Dropout, "attention_output_dropout", rate=self.dropout_rate)
         self.attention_norm = self._sublayer(norm, "attention_norm", epsilon=self.layer_norm_epsilon)
@@ -129,8 +123,7 @@ class TransformerBlock(keras.layers.Layer):
             (self.intermediate, input_shape), (self.output_dense, mlp_shape),
             (self.output_norm, input_shape),
         ):
-            if layer is not None:
-                layer.build(shape)
+            layer.build(shape)
 
     def _mask_seeds(self, inputs):
         """The seeds of the block's three dropouts for this call (None where the rate is 0), each
@@ -143,41 +136,37 @@ class TransformerBlock(keras.layers.Layer):
 
         return seed(self.attention.dropout), seed(self.attention_output_dropout), seed(self.output_dropout)
 
+    @classmethod
+    def from_config(cls, config):
+        # Files saved before serving moved out held serving copies as flags of this block.
+        from sa_conv import serving
+
+        served, config = serving.legacy_serving_layer(cls, config)
+        return served if served is not None else super().from_config(config)
+
     def call(self, inputs, training=None, return_attention_scores=False):
-        if training and self.attention.inference_constants:
-            self.attention.refuse_training()
-        if training and self.fold_attention_output:
-            raise ValueError(
-                f"{self.name} folds its attention output map into the attention's value map "
-                "(sa_conv.freeze_for_inference): it serves, it does not train. Train the model it was made from.")
         seeds = self._mask_seeds(inputs) if training else (None, None, None)
         if not (self.remat and training) or return_attention_scores:
             return self._block(inputs, *seeds, return_attention_scores=return_attention_scores)
-        if self.attention.position_only and seeds[0] is not None:
-            # The attention's seeded gradient keeps no (batch, N, N) tensor and recomputes one
-            # product per head: only the rest of the block is rematerialized.
-            attended = self.attention.attend_with_dropout(inputs, seed=seeds[0])
+        if seeds[0] is not None and self.attention.aggregation_for(tuple(inputs.shape[1:3])).recomputes_dropout_gradient:
+            attended = self.attention(inputs, training=True, dropout_seed=seeds[0])
             return rematerialize(self._tail, inputs, attended, *seeds[1:])
         return rematerialize(self._block, inputs, *seeds)
 
     def _block(self, inputs, attention_seed=None, attention_output_seed=None, output_seed=None,
                return_attention_scores=False):
         """The block from its input and its dropouts' seeds (None: no dropout there)."""
-        if return_attention_scores:  # the attention's own dropout, as a plain layer call
-            attended, probs = self.attention(inputs, training=attention_seed is not None, return_attention_scores=True)
+        attended = self.attention(inputs, training=attention_seed is not None, dropout_seed=attention_seed,
+                                  return_attention_scores=return_attention_scores)
+        if return_attention_scores:
+            attended, probs = attended
             return self._tail(inputs, attended, attention_output_seed, output_seed), probs
-        if attention_seed is None:
-            attended = self.attention(inputs, training=False)  # no attention dropout here
-        else:
-            keep = draw_keep_mask(self._attention_mask_shape(inputs), attention_seed, self.attention.dropout.rate)
-            attended = self.attention.attend_with_dropout(inputs, keep=keep)
         return self._tail(inputs, attended, attention_output_seed, output_seed)
 
     def _tail(self, inputs, attended, attention_output_seed=None, output_seed=None):
         """The block after the attention: output map, dropouts, residuals, LayerNorms and MLP."""
         shape = (ops.shape(inputs)[0],) + tuple(inputs.shape[1:])
-        mapped = attended if self.fold_attention_output else self.attention_output(attended)
-        x = apply_keep_mask(mapped, self._keep(shape, attention_output_seed), self.dropout_rate)
+        x = apply_keep_mask(self.attention_output(attended), self._keep(shape, attention_output_seed), self.dropout_rate)
         x = self.attention_norm(inputs + x)
         y = apply_keep_mask(self.output_dense(exact_gelu(self.intermediate(x))), self._keep(shape, output_seed),
                             self.dropout_rate)
@@ -185,10 +174,6 @@ class TransformerBlock(keras.layers.Layer):
 
     def _keep(self, shape, seed):
         return None if seed is None else draw_keep_mask(shape, seed, self.dropout_rate)
-
-    def _attention_mask_shape(self, inputs):
-        n = inputs.shape[1] * inputs.shape[2]
-        return (ops.shape(inputs)[0], self.attention.num_heads, n, n)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -203,5 +188,4 @@ class TransformerBlock(keras.layers.Layer):
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "attention_config": self.attention_config,
             "remat": self.remat,
-            "fold_attention_output": self.fold_attention_output,
         }

@@ -209,52 +209,27 @@ def test_output_equals_the_papers_formula(encoding):
 
 
 @pytest.mark.parametrize("encoding", ["quadratic", "content_plus_learned_bias"])
-def test_given_dropout_mask_follows_the_papers_formula_head_by_head(encoding):
-    """The path `TransformerBlock` trains with (a given keep-mask, the value map applied one head
-    at a time) equals the formula with the masked, rescaled probabilities."""
-    rate = 0.3
-    layer = MultiHeadSelfAttention2D(3, output_dim=5, encoding=encoding, max_grid_size=6, attention_dropout=rate,
-                                     seed=2)
-    x = RNG.normal(size=(2, 4, 6, 4)).astype(np.float32)
-    _, probs = layer(x, return_attention_scores=True)
-    keep = RNG.random((2, 3, 24, 24)) >= rate
-    out = layer.attend_with_dropout(ops.convert_to_tensor(x), keep=ops.convert_to_tensor(keep))
-    kernel, bias = (_np(w) for w in layer.value_dense.weights)
-    dropped = np.where(keep, _np(probs) / (1 - rate), 0.0)
-    expected = np.einsum("bhqk,bkd,hde->bqe", dropped, x.reshape(2, 24, 4), kernel.reshape(3, 4, 5)) + bias
-    np.testing.assert_allclose(_np(out).reshape(2, 24, 5), expected, rtol=1e-4, atol=1e-5)
-    assert np.abs(_np(out) - _np(layer(x))).max() > 1e-3  # the mask did drop weights
-
-
-@pytest.mark.parametrize("encoding", ["quadratic", "content_plus_learned_bias"])
-def test_seeded_dropout_applies_the_mask_its_seed_draws(encoding):
-    """A seed gives the output of the mask `draw_keep_mask` draws from it, given as the mask
-    (gradients: tests/test_remat.py, TensorFlow)."""
+@pytest.mark.parametrize("recompute_gradient", [False, True])
+def test_dropout_seed_applies_the_mask_it_draws_head_by_head(encoding, recompute_gradient):
+    """In training, the mask drawn from ``dropout_seed`` (`draw_keep_mask`) on the probabilities,
+    the value map applied one head at a time: the formula with the masked, rescaled
+    probabilities, on either aggregation (gradients: tests/test_remat.py, TensorFlow)."""
     from sa_conv.seeded_dropout import draw_keep_mask
 
     rate = 0.3
     layer = MultiHeadSelfAttention2D(3, output_dim=5, encoding=encoding, max_grid_size=6, attention_dropout=rate,
-                                     seed=2)
-    x = RNG.normal(size=(2, 4, 6, 4)).astype(np.float32)
+                                     seed=2, recompute_gradient=recompute_gradient)
+    x = ops.convert_to_tensor(RNG.normal(size=(2, 4, 6, 4)).astype(np.float32))
+    _, probs = layer(x, return_attention_scores=True)
     seed = keras.random.SeedGenerator(7).next()  # a seed tensor of the backend's dtype
-    x = ops.convert_to_tensor(x)
-    with pytest.raises(ValueError, match="not built: call it"):
-        layer.attend_with_dropout(x, seed=seed)
-    layer(x)
-    seeded = _np(layer.attend_with_dropout(x, seed=seed))
-    given = _np(layer.attend_with_dropout(x, keep=draw_keep_mask((2, 3, 24, 24), seed, rate)))
-    np.testing.assert_allclose(seeded, given, rtol=1e-5, atol=1e-6)
-    assert np.abs(seeded - _np(layer(x))).max() > 1e-3  # the mask did drop weights
-
-
-def test_dropout_keep_and_seed_are_exclusive():
-    layer = MultiHeadSelfAttention2D(2, attention_dropout=0.1)
-    x = ops.zeros((1, 3, 3, 2))
-    layer(x)
-    with pytest.raises(ValueError, match="exactly one of keep .* or seed"):
-        layer.attend_with_dropout(x, keep=ops.ones((1, 2, 9, 9), "bool"), seed=ops.convert_to_tensor([1, 2]))
-    with pytest.raises(ValueError, match="exactly one of keep .* or seed"):
-        layer.attend_with_dropout(x)
+    out = layer(x, training=True, dropout_seed=seed)
+    keep = _np(draw_keep_mask((2, 3, 24, 24), seed, rate))
+    kernel, bias = (_np(w) for w in layer.value_dense.weights)
+    dropped = np.where(keep, _np(probs) / (1 - rate), 0.0)
+    expected = np.einsum("bhqk,bkd,hde->bqe", dropped, _np(x).reshape(2, 24, 4), kernel.reshape(3, 4, 5)) + bias
+    np.testing.assert_allclose(_np(out).reshape(2, 24, 5), expected, rtol=1e-4, atol=1e-5)
+    assert np.abs(_np(out) - _np(layer(x))).max() > 1e-3  # the mask did drop weights
+    np.testing.assert_array_equal(_np(layer(x, training=False, dropout_seed=seed)), _np(layer(x)))  # inference: none
 
 
 def test_position_only_attention_is_translation_equivariant_on_interior_pixels():

@@ -42,28 +42,34 @@ class TestTransformerBlockRemat(testing.TestCase):
 
 
 @pytest.mark.parametrize("encoding", ["quadratic", "learned", "content_plus_learned_bias"])
-def test_seeded_dropout_has_the_gradients_of_the_given_mask(encoding):
-    """`attend_with_dropout` from a seed (the gradient draws the mask again and recomputes per
-    head) gives the output and the gradients, for the input and every weight, of the same mask
-    given as a keep-mask (plain autodiff)."""
+def test_recomputed_dropout_gradient_equals_autodiff_of_the_drawn_mask(encoding):
+    """With ``recompute_gradient`` (what a rematerialized block sets), the aggregation of
+    position-only attention with dropout keeps only the seed of the mask: its gradient draws the
+    mask again and recomputes one product per head. Output and gradients, for the input and every
+    weight, equal plain autodiff through the same mask (the layer without ``recompute_gradient``)."""
     rate = 0.3
-    layer = MultiHeadSelfAttention2D(3, output_dim=5, encoding=encoding, max_grid_size=6, attention_dropout=rate,
-                                     seed=2)
     x = tf.constant(np.random.default_rng(5).normal(size=(2, 4, 6, 4)).astype(np.float32))
-    layer(x)
+    layers = [MultiHeadSelfAttention2D(3, output_dim=5, encoding=encoding, max_grid_size=6, attention_dropout=rate,
+                                       seed=2, recompute_gradient=recompute) for recompute in (True, False)]
+    for layer in layers:
+        layer(x)
+    layers[0].set_weights(layers[1].get_weights())
+    recomputes = layers[0].aggregation_for((4, 6)).recomputes_dropout_gradient
+    assert recomputes == sa_conv.get_encoding(encoding).position_only
+    assert not layers[1].aggregation_for((4, 6)).recomputes_dropout_gradient
     seed = tf.constant([7, 11], "int32")
     upstream = tf.constant(np.random.default_rng(5).normal(size=(2, 4, 6, 5)).astype(np.float32))
     results = []
-    for kwargs in ({"seed": seed}, {"keep": draw_keep_mask((2, 3, 24, 24), seed, rate)}):
+    for layer in layers:
         with tf.GradientTape() as tape:
             tape.watch(x)
-            out = layer.attend_with_dropout(x, **kwargs)
+            out = layer(x, training=True, dropout_seed=seed)
             loss = tf.reduce_sum(out * upstream)
         results.append((out, tape.gradient(loss, [x] + layer.trainable_weights)))
     (out_a, grads_a), (out_b, grads_b) = results
     np.testing.assert_allclose(np.asarray(out_a), np.asarray(out_b), rtol=1e-5, atol=1e-6)
-    assert np.abs(np.asarray(out_a) - np.asarray(layer(x))).max() > 1e-3  # the mask did drop weights
-    for name, a, b in zip(["input"] + [w.path for w in layer.trainable_weights], grads_a, grads_b):
+    assert np.abs(np.asarray(out_a) - np.asarray(layers[0](x))).max() > 1e-3  # the mask did drop weights
+    for name, a, b in zip(["input"] + [w.path for w in layers[0].trainable_weights], grads_a, grads_b):
         assert a is not None and b is not None, name
         scale = max(np.abs(np.asarray(b)).max(), 1e-6)
         np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5, err_msg=name)
@@ -123,14 +129,14 @@ def test_remat_gives_the_same_gradients(overrides):
 def test_remat_recomputes_the_block_in_the_backward_pass(encoding, attention_recomputed):
     """The backward pass runs each rematerialized block's tail (all after the attention) again,
     and only then; the attention too for content encodings. Position-only attention with dropout
-    is not recomputed: its own gradient recomputes one product per head instead."""
+    is not recomputed: its aggregation's gradient recomputes one product per head instead."""
     plain, remat = _models(dropout=0.1, attention_dropout=0.1, encoding=encoding)
     images = tf.constant(np.zeros((2, 32, 32, 3)), tf.float32)
     for model, tails, attends in ((plain, 1, 1), (remat, 2, 1 + attention_recomputed)):
         block = model.get_layer("block_0")
-        # The tail starts with the attention output map; the attention with dropout is
-        # `attend_with_dropout`: count the calls of both (public methods, patched per instance).
-        targets = {"tail": (block.attention_output, "call"), "attend": (block.attention, "attend_with_dropout")}
+        # The tail starts with the attention output map: count its calls and the attention's
+        # (public methods, patched per instance).
+        targets = {"tail": (block.attention_output, "call"), "attend": (block.attention, "call")}
         calls = {"tail": 0, "attend": 0}
         for name, (owner, method) in targets.items():
             def counted(*a, _name=name, _method=getattr(owner, method), **k):
@@ -143,8 +149,8 @@ def test_remat_recomputes_the_block_in_the_backward_pass(encoding, attention_rec
             tape.gradient(loss, model.trainable_variables)
             assert calls == {"tail": tails, "attend": attends}, model.name
             calls.update(tail=0, attend=0)
-            model(images, training=False)  # inference: the tail once, no attention dropout
-            assert calls == {"tail": 1, "attend": 0}
+            model(images, training=False)  # inference: each once
+            assert calls == {"tail": 1, "attend": 1}
         finally:
             for owner, method in targets.values():
                 delattr(owner, method)

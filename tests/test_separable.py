@@ -7,8 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from keras import ops
 
-from sa_conv.separable import separable_attention, separable_pays
+from sa_conv import aggregation
+from sa_conv.separable import separable_pays, separable_sum
 from tests.conftest import gradients
+
+
+def separable_attention(x, row_logits, col_logits, kernel, bias=None, dtype=None, recompute_gradient=False):
+    """The layer's separable path from logits: each factor's softmax over keys
+    (`aggregation.softmax`), then `separable_sum`."""
+    row, col = aggregation.softmax(aggregation.Factors(ops.convert_to_tensor(row_logits), ops.convert_to_tensor(col_logits)))
+    return separable_sum(x, row, col, kernel, bias, dtype, recompute_gradient=recompute_gradient)
 
 
 def _softmax(z):

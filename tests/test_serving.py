@@ -1,6 +1,8 @@
-"""Serving from precomputed probabilities (`sa_conv.freeze_for_inference`): for every
-position-only encoding the frozen copy gives the trained model's inference outputs, reads none of
-the encoding's weights per call, only serves, and saves and reloads."""
+"""Serving copies (`sa_conv.serving`, `sa_conv.freeze_for_inference`): for every position-only
+encoding the frozen copy serves from precomputed probabilities and gives the trained model's
+inference outputs, reads none of the encoding's weights per call, only serves, and saves and
+reloads; content attention with a position bias serves from one folded query-key map; the
+training layers take no serving flags."""
 
 import keras
 import numpy as np
@@ -9,7 +11,8 @@ import tensorflow as tf
 from keras import ops
 
 import sa_conv
-from sa_conv.attention import fold_query_key
+from sa_conv import serving
+from sa_conv.serving import fold_query_key
 from sa_conv.resnet import build_resnet
 
 POSITION_ONLY = [name for name, spec in sa_conv.ENCODINGS.items() if spec.position_only]
@@ -38,9 +41,11 @@ def test_frozen_copy_gives_the_models_outputs_on_the_same_path(encoding, fast):
     frozen = sa_conv.freeze_for_inference(model)
     live = [b.attention for b in sa_conv.attention_blocks(model)]
     served = [b.attention for b in sa_conv.attention_blocks(frozen)]
-    assert all(a.inference_constants for a in served) and not any(a.inference_constants for a in live)
+    assert all(isinstance(a, serving.PrecomputedAttention) for a in served)
+    assert all(isinstance(a, sa_conv.MultiHeadSelfAttention2D) for a in live)
     separable = sa_conv.ENCODINGS[encoding].separable and fast == "auto"  # 16x16: separable pays
-    assert {a.inference_aggregation() for a in served} == {"separable" if separable else "dense"}
+    assert {a.factored for a in served} == {separable}
+    assert serving.summary(frozen)["attention_constants"] == ["separable" if separable else "dense"] * 2
     want = ops.convert_to_numpy(model(IMAGES, training=False))
     np.testing.assert_allclose(ops.convert_to_numpy(frozen(IMAGES, training=False)), want, rtol=1e-5, atol=1e-5)
     # The attention maps too (the export's attention_maps signature reads them).
@@ -50,8 +55,8 @@ def test_frozen_copy_gives_the_models_outputs_on_the_same_path(encoding, fast):
 
 @pytest.mark.parametrize("encoding", ["quadratic", "quadratic_full", "mlp"])
 def test_inference_reads_the_constants_not_the_encoding(encoding):
-    """The traced inference function captures the constants and none of the encoding's weights;
-    changing those weights afterwards changes nothing (the original model is independent)."""
+    """The traced inference function captures the constants; the copy has none of the encoding's
+    weights, and changing them in the trained model afterwards changes nothing."""
     model = _model(encoding)
     frozen = sa_conv.freeze_for_inference(model)
     concrete = tf.function(lambda x: frozen(x, training=False)).get_concrete_function(
@@ -60,8 +65,8 @@ def test_inference_reads_the_constants_not_the_encoding(encoding):
     paths = {id(v.value): v.path for v in frozen.weights}
     assert set(paths) >= read
     read = {paths[i] for i in read}
-    encoding_weights = {v.path for b in sa_conv.attention_blocks(frozen) for v in b.attention.position_encoding.weights}
-    assert encoding_weights and not read & encoding_weights
+    encoding_weights = {v.path for b in sa_conv.attention_blocks(model) for v in b.attention.position_encoding.weights}
+    assert encoding_weights and not {v.path for v in frozen.weights} & encoding_weights
     assert sum("/constant_" in p for p in read) >= 2
     before = ops.convert_to_numpy(frozen(IMAGES, training=False))
     for v in sa_conv.attention_blocks(model)[0].attention.position_encoding.weights:
@@ -73,22 +78,17 @@ def test_inference_reads_the_constants_not_the_encoding(encoding):
 def test_constants_take_the_path_measured_faster_for_the_grid(grid, path):
     """benchmarks/results/serving_aggregation.json: with constant probabilities the dense path
     was faster up to 8x8 and the separable one from 12x12, at batch 1 and 100 alike."""
-    layer = sa_conv.MultiHeadSelfAttention2D(2, encoding="quadratic", max_grid_size=grid, inference_constants=True)
+    live = sa_conv.MultiHeadSelfAttention2D(2, encoding="quadratic", max_grid_size=grid)
     x = np.random.default_rng(0).normal(size=(2, grid, grid, 4)).astype(np.float32)
-    layer.build(x.shape)
-    layer.update_constants()
-    assert layer.inference_aggregation() == path
-    live = sa_conv.MultiHeadSelfAttention2D.from_config({**layer.get_config(), "inference_constants": False})
     live.build(x.shape)
-    frozen_weights = {v.path.split("/", 1)[-1]: v for v in layer.weights}
-    for v in live.weights:
-        v.assign(frozen_weights[v.path.split("/", 1)[-1]])
+    layer = serving.serving_attention(live, x.shape)
+    assert layer.factored == (path == "separable")
     np.testing.assert_allclose(ops.convert_to_numpy(layer(x)), ops.convert_to_numpy(live(x)), rtol=1e-5, atol=1e-6)
 
 
 def test_a_frozen_model_refuses_to_train_and_saves(tmp_path):
     frozen = sa_conv.freeze_for_inference(_model("learned"))
-    with pytest.raises(ValueError, match="holds inference constants .* Train the model it was made from"):
+    with pytest.raises(ValueError, match="is a serving copy .* Train the model it was made from"):
         frozen(IMAGES, training=True)
     path = tmp_path / "frozen.keras"
     frozen.save(path)
@@ -152,12 +152,24 @@ def test_query_key_fold_drops_only_what_the_softmax_removes():
     assert np.ptp(difference) > 1e-3  # the dropped terms are not zero: the test can fail
 
 
-def test_only_content_encodings_with_a_position_bias_hold_constants():
-    with pytest.raises(ValueError, match="depend on the input; only position-only encodings"):
-        sa_conv.MultiHeadSelfAttention2D(2, encoding="content_with_relative_keys", inference_constants=True)
-    layer = sa_conv.MultiHeadSelfAttention2D(2, encoding="content_plus_learned_bias", inference_constants=True)
-    layer.build((None, 4, 4, 8))
-    assert layer.inference_aggregation() == "dense" and set(layer.constants) == {"position_logits"}
+@pytest.mark.parametrize("encoding,served", [("content_plus_learned_bias", serving.FoldedContentAttention),
+                                              ("content_with_relative_keys", sa_conv.MultiHeadSelfAttention2D),
+                                              ("learned", serving.PrecomputedAttention)])
+def test_each_encoding_is_served_by_one_class(encoding, served):
+    """Only content encodings with a position bias fold their query and key maps; content logits
+    without one are served by a copy of the trained layer; the training layers take no serving
+    flags."""
+    live = sa_conv.MultiHeadSelfAttention2D(2, encoding=encoding, max_grid_size=4)
+    live.build((None, 4, 4, 8))
+    layer = serving.serving_attention(live, (None, 4, 4, 8))
+    assert type(layer) is served and layer is not live
+    x = np.random.default_rng(0).normal(size=(2, 4, 4, 8)).astype(np.float32)
+    np.testing.assert_allclose(ops.convert_to_numpy(layer(x)), ops.convert_to_numpy(live(x)), rtol=1e-5, atol=1e-6)
+    for flag in ("inference_constants", "query_key"):
+        with pytest.raises(ValueError, match=f"Unrecognized keyword arguments .*{flag}"):
+            sa_conv.MultiHeadSelfAttention2D(2, encoding=encoding, **{flag: True})
+    with pytest.raises(ValueError, match="Unrecognized keyword arguments .*fold_attention_output"):
+        sa_conv.TransformerBlock(8, fold_attention_output=True)
 
 
 def _with_batch_statistics(model, seed=3):

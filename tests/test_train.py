@@ -96,11 +96,12 @@ def test_weight_decay_applies_to_exactly_the_listed_variables(tmp_path):
         model="sa_content_plus_learned_bias_small", num_layers=1, dataset="synthetic", dropout=0.0,
         weight_decay=0.01, model_dir=str(tmp_path), global_batch_size=8, jit_compile=False,
     ))
-    config.no_weight_decay = "centers,spreads,gamma,beta,bias"  # BERT's convention
+    config.no_weight_decay = "gamma,beta,bias"  # BERT's convention
     task = Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
     model = task.build_model()
     optimizer = task.build_optimizer(model, task.build_schedule(task.total_steps()))
     excluded = config.weight_decay_exclusions()
+    assert sa_conv.no_weight_decay(model) == []  # no quadratic encoding: nothing declared
     names = {v.path: decays(v, excluded) for v in model.trainable_variables}
     assert not any(ok for path, ok in names.items() if path.endswith(("/bias", "/gamma", "/beta")))
     assert all(ok for path, ok in names.items() if path.endswith(("/kernel", "_embeddings")))
@@ -114,11 +115,36 @@ def test_weight_decay_applies_to_exactly_the_listed_variables(tmp_path):
         diff = tf.convert_to_tensor(g1) - tf.convert_to_tensor(g0)
         np.testing.assert_allclose(diff.numpy(), expected, atol=1e-6, err_msg=v.path)
 
-    quadratic = make_config(overrides=dict(model="sa_quadratic_full_small", model_dir=str(tmp_path)))
+    quadratic = make_config(overrides=dict(model="sa_quadratic_full_small", dataset="synthetic", model_dir=str(tmp_path)))
+    task = Task(quadratic, strategy=tf.distribute.get_strategy(), log=lambda s: None)
     model = sa_conv.build_model(quadratic.model)
-    skipped = sorted({v.name for v in model.trainable_variables
-                      if not decays(v, quadratic.weight_decay_exclusions())})
+    decayed = {id(v) for v in task.decayed_variables(model)}
+    skipped = sorted({v.name for v in model.trainable_variables if id(v) not in decayed})
     assert skipped == ["centers", "spreads"]  # the reference's default: everything else decays
+
+
+def test_weight_decay_follows_what_the_model_declares_not_variable_names(tmp_path, monkeypatch):
+    """The quadratic encodings declare their centers and spreads (``no_weight_decay``): renamed,
+    they are still the variables spared, and every other variable still decays."""
+    from sa_conv.encodings.quadratic import QuadraticEncoding
+
+    config = make_config(overrides=dict(model="sa_quadratic_small", dataset="synthetic", model_dir=str(tmp_path)))
+    task = Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+
+    def spared(model):
+        decayed = {id(v) for v in task.decayed_variables(model)}
+        return [v.path for v in model.trainable_variables if id(v) not in decayed]
+
+    declared = spared(sa_conv.build_model(config.model))
+    assert len(declared) == 6 and {p.rsplit("/", 1)[1] for p in declared} == {"centers", "spreads"}  # 3 blocks
+    add_weight = QuadraticEncoding.add_weight
+    renames = {"centers": "offset_means", "spreads": "offset_widths"}
+    monkeypatch.setattr(QuadraticEncoding, "add_weight",
+                        lambda self, *a, name=None, **k: add_weight(self, *a, name=renames.get(name, name), **k))
+    renamed = sa_conv.build_model(config.model)
+    assert spared(renamed) == [p.replace("centers", "offset_means").replace("spreads", "offset_widths")
+                               for p in declared]
+    assert len(task.decayed_variables(renamed)) == len(renamed.trainable_variables) - 6
 
 
 # ------------------------------------------------------------------------------ replicas

@@ -87,13 +87,14 @@ class TrainConfig:
     )
     weight_decay: float = _field(
         1e-4,
-        "L2 weight decay (added to the gradient, as PyTorch's SGD) on every variable not named in "
-        "--no_weight_decay.",
+        "L2 weight decay (added to the gradient, as PyTorch's SGD) on every variable but those the model "
+        "declares (sa_conv.no_weight_decay: the attention centers and spreads, as the reference implementation) "
+        "and those named in --no_weight_decay.",
     )
     no_weight_decay: str = _field(
-        "centers,spreads",
-        "Comma-separated short variable names without weight decay. Default: the attention centers and "
-        "spreads only, as the reference implementation; BERT's convention adds gamma,beta,bias.",
+        "",
+        "Comma-separated short variable names without weight decay, besides those the model declares (the "
+        "attention centers and spreads). BERT's convention adds gamma,beta,bias.",
     )
     warmup_ratio: float = _field(0.05, "Fraction of all steps with linear learning-rate warm-up.")
     lr_update: str = _field(

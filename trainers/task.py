@@ -34,10 +34,6 @@ from trainers.config import TrainConfig, default_jit_compile, default_keep_freed
 from trainers.optimizers import PyTorchSGD
 from trainers.schedule import make_schedule
 
-# Variables (by their short name) that get no weight decay by default: the attention centers and
-# spreads, as in the reference implementation (which decays everything else, biases and
-# LayerNorm included; --no_weight_decay).
-NO_WEIGHT_DECAY = ("centers", "spreads")
 
 
 def data_model_fields(config: TrainConfig, dataset: data_lib.ImageData) -> dict:
@@ -112,9 +108,11 @@ def attention_dropout_note(model_config) -> str | None:
             f"path (O(N (H + W)); docs/training.md, resolution and memory).")
 
 
-def decays(variable, excluded=NO_WEIGHT_DECAY) -> bool:
-    """Whether weight decay applies to ``variable``: its short name is not in ``excluded``."""
-    return variable.name.split("/")[-1].split(":")[0] not in excluded
+def decays(variable, excluded=(), spared=()) -> bool:
+    """Whether weight decay applies to ``variable``: it is not among the ``spared`` variables (what
+    the model declares, `sa_conv.no_weight_decay`) and its short name is not in ``excluded``
+    (``--no_weight_decay``)."""
+    return not any(variable is v for v in spared) and variable.name.split("/")[-1].split(":")[0] not in excluded
 
 
 def count_parameters(model: keras.Model) -> int:
@@ -217,9 +215,11 @@ class Task:
         return optimizer
 
     def decayed_variables(self, model: keras.Model) -> list:
-        """``model``'s variables under weight decay (all but ``--no_weight_decay``'s names)."""
-        excluded = self.config.weight_decay_exclusions()
-        return [v for v in model.trainable_variables if decays(v, excluded)]
+        """``model``'s variables under weight decay: all but those the model declares
+        (`sa_conv.no_weight_decay`: the attention centers and spreads, as the reference implementation,
+        which decays everything else, biases and LayerNorm included) and ``--no_weight_decay``'s names."""
+        excluded, spared = self.config.weight_decay_exclusions(), sa_conv.no_weight_decay(model)
+        return [v for v in model.trainable_variables if decays(v, excluded, spared)]
 
     def keeps_freed_memory(self) -> bool:
         """``--keep_freed_memory``, or its default for this model (`default_keep_freed_memory`)."""

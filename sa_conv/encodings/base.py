@@ -75,12 +75,14 @@ class RelativeEncoding(keras.layers.Layer):
     * ``has_position_bias`` and ``position_logits(height, width)``: whether the logits of a
       content encoding are ``q . k / sqrt(d)`` plus a position-only term, and that term
       ``(heads, H*W, H*W)``. A layer frozen for serving then holds the term as a constant and
-      folds its query and key maps into one (`MultiHeadSelfAttention2D` ``inference_constants``).
+      folds its query and key maps into one (`sa_conv.serving.FoldedContentAttention`).
     * ``logits_flops(height, width, num_heads, input_dim, **options)`` (classmethod): the
       FLOPs per example of the logits that depend on the input (0 for position-only ones,
       whose logits are computed once per batch).
     * ``gaussian()``: ``(centers (heads, 2), precision (heads, 2, 2))`` for encodings that are
       a Gaussian around a center per head (plots draw them), else None.
+    * ``no_weight_decay()``: the encoding's variables that take no weight decay (default none;
+      what `sa_conv.no_weight_decay` collects for the trainer, as timm's ``no_weight_decay()``).
     * ``from_attention(attention, input_dim, **options)`` (classmethod): the encoding for an
       attention layer, from its hyperparameters (``options``: the registered ones plus the
       layer's ``encoding_options``); ``check_model(...)`` (classmethod): raises
@@ -148,6 +150,9 @@ class RelativeEncoding(keras.layers.Layer):
 
     def gaussian(self):
         return None
+
+    def no_weight_decay(self) -> list:
+        return []
 
 
 @dataclasses.dataclass(frozen=True)

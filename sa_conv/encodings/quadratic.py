@@ -24,7 +24,9 @@ class QuadraticEncoding(RelativeEncoding):
       semi-definite by construction), ``A_h`` starting at ``I + N(0, spread_init_std^2)``.
 
     Centers start at ``N(0, center_init_std^2)``. Weights: ``centers (heads, 2)``, ``spreads``
-    ``(heads,)`` or ``(heads, 2, 2)``. Neither should receive weight decay.
+    ``(heads,)`` or ``(heads, 2, 2)``. Neither takes weight decay (`no_weight_decay`), as in the
+    reference implementation: decay would pull every head's center to the query pixel and flatten
+    its Gaussian.
     """
 
     COVARIANCES = ("isotropic", "full")
@@ -70,6 +72,9 @@ class QuadraticEncoding(RelativeEncoding):
             init = lambda shape, dtype=None: ops.eye(2, dtype=dtype) + noise(shape, dtype)  # noqa: E731
             shape = (h, 2, 2)
         self.spreads = self.add_weight(name="spreads", shape=shape, initializer=init, autocast=False)
+
+    def no_weight_decay(self):
+        return [self.centers, self.spreads]
 
     # ---------------------------------------------------------------- public accessors
 

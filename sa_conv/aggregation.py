@@ -1,0 +1,139 @@
+"""How attention's weighted sum, the paper's Eq. (6), is computed: one object per layer.
+
+``MHSA(X)_q = sum_h sum_k P_h[q, k] X_k W^(h) + b``. `MultiHeadSelfAttention2D` computes the
+probabilities ``P`` and hands them to the aggregation `choose` picked when the layer was built:
+
+* `DenseSum`: ``P`` as ``(heads, N, N)`` (position only, shared by the batch) or
+  ``(batch, heads, N, N)``. Without dropout, one contraction over keys and one value map of the
+  concatenated heads; with attention dropout, a keep-mask drawn from a seed
+  (`sa_conv.seeded_dropout`) and the sum taken head by head (no ``(batch, N, heads * D)``
+  concatenation). With ``recompute_gradient`` and probabilities shared by the batch, the
+  dropped sum's gradient draws the mask again and recomputes one product per head
+  (`seeded_dropout.seeded_sum_over_heads`): what a rematerialized block asks for.
+* `SeparableSum`: ``P`` as its row and column factors (`Factors`) for encodings whose logits
+  separate: the exact ``O(N (H + W))`` sum of `sa_conv.separable`, its gradient by autodiff or,
+  with ``recompute_gradient``, recomputed head by head. Attention dropout has masks per
+  probability, which only the dense form has: with a dropout seed it takes `DenseSum`'s.
+
+`choose` is the one rule for which; the layer and the trainer's memory estimate both ask it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from keras import ops
+
+from sa_conv import seeded_dropout, separable
+
+__all__ = ["Aggregation", "DenseSum", "Factors", "SeparableSum", "choose", "dense_probabilities", "softmax"]
+
+
+class Factors(NamedTuple):
+    """Separable logits or probabilities: ``row`` ``(heads, H, H)`` and ``col`` ``(heads, W, W)``,
+    indexed ``[head, query, key]``; ``P[h, (qi, qj), (ki, kj)] = row[h, qi, ki] col[h, qj, kj]``."""
+
+    row: object
+    col: object
+
+
+def softmax(logits):
+    """Softmax over keys (Eq. 5) of dense logits, or of each factor: exact for separable logits,
+    each 1-D softmax subtracting its own maximum."""
+    if isinstance(logits, Factors):
+        return Factors(ops.softmax(logits.row, axis=-1), ops.softmax(logits.col, axis=-1))
+    return ops.softmax(logits, axis=-1)
+
+
+def dense_probabilities(probabilities, batch):
+    """``(batch, heads, N, N)`` probabilities from any form: factors multiplied out, shared ones
+    broadcast over the ``batch``."""
+    if isinstance(probabilities, Factors):
+        row, col = probabilities
+        n = row.shape[1] * col.shape[1]
+        probabilities = ops.reshape(row[:, :, None, :, None] * col[:, None, :, None, :], (-1, n, n))
+    if len(probabilities.shape) == 3:
+        probabilities = ops.broadcast_to(probabilities[None], (batch,) + tuple(probabilities.shape))
+    return probabilities
+
+
+class Aggregation:
+    """Eq. (6) for a layer: ``__call__(inputs, probabilities, value_dense, dtype, dropout_seed)``
+    with ``inputs`` ``(batch, H, W, D)``, ``value_dense`` the heads' stacked value maps (a Dense
+    ``heads * D -> out``, rows ordered ``[head, channel]``), and ``dropout_seed`` None or the
+    seed of the attention-dropout mask; returns ``(batch, H, W, out)``."""
+
+    #: Whether the rematerialized block may leave the attention out of its recomputation: its
+    #: gradient with dropout recomputes what it needs by itself.
+    recomputes_dropout_gradient = False
+
+    def takes_factors(self, dropout: bool) -> bool:
+        """Whether the probabilities come as `Factors` (``dropout``: a dropout seed is given)."""
+        return False
+
+    def __call__(self, inputs, probabilities, value_dense, dtype, dropout_seed=None):
+        raise NotImplementedError
+
+
+class DenseSum(Aggregation):
+    """``sum_h Dropout(P_h) X W^(h) + b`` from dense probabilities (see the module doc)."""
+
+    def __init__(self, dropout_rate=0.0, recompute_gradient=False, shared=True):
+        self.rate = float(dropout_rate)
+        self.recomputes_dropout_gradient = bool(recompute_gradient and shared and self.rate > 0)
+
+    def __call__(self, inputs, probabilities, value_dense, dtype, dropout_seed=None):
+        _, height, width, d = inputs.shape
+        if dropout_seed is None:
+            x = ops.reshape(inputs, (-1, height * width, d))
+            weights = ops.cast(probabilities, dtype)
+            equation = "hqk,bkd->bqhd" if len(weights.shape) == 3 else "bhqk,bkd->bqhd"
+            mixed = ops.reshape(ops.einsum(equation, weights, x), (-1, height, width, weights.shape[-3] * d))
+            return value_dense(mixed)
+        x = ops.reshape(ops.cast(inputs, dtype), (-1, height * width, d))
+        kernel = ops.cast(value_dense.kernel, dtype)
+        if self.recomputes_dropout_gradient:
+            outputs = seeded_dropout.seeded_sum_over_heads(x, probabilities, kernel, dropout_seed, self.rate, dtype)
+        else:
+            n = height * width
+            keep = seeded_dropout.draw_keep_mask((ops.shape(x)[0], probabilities.shape[-3], n, n), dropout_seed,
+                                                 self.rate)
+            outputs = seeded_dropout.sum_over_heads(x, probabilities, kernel, keep, self.rate, dtype)
+        if value_dense.use_bias:
+            outputs = outputs + ops.cast(value_dense.bias, dtype)
+        return ops.reshape(outputs, (-1, height, width, value_dense.units))
+
+
+class SeparableSum(Aggregation):
+    """The exact separable sum from `Factors` of the probabilities (`sa_conv.separable`); with a
+    dropout seed, `DenseSum`'s dropped sum from the factors multiplied out."""
+
+    def __init__(self, dropout_rate=0.0, recompute_gradient=False):
+        self.recompute_gradient = bool(recompute_gradient)
+        self.dropped = DenseSum(dropout_rate, recompute_gradient)
+        self.recomputes_dropout_gradient = self.dropped.recomputes_dropout_gradient
+
+    def takes_factors(self, dropout):
+        return not dropout
+
+    def __call__(self, inputs, probabilities, value_dense, dtype, dropout_seed=None):
+        if dropout_seed is not None:
+            return self.dropped(inputs, probabilities, value_dense, dtype, dropout_seed)
+        bias = value_dense.bias if value_dense.use_bias else None
+        return separable.separable_sum(inputs, *probabilities, value_dense.kernel, bias, dtype,
+                                       recompute_gradient=self.recompute_gradient)
+
+
+def choose(encoding, fast_position_attention="auto", grid=None, dropout_rate=0.0, recompute_gradient=False,
+           constants=False) -> Aggregation:
+    """The aggregation of attention with the registered ``encoding`` (its spec) on a ``grid``
+    ``(H, W)`` (None: assume the separable sum pays): `SeparableSum` for a position-only encoding
+    whose logits separate, with ``fast_position_attention`` True, or ``"auto"`` where
+    `separable.separable_pays` (``constants``: for probabilities precomputed for serving, which
+    make the dense sum cheaper); `DenseSum` otherwise."""
+    separable_form = (bool(fast_position_attention) and encoding.position_only and encoding.separable
+                      and not (fast_position_attention == "auto" and grid is not None
+                               and not separable.separable_pays(*grid, constants=constants)))
+    if separable_form:
+        return SeparableSum(dropout_rate, recompute_gradient)
+    return DenseSum(dropout_rate, recompute_gradient, shared=encoding.position_only)
