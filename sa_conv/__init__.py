@@ -9,8 +9,8 @@ from sa_conv.attention import MultiHeadSelfAttention2D
 from sa_conv.config import PRESET_ALIASES, PRESETS, ModelConfig, get_config, preset_names
 from sa_conv.conversion import AttentionConv2D, attention_to_conv, conv_to_attention, convert_model
 from sa_conv.encodings import (
-    ENCODING_ALIASES, ENCODINGS, LearnedContentEncoding, LearnedRelativeEncoding, QuadraticEncoding, RelativeEncoding, get_encoding,
-    register_encoding,
+    ENCODING_ALIASES, ENCODINGS, ContentPlusLearnedBiasEncoding, ContentWithRelativeKeysEncoding, LearnedRelativeEncoding,
+    QuadraticEncoding, RelativeEncoding, get_encoding, register_encoding,
 )
 from sa_conv.errors import DatasetError, SaConvError
 from sa_conv.heads import degenerate_heads, prune_heads, reset_heads
@@ -20,6 +20,7 @@ from sa_conv.models import (
     interpolate_offset_table, no_weight_decay, with_dtype_policy, with_image_size,
 )
 from sa_conv.serving import freeze_for_inference
+from sa_conv import encodings as _encodings
 from sa_conv import preprocessing as _preprocessing
 from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
@@ -30,15 +31,16 @@ __version__ = "0.2.0"
 
 
 def __getattr__(name):
-    """Former names (`sa_conv.preprocessing.DEPRECATED_NAMES`), with a DeprecationWarning."""
-    if name in _preprocessing.DEPRECATED_NAMES:
-        return _preprocessing.deprecated_name(name, stacklevel=2)
+    """Former names of constants and classes (`sa_conv.aliases`), with a DeprecationWarning the first time."""
+    for module, former in ((_preprocessing, _preprocessing.FORMER_CONSTANTS), (_encodings, _encodings.FORMER_CLASSES)):
+        if name in former:
+            return getattr(module, former.resolve(name, stacklevel=2))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "AttentionConv2D", "DatasetError", "ENCODING_ALIASES", "ENCODINGS", "InvertiblePooling",
-    "InvertibleUnpooling", "LearnedContentEncoding", "LearnedRelativeEncoding", "ModelConfig",
+    "InvertibleUnpooling", "ContentPlusLearnedBiasEncoding", "ContentWithRelativeKeysEncoding", "LearnedRelativeEncoding", "ModelConfig",
     "MultiHeadSelfAttention2D", "PRESETS", "PRESET_ALIASES", "PixelNormalization", "QuadraticEncoding", "REFERENCE_PIXEL_MEAN",
     "REFERENCE_PIXEL_STD", "RelativeEncoding", "SaConvError", "TransformerBlock", "attention_blocks", "attention_grid", "attention_probabilities",
     "attention_to_conv", "build_attention_classifier", "build_model", "build_resnet", "conv_to_attention",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Optional
 
+from sa_conv.aliases import FormerNames
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS
 
@@ -162,12 +162,12 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-PRESET_ALIASES: Mapping[str, str] = MappingProxyType({
+PRESET_ALIASES = FormerNames("preset", {
     # The paper's "SA learned embedding w/ content", named before its encoding was renamed.
     "sa_learned_content": "sa_content_plus_learned_bias",
     "sa_learned_content_small": "sa_content_plus_learned_bias_small",
 })
-"""Former preset names, each mapped to its current name (`get_config` accepts them)."""
+"""Former preset names, each mapped to its current name (`get_config` accepts them, warning once)."""
 
 
 def preset_names() -> list[str]:
@@ -175,10 +175,10 @@ def preset_names() -> list[str]:
     return list(PRESETS)
 
 
-def canonical_preset(name: str) -> str:
-    """The current name of preset ``name`` (itself, or the target of a former name); ValueError
-    listing the presets for an unknown name."""
-    name = PRESET_ALIASES.get(name, name)
+def canonical_preset(name: str, stacklevel: int = 1) -> str:
+    """The current name of preset ``name`` (itself, or the target of a former name, which warns
+    ``stacklevel`` frames above the caller); ValueError listing the presets for an unknown name."""
+    name = PRESET_ALIASES.resolve(name, stacklevel=stacklevel + 1)
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
     return name
@@ -186,4 +186,4 @@ def canonical_preset(name: str) -> str:
 
 def get_config(name: str, **overrides) -> ModelConfig:
     """The preset ``name`` (or a former name, `PRESET_ALIASES`) with ``overrides`` applied."""
-    return PRESETS[canonical_preset(name)].replace(**overrides)
+    return PRESETS[canonical_preset(name, stacklevel=2)].replace(**overrides)

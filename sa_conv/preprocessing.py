@@ -1,10 +1,10 @@
 """Pixel normalization shared by every model, so that models (and their exports) take raw pixels."""
 
-import warnings
-
 import epfml_reference
 import keras
 from keras import ops
+
+from sa_conv.aliases import FormerNames, module_getattr
 
 # The reference implementation's CIFAR-10 normalization (RGB, on pixels scaled to [0, 1]; its std
 # is below the data's measured ~0.25): the defaults of models built without data, as in the
@@ -14,22 +14,9 @@ REFERENCE_PIXEL_MEAN = epfml_reference.PIXEL_MEAN
 REFERENCE_PIXEL_STD = epfml_reference.PIXEL_STD
 # Former names, kept importable (with a DeprecationWarning): they are the reference's constants,
 # not CIFAR-10's measured statistics.
-DEPRECATED_NAMES = {"CIFAR10_MEAN": "REFERENCE_PIXEL_MEAN", "CIFAR10_STD": "REFERENCE_PIXEL_STD"}
-
-
-def deprecated_name(name, stacklevel=2):
-    """The value of the former name ``name`` (a key of `DEPRECATED_NAMES`), with a
-    DeprecationWarning pointing ``stacklevel`` frames up."""
-    new = DEPRECATED_NAMES[name]
-    warnings.warn(f"{name} is deprecated: it is the reference implementation's constant, now named {new}.",
-                  DeprecationWarning, stacklevel=stacklevel + 1)
-    return globals()[new]
-
-
-def __getattr__(name):
-    if name in DEPRECATED_NAMES:
-        return deprecated_name(name, stacklevel=2)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+FORMER_CONSTANTS = FormerNames("constant", {"CIFAR10_MEAN": "REFERENCE_PIXEL_MEAN",
+                                            "CIFAR10_STD": "REFERENCE_PIXEL_STD"})
+__getattr__ = module_getattr(__name__, FORMER_CONSTANTS, globals())
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")

@@ -50,7 +50,7 @@ import numpy as np
 from keras import ops
 
 from sa_conv.config import ModelConfig, get_config
-from sa_conv.encodings import LearnedContentEncoding, LearnedRelativeEncoding, QuadraticEncoding
+from sa_conv.encodings import ContentPlusLearnedBiasEncoding, LearnedRelativeEncoding, QuadraticEncoding
 from sa_conv.errors import SaConvError
 from sa_conv.models import attention_blocks
 
@@ -190,7 +190,7 @@ def _attention_map(model):
                      (f"{p}.attention.self.attention_spreads", encoding.spreads, None)]
         elif isinstance(encoding, LearnedRelativeEncoding):
             plan += _learned(f"{p}.attention.self", encoding)
-        elif isinstance(encoding, LearnedContentEncoding) and encoding.relative == "head_keys":
+        elif isinstance(encoding, ContentPlusLearnedBiasEncoding):
             plan += _learned(f"{p}.attention.self", encoding.position)
             plan += _linear(f"{p}.attention.self.query", attention.query_dense)
             plan += _linear(f"{p}.attention.self.key", attention.key_dense)

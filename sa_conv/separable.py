@@ -19,8 +19,8 @@ intermediates, which autodiff keeps for the gradient (the fastest order). With
 `separable_sum` goes head by head with a custom gradient (`keras.ops.custom_gradient`, on
 the TensorFlow and JAX backends) that keeps only its inputs and recomputes each head's two cheap
 1-D passes in the backward pass, so neither pass holds more than a few ``(batch, N, max(D, out))``
-tensors at a time: slower, and what lets a 48x48 grid train at batch 32 in a few GB
-(``benchmarks/results/scaling.json``).
+tensors at a time: slower steps for a peak that grows far less with the grid (measured:
+``benchmarks/results/scaling.json``).
 """
 
 import keras

@@ -109,6 +109,7 @@ def test_former_constant_names_warn_and_give_the_reference_constants(module):
     import importlib
 
     mod = importlib.import_module(module)
+    sa_conv.preprocessing.FORMER_CONSTANTS.forget_warnings()
     with pytest.warns(DeprecationWarning, match="CIFAR10_STD is deprecated.*REFERENCE_PIXEL_STD") as record:
         std = mod.CIFAR10_STD
     assert record[0].filename == __file__  # points at the caller
@@ -134,3 +135,42 @@ def test_an_alias_cannot_shadow_or_steal_a_name():
     finally:
         sa_conv.encodings.unregister_encoding("test_alias")
     assert "test_old" not in sa_conv.ENCODING_ALIASES
+
+
+FORMER = [("encoding", "learned_content", "content_with_relative_keys", lambda n: sa_conv.get_encoding(n).name),
+          ("preset", "sa_learned_content_small", "sa_content_plus_learned_bias_small",
+           lambda n: sa_conv.config.canonical_preset(n)),
+          ("constant", "CIFAR10_MEAN", "REFERENCE_PIXEL_MEAN", lambda n: getattr(sa_conv, n)),
+          ("class", "LearnedContentEncoding", "ContentWithRelativeKeysEncoding",
+           lambda n: getattr(sa_conv.encodings, n).__name__)]
+
+
+@pytest.mark.parametrize("kind,old,new,use", FORMER, ids=[f[0] for f in FORMER])
+def test_every_former_name_warns_once_naming_the_new_one(kind, old, new, use):
+    """One mechanism (`sa_conv.aliases.FormerNames`) for encodings, presets, constants and
+    classes: the first use of a former name warns, naming the new one, at the caller; later uses
+    are silent and give the same thing."""
+    import warnings
+
+    from sa_conv import aliases
+
+    tables = [sa_conv.ENCODING_ALIASES, sa_conv.PRESET_ALIASES, sa_conv.preprocessing.FORMER_CONSTANTS,
+              sa_conv.encodings.FORMER_CLASSES]
+    assert all(isinstance(t, aliases.FormerNames) for t in tables)
+    table = next(t for t in tables if t.kind == kind)
+    assert table[old] == new
+    table.forget_warnings()
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: the {kind} is now named {new}") as first:
+        value = use(old)
+    assert len(first) == 1 and first[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second warning would raise
+        again, current = use(old), use(new)
+    assert again == value == current
+
+
+def test_the_content_encodings_are_two_classes_named_for_what_they_compute():
+    assert sa_conv.ENCODINGS["content_plus_learned_bias"].cls is sa_conv.ContentPlusLearnedBiasEncoding
+    assert sa_conv.ENCODINGS["content_with_relative_keys"].cls is sa_conv.ContentWithRelativeKeysEncoding
+    assert sa_conv.ENCODINGS["content_plus_learned_bias"].has_position_bias
+    assert not sa_conv.ENCODINGS["content_with_relative_keys"].has_position_bias

@@ -156,7 +156,7 @@ def test_learned_score_is_the_sum_of_the_right_table_rows():
 
 def test_content_with_relative_keys_relative_term():
     p, d, heads = 8, 6, 2
-    enc = pe.LearnedContentEncoding(p, d, seed=3)
+    enc = pe.ContentWithRelativeKeysEncoding(p, d, seed=3)
     enc.build()
     row, col = _np(enc.row_embeddings), _np(enc.col_embeddings)
     height, width = 3, 5
@@ -299,7 +299,8 @@ LAYERS = [
     lambda: sa_conv.PixelNormalization(),
     lambda: pe.QuadraticEncoding(4, covariance="full", center_init_std=1.0),
     lambda: pe.LearnedRelativeEncoding(4, 8, 6),
-    lambda: pe.LearnedContentEncoding(8, 6),
+    lambda: pe.ContentWithRelativeKeysEncoding(8, 6),
+    lambda: pe.ContentPlusLearnedBiasEncoding(8, 6, num_heads=3, embedding_dim=4),
     lambda: MultiHeadSelfAttention2D(4, output_dim=7, encoding="learned", max_grid_size=9, attention_dropout=0.2),
     lambda: sa_conv.TransformerBlock(16, dropout=0.2, attention_config={"num_heads": 4, "encoding": "quadratic_full"}),
 ]

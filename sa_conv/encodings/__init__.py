@@ -6,14 +6,16 @@
 * ``quadratic``, ``quadratic_full``: `QuadraticEncoding` (paper Eq. 9, isotropic or full covariance).
 * ``learned``: `LearnedRelativeEncoding` (learned row and column tables, position only).
 * ``content_plus_learned_bias`` (the reference's "learned embedding w/ content", the paper
-  presets'; formerly ``learned_plus_content``) and ``content_with_relative_keys``
-  (Ramachandran et al.'s; formerly ``learned_content``): `LearnedContentEncoding`, content
-  logits with a learned relative term, added to the logits or to the keys.
-
-Former names resolve through `ENCODING_ALIASES` (`get_encoding` accepts them).
+  presets'; formerly ``learned_plus_content``): `ContentPlusLearnedBiasEncoding`, content logits
+  plus the ``learned`` encoding's logits; ``content_with_relative_keys`` (Ramachandran et al.'s;
+  formerly ``learned_content``): `ContentWithRelativeKeysEncoding`, relative embeddings against
+  each head's query. Both derive from `ContentEncoding`.
 * ``sinusoidal``: `SinusoidalRelativeEncoding` (fixed sinusoidal features of each axis offset,
   learned per-head vectors).
 * ``mlp``: `MLPRelativeEncoding` (a small MLP of the continuous offset).
+
+Former encoding names resolve through `ENCODING_ALIASES` (`get_encoding` accepts them), former
+class names through `FORMER_CLASSES`, each with a DeprecationWarning the first time.
 """
 
 from sa_conv.encodings.base import (
@@ -23,12 +25,24 @@ from sa_conv.encodings.base import (
 # Registration order is the order of `ENCODINGS`.
 from sa_conv.encodings.quadratic import QuadraticEncoding  # isort: skip
 from sa_conv.encodings.learned import LearnedRelativeEncoding  # isort: skip
-from sa_conv.encodings.content import LearnedContentEncoding  # isort: skip
+from sa_conv.encodings.content import (  # isort: skip
+    ContentEncoding, ContentPlusLearnedBiasEncoding, ContentWithRelativeKeysEncoding,
+)
 from sa_conv.encodings.sinusoidal import SinusoidalRelativeEncoding  # isort: skip
 from sa_conv.encodings.mlp import MLPRelativeEncoding  # isort: skip
 
+from sa_conv import aliases  # noqa: E402
+
+FORMER_CLASSES = aliases.FormerNames("class", {
+    # One class served both content encodings (with relative="query", its default, or "head_keys",
+    # which is ContentPlusLearnedBiasEncoding).
+    "LearnedContentEncoding": "ContentWithRelativeKeysEncoding",
+})
+__getattr__ = aliases.module_getattr(__name__, FORMER_CLASSES, globals())
+
 __all__ = [
-    "ENCODING_ALIASES", "ENCODINGS", "EncodingSpec", "LearnedContentEncoding", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
+    "ContentEncoding", "ContentPlusLearnedBiasEncoding", "ContentWithRelativeKeysEncoding",
+    "ENCODING_ALIASES", "ENCODINGS", "EncodingSpec", "FORMER_CLASSES", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
     "RelativeEncoding", "SinusoidalRelativeEncoding", "axis_offsets", "check_table_bound", "get_encoding", "register_encoding",
     "relative_indices", "relative_offsets", "unregister_encoding",
 ]

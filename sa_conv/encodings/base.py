@@ -20,6 +20,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from sa_conv.aliases import FormerNames
+
 
 def relative_offsets(height, width):
     """Offsets ``k - q`` between all grid pixels.
@@ -196,10 +198,10 @@ class EncodingSpec:
 _REGISTRY: dict[str, EncodingSpec] = {}
 ENCODINGS: Mapping[str, EncodingSpec] = MappingProxyType(_REGISTRY)
 """Every registered encoding by name (read-only; `register_encoding` adds to it)."""
-_ALIASES: dict[str, str] = {}
-ENCODING_ALIASES: Mapping[str, str] = MappingProxyType(_ALIASES)
-"""Former names of encodings, each mapped to its current name: `get_encoding` accepts them, so
-configurations and ``.keras`` files that use them still load (read-only)."""
+ENCODING_ALIASES = FormerNames("encoding")
+"""Former names of encodings, each mapped to its current name (`sa_conv.aliases.FormerNames`):
+`get_encoding` accepts them, warning once, so configurations and ``.keras`` files that use them
+still load."""
 
 
 def register_encoding(name: str, *, aliases=(), **options):
@@ -211,15 +213,16 @@ def register_encoding(name: str, *, aliases=(), **options):
         if not (isinstance(cls, type) and issubclass(cls, RelativeEncoding)):
             raise TypeError(f"{cls!r} is not a RelativeEncoding subclass.")
         for new in (name, *aliases):
-            if new in _ALIASES and _ALIASES[new] != name:
-                raise ValueError(f"{new!r} is already a former name of the encoding {_ALIASES[new]!r}.")
+            if new in ENCODING_ALIASES and ENCODING_ALIASES[new] != name:
+                raise ValueError(f"{new!r} is already a former name of the encoding {ENCODING_ALIASES[new]!r}.")
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"An encoding named {name!r} is already registered ({_REGISTRY[name].cls.__name__}).")
         taken = [a for a in aliases if a in _REGISTRY]
         if taken:
             raise ValueError(f"Alias {taken[0]!r} is the name of a registered encoding.")
         _REGISTRY[name] = EncodingSpec(name, cls, MappingProxyType(dict(options)))
-        _ALIASES.update(dict.fromkeys(aliases, name))
+        for alias in aliases:
+            ENCODING_ALIASES.add(alias, name)
         return cls
 
     return register
@@ -231,14 +234,14 @@ def unregister_encoding(name: str) -> None:
     if name not in _REGISTRY:
         raise KeyError(f"No encoding named {name!r} is registered.")
     del _REGISTRY[name]
-    for alias in [a for a, target in _ALIASES.items() if target == name]:
-        del _ALIASES[alias]
+    for alias in [a for a, target in ENCODING_ALIASES.items() if target == name]:
+        ENCODING_ALIASES.remove(alias)
 
 
 def get_encoding(name: str) -> EncodingSpec:
     """The registered encoding ``name`` or former name (`ENCODING_ALIASES`: the spec has the
     current name); ValueError listing the known names otherwise."""
     try:
-        return _REGISTRY[_ALIASES.get(name, name)]
+        return _REGISTRY[ENCODING_ALIASES.resolve(name, stacklevel=2) if isinstance(name, str) else name]
     except (KeyError, TypeError):
         raise ValueError(f"Unknown encoding {name!r}; choose one of {', '.join(_REGISTRY)}.") from None

@@ -1,6 +1,7 @@
-"""Content-based attention with learned 2-D relative embeddings (the paper's "SA learned
-embedding w/ content"), in two variants: the reference implementation's and Ramachandran et
-al.'s (2019)."""
+"""Content-based attention with learned 2-D relative embeddings, two encodings over one base
+(`ContentEncoding`): the paper's "SA learned embedding w/ content" as the reference implements it
+(`ContentPlusLearnedBiasEncoding`) and Ramachandran et al.'s (2019,
+`ContentWithRelativeKeysEncoding`)."""
 
 import math
 
@@ -11,106 +12,147 @@ from sa_conv.encodings.base import RelativeEncoding, check_table_bound, register
 from sa_conv.encodings.learned import LearnedRelativeEncoding
 
 
-@keras.saving.register_keras_serializable(package="sa_conv")
-@register_encoding("content_plus_learned_bias", aliases=("learned_plus_content",), relative="head_keys")
-@register_encoding("content_with_relative_keys", aliases=("learned_content",), relative="query")
-class LearnedContentEncoding(RelativeEncoding):
-    """Content logits ``q . k / sqrt(d)`` plus a learned relative term, two variants:
-
-    * ``relative="head_keys"`` (``"content_plus_learned_bias"``, the reference implementation's
-      ``Learned2DRelativeSelfAttention`` with ``use_attention_data``, from which the paper's
-      Table 1 row comes): ``q . k / sqrt(d) + logit_h(delta)``, the position-only logits of the
-      ``learned`` encoding (`LearnedRelativeEncoding`: tables ``(2P - 1, E)`` and per-head keys
-      ``(E, heads)``), unscaled, added to every example's content logits.
-    * ``relative="query"`` (``"content_with_relative_keys"``, after Ramachandran et al., 2019):
-      ``(q . k + q . r_delta) / sqrt(d)``, the query of each head (size ``d``) split in a row
-      half and a column half, ``q . r_delta = q[:d/2] . e_row[dy] + q[d/2:] . e_col[dx]``, with
-      row and column tables ``(2P - 1, d / 2)`` shared by all heads.
-
-    The queries and keys ``(batch, heads, N, d)`` come from the attention layer's ``query`` and
-    ``key`` maps. Not position-only: the logits are ``(batch, heads, N, N)``.
-    """
+class ContentEncoding(RelativeEncoding):
+    """Content logits ``q . k / sqrt(d)`` and a learned relative term: what the two content
+    encodings share. The queries and keys ``(batch, heads, N, d)`` come from the attention layer's
+    ``query`` and ``key`` maps. Not position-only: the logits are ``(batch, heads, N, N)``."""
 
     position_only = False
-    RELATIVE = ("query", "head_keys")
 
-    def __init__(self, max_grid_size, query_dim, initializer_range=0.02, seed=None, relative="query",
-                 num_heads=None, embedding_dim=None, initialization=None, **kwargs):
+    def __init__(self, max_grid_size, query_dim, initializer_range=0.02, seed=None, initialization=None, **kwargs):
         super().__init__(**kwargs)
-        if relative not in self.RELATIVE:
-            raise ValueError(f"relative must be one of {self.RELATIVE}, got {relative!r}.")
         self.max_grid_size = int(max_grid_size)
         self.query_dim = int(query_dim)
         self.initializer_range = float(initializer_range)
         self.seed = seed
-        self.relative = relative
-        self.num_heads = None if num_heads is None else int(num_heads)
-        self.embedding_dim = None if embedding_dim is None else int(embedding_dim)
         self.initialization = initialization
-        if relative == "head_keys":
-            if self.num_heads is None or self.embedding_dim is None:
-                raise ValueError('relative="head_keys" needs num_heads and embedding_dim.')
-            self.position = LearnedRelativeEncoding(
-                self.num_heads, self.max_grid_size, self.embedding_dim, initializer_range=self.initializer_range,
-                seed=seed, initialization=initialization, name="position")
-        elif self.query_dim % 2:
-            raise ValueError(
-                f"content_with_relative_keys splits each query in a row half and a column half, so the "
-                f"query size (the layer's input channels) must be even, got {self.query_dim}."
-            )
-
-    @property
-    def options(self):
-        return {"relative": self.relative}
 
     @classmethod
-    def from_attention(cls, attention, input_dim, relative="query"):
-        extra = {"initialization": getattr(attention, "initialization", None)}
-        if relative == "head_keys":
-            extra.update(num_heads=attention.num_heads, embedding_dim=attention.position_embedding_dim or input_dim)
+    def from_attention(cls, attention, input_dim, **extra):
         return cls(attention.max_grid_size, input_dim, initializer_range=attention.initializer_range,
-                   seed=attention.sublayer_seed(0), relative=relative, name="position_encoding", **extra)
+                   seed=attention.sublayer_seed(0), name="position_encoding",
+                   initialization=getattr(attention, "initialization", None), **extra)
 
     @classmethod
-    def check_model(cls, *, grid_size, hidden_size, max_grid_size, relative="query"):
-        if hidden_size % 2 and relative == "query":
-            raise ValueError(
-                f"content_with_relative_keys splits each head's query in row and column halves: hidden_size "
-                f"must be even, got {hidden_size}."
-            )
+    def check_model(cls, *, grid_size, hidden_size, max_grid_size):
         if grid_size > max_grid_size:
             raise ValueError(
                 f"The attention grid is {grid_size}x{grid_size} but max_grid_size is "
                 f"{max_grid_size}; set max_grid_size >= {grid_size}."
             )
 
-    @classmethod
-    def is_position_bias(cls, relative="query"):
-        return relative == "head_keys"
+    @staticmethod
+    def content_logits(queries, keys):
+        """``q . k`` (unscaled), ``(batch, heads, N, N)`` float32, for queries and keys
+        ``(batch, heads, N, d)``."""
+        if queries is None or keys is None:
+            raise ValueError("content-based logits depend on the input: pass queries and keys.")
+        return ops.cast(ops.einsum("bhqd,bhkd->bhqk", queries, keys), "float32")
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "max_grid_size": self.max_grid_size,
+            "query_dim": self.query_dim,
+            "initializer_range": self.initializer_range,
+            "seed": self.seed,
+            "initialization": self.initialization,
+        }
+
+
+@keras.saving.register_keras_serializable(package="sa_conv")
+@register_encoding("content_plus_learned_bias", aliases=("learned_plus_content",))
+class ContentPlusLearnedBiasEncoding(ContentEncoding):
+    """``q . k / sqrt(d) + logit_h(delta)``: content logits plus the position-only logits of the
+    ``learned`` encoding (`LearnedRelativeEncoding`: tables ``(2P - 1, E)`` and per-head keys
+    ``(E, heads)``), unscaled, added to every example's content logits. The reference
+    implementation's ``Learned2DRelativeSelfAttention`` with ``use_attention_data``, from which
+    the paper's Table 1 row "SA learned embedding w/ content" comes.
+
+    The position term is a position bias (`has_position_bias`): a serving copy holds it as a
+    constant and folds the query and key maps into one (`sa_conv.serving`).
+    """
+
+    relative = "head_keys"
+
+    def __init__(self, max_grid_size, query_dim, num_heads, embedding_dim, initializer_range=0.02, seed=None,
+                 initialization=None, **kwargs):
+        super().__init__(max_grid_size, query_dim, initializer_range, seed, initialization, **kwargs)
+        self.num_heads = int(num_heads)
+        self.embedding_dim = int(embedding_dim)
+        self.position = LearnedRelativeEncoding(
+            self.num_heads, self.max_grid_size, self.embedding_dim, initializer_range=self.initializer_range,
+            seed=seed, initialization=initialization, name="position")
 
     @classmethod
-    def logits_flops(cls, height, width, num_heads, input_dim, relative="query"):
+    def from_attention(cls, attention, input_dim):
+        return super().from_attention(attention, input_dim, num_heads=attention.num_heads,
+                                      embedding_dim=attention.position_embedding_dim or input_dim)
+
+    @classmethod
+    def is_position_bias(cls):
+        return True
+
+    @classmethod
+    def logits_flops(cls, height, width, num_heads, input_dim):
         n, d = height * width, input_dim
-        query_key = 2 * (2 * n * d * num_heads * d)  # the two maps D -> heads * D
-        if relative == "head_keys":  # the content logits; the position term is input-independent
-            return query_key + 2 * num_heads * n * n * d
-        return query_key + 2 * num_heads * n * n * d + 2 * num_heads * n * (height + width) * (d // 2)
+        # The two maps D -> heads * D and the content logits; the position term is input-independent.
+        return 2 * (2 * n * d * num_heads * d) + 2 * num_heads * n * n * d
 
     def build(self, input_shape=None):
-        if self.relative == "head_keys":
-            self.position.build()
-            return
+        self.position.build()
+
+    def position_logits(self, height, width):
+        """The position-only term ``logit_h(delta)``, ``(heads, H*W, H*W)``."""
+        return self.position.logits(height, width)
+
+    def logits(self, height, width, queries=None, keys=None):
+        """``q . k / sqrt(d) + logit_h(delta)``, ``(batch, heads, N, N)``."""
+        content = self.content_logits(queries, keys)
+        return content / math.sqrt(queries.shape[-1]) + self.position_logits(height, width)[None]
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "embedding_dim": self.embedding_dim}
+
+
+@keras.saving.register_keras_serializable(package="sa_conv")
+@register_encoding("content_with_relative_keys", aliases=("learned_content",))
+class ContentWithRelativeKeysEncoding(ContentEncoding):
+    """``(q . k + q . r_delta) / sqrt(d)`` (Ramachandran et al., 2019): the query of each head
+    (size ``d``) split in a row half and a column half,
+    ``q . r_delta = q[:d/2] . e_row[dy] + q[d/2:] . e_col[dx]``, with row and column tables
+    ``(2P - 1, d / 2)`` shared by all heads."""
+
+    relative = "query"
+
+    def __init__(self, max_grid_size, query_dim, initializer_range=0.02, seed=None, initialization=None, **kwargs):
+        super().__init__(max_grid_size, query_dim, initializer_range, seed, initialization, **kwargs)
+        if self.query_dim % 2:
+            raise ValueError(
+                f"content_with_relative_keys splits each query in a row half and a column half, so the "
+                f"query size (the layer's input channels) must be even, got {self.query_dim}."
+            )
+
+    @classmethod
+    def check_model(cls, *, grid_size, hidden_size, max_grid_size):
+        if hidden_size % 2:
+            raise ValueError(
+                f"content_with_relative_keys splits each head's query in row and column halves: hidden_size "
+                f"must be even, got {hidden_size}."
+            )
+        super().check_model(grid_size=grid_size, hidden_size=hidden_size, max_grid_size=max_grid_size)
+
+    @classmethod
+    def logits_flops(cls, height, width, num_heads, input_dim):
+        n, d = height * width, input_dim
+        return 2 * (2 * n * d * num_heads * d) + 2 * num_heads * n * n * d + 2 * num_heads * n * (height + width) * (d // 2)
+
+    def build(self, input_shape=None):
         n, e = 2 * self.max_grid_size - 1, self.query_dim // 2
         for i, name in enumerate(("row_embeddings", "col_embeddings")):
             seed = None if self.seed is None else self.seed + i
             init = keras.initializers.RandomNormal(0.0, self.initializer_range, seed=seed)
             setattr(self, name, self.add_weight(name=name, shape=(n, e), initializer=init, autocast=False))
-
-    def position_logits(self, height, width):
-        """``head_keys`` only: the position-only term ``logit_h(delta)``, ``(heads, H*W, H*W)``."""
-        if self.relative != "head_keys":
-            return super().position_logits(height, width)
-        return self.position.logits(height, width)
 
     def relative_logits(self, queries):
         """``q . r_delta`` of shape ``(batch, heads, H*W, H*W)`` for queries
@@ -128,26 +170,8 @@ class LearnedContentEncoding(RelativeEncoding):
         return ops.reshape(scores, (-1, heads, n, n))
 
     def logits(self, height, width, queries=None, keys=None):
-        """``(q . k + q . r_delta) / sqrt(d)``, ``(batch, heads, N, N)``, for queries and keys
-        ``(batch, heads, N, d)``."""
-        if queries is None or keys is None:
-            raise ValueError("content-based logits depend on the input: pass queries and keys.")
+        """``(q . k + q . r_delta) / sqrt(d)``, ``(batch, heads, N, N)``."""
+        content = self.content_logits(queries, keys)
         d = queries.shape[-1]
-        content = ops.cast(ops.einsum("bhqd,bhkd->bhqk", queries, keys), "float32")
-        if self.relative == "head_keys":
-            return content / math.sqrt(d) + self.position_logits(height, width)[None]
         relative = self.relative_logits(ops.reshape(queries, (-1, queries.shape[1], height, width, d)))
         return (content + relative) / math.sqrt(d)
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "max_grid_size": self.max_grid_size,
-            "query_dim": self.query_dim,
-            "initializer_range": self.initializer_range,
-            "seed": self.seed,
-            "relative": self.relative,
-            "num_heads": self.num_heads,
-            "embedding_dim": self.embedding_dim,
-            "initialization": self.initialization,
-        }
