@@ -19,8 +19,8 @@ from typing import Optional
 import numpy as np
 
 from export.export import export
-from sa_conv import cli
-from sa_conv import data as data_lib
+from trainers import cli
+from trainers import data as data_lib
 from trainers.config import make_config
 from trainers.train import train
 

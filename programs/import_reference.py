@@ -25,8 +25,9 @@ from typing import Optional
 
 import numpy as np
 
-from sa_conv import cli, files, reference
-from sa_conv.data import CIFAR10_LABEL_NAMES
+from sa_conv import reference
+from trainers import cli, files
+from trainers.data import CIFAR10_LABEL_NAMES
 from sa_conv.errors import ConfigError
 
 _field = cli.config_field

@@ -15,9 +15,11 @@ from typing import Optional
 import keras
 import numpy as np
 
-from sa_conv import cli, plotting
-from sa_conv import data as data_lib
+import sa_conv
+from sa_conv import inspection, plotting
 from sa_conv.errors import ConfigError
+from trainers import cli, files
+from trainers import data as data_lib
 
 _field = cli.config_field
 
@@ -82,6 +84,40 @@ def load_images(spec, dataset, data_dir, model_dir, image_shape):
     return np.stack(images), items
 
 
+def _save(fig, path):
+    files.write_bytes(path, plotting.figure_png(fig))
+    return path
+
+
+def write_figures(model, images, output_dir, query=None, image_names=None, log=print) -> dict:
+    """Writes the figures of `sa_conv.plotting` and the locality metrics for ``images`` (uint8
+    ``(n, height, width, channels)``, the model's input size) to ``output_dir``; returns the
+    written paths and the metrics."""
+    os.makedirs(output_dir, exist_ok=True)
+    grid, pooling = sa_conv.attention_grid(model)
+    query = tuple(query) if query is not None else (grid[0] // 2, grid[1] // 2)
+    inspection.query_index(query, grid)  # validates
+    probabilities = plotting.model_attention(model, images)
+    maps = np.stack([inspection.query_maps(p, grid, query) for p in probabilities], axis=1)  # (n, L, heads, H, W)
+    written = []
+    for i, image in enumerate(images):
+        name = (image_names or [f"image {i}"] * len(images))[i]
+        figure = plotting.attention_grid_figure(maps[i], query, image, pooling, title=f"{name}: attention of query {query}")
+        written.append(_save(figure, os.path.join(output_dir, f"attention_image{i}.png")))
+    figure = plotting.attention_grid_figure(maps.mean(0), query, None, pooling,
+                                            title=f"attention of query {query}, mean over {len(images)} image(s)")
+    written.append(_save(figure, os.path.join(output_dir, "attention_mean.png")))
+    if plotting.has_centers(model):
+        written.append(_save(plotting.centers_figure(model, query), os.path.join(output_dir, "centers.png")))
+    metrics = [inspection.locality_metrics(p, grid) for p in probabilities]
+    files.write_json(os.path.join(output_dir, "locality.json"),
+                     {"query_pixel": list(query), "grid": list(grid), "images": len(images), "layers": metrics})
+    written.append(os.path.join(output_dir, "locality.json"))
+    log(inspection.format_metrics(metrics))
+    log("Wrote " + ", ".join(written))
+    return {"paths": written, "metrics": metrics, "query": query}
+
+
 def visualize_run(config: VisualizeConfig, log=print) -> dict:
     """Flag-free entry point: loads the model and images, writes the figures."""
     config.validate()
@@ -92,7 +128,7 @@ def visualize_run(config: VisualizeConfig, log=print) -> dict:
     images, names = load_images(config.images, config.dataset, config.data_dir, config.model_dir,
                                 model.inputs[0].shape[1:])
     try:
-        return plotting.visualize(model, images, config.output_dir, config.query(), names, log=log)
+        return write_figures(model, images, config.output_dir, config.query(), names, log=log)
     except ValueError as exc:  # a query outside the grid, a model without attention
         raise ConfigError(str(exc)) from None
 

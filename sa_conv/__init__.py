@@ -1,8 +1,9 @@
 """sa-conv: self-attention over images (Cordonnier, Loukas & Jaggi, ICLR 2020) in Keras 3.
 
-The layers, models, conversion and inspection use `keras.ops` only and run on every Keras
-backend. `sa_conv.data` (the input pipeline) and `sa_conv.plotting` are imported on demand:
-the first needs TensorFlow, the second matplotlib.
+What ``pip install sa-conv`` users import, on any Keras backend (`keras.ops` only): the layers,
+encodings and models, Theorem 1 (`sa_conv.conversion`), inspection, and the serving transform
+(`sa_conv.serving`). `sa_conv.plotting` is imported on demand (it needs matplotlib). The data
+pipeline, the command-line helpers and the memory estimate are the programs' (`trainers`).
 """
 
 from sa_conv.attention import MultiHeadSelfAttention2D

@@ -51,7 +51,7 @@ class ModelConfig:
       pixel_mean, pixel_std: per-channel statistics of pixels scaled to [0, 1] that the model's
         `PixelNormalization` applies; None: CIFAR-10's (the paper's). The trainer sets them,
         with the image size and the number of classes, from the training data
-        (`sa_conv.data.ImageData.model_fields`).
+        (`trainers.data.ImageData.model_fields`).
     """
 
     architecture: str = "attention"

@@ -1,28 +1,6 @@
-"""Atomic writes: a crash or a kill never leaves a half-written report behind."""
+"""Moved to `trainers.files` (the programs' side): this import path works for one release, with a
+DeprecationWarning (`sa_conv.aliases.MODULES`)."""
 
-from __future__ import annotations
+from sa_conv import aliases
 
-import json
-import os
-import tempfile
-
-
-def write_text(path: str, text: str) -> None:
-    """Writes ``text`` to a temporary file beside ``path`` and renames it into place."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def write_json(path: str, value, **kwargs) -> None:
-    """``json.dump`` of ``value`` (indent 2 unless given), atomically."""
-    kwargs.setdefault("indent", 2)
-    write_text(path, json.dumps(value, **kwargs))
+aliases.moved_module(__name__)

@@ -1,7 +1,8 @@
 """Figures of attention: maps per layer and head, centers of attention, locality metrics.
 The command line is ``sa-conv-visualize`` (`programs.visualize`).
 
-`visualize` writes to ``output_dir``:
+The figures, each a matplotlib `Figure` (PNG bytes: `figure_png`); ``sa-conv-visualize``
+(`programs.visualize.write_figures`) writes them to its output folder:
 
 * ``attention_image<i>.png``: one row per layer, one column per head, each cell the attention
   probabilities of the query pixel over the key grid (query marked), with the input image and
@@ -16,7 +17,6 @@ The command line is ``sa-conv-visualize`` (`programs.visualize`).
 from __future__ import annotations
 
 import io
-import os
 
 # matplotlib's object-oriented API (Figure, not pyplot): no backend to choose, so importing this
 # module leaves the process's matplotlib backend alone, and figures render without a display.
@@ -26,7 +26,7 @@ import numpy as np
 from keras import ops
 from matplotlib.figure import Figure
 
-from sa_conv import files, inspection
+from sa_conv import inspection
 from sa_conv.models import attention_blocks, attention_grid, attention_probabilities
 
 CELL_INCHES = 1.6
@@ -139,37 +139,3 @@ def figure_png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI)
     return buffer.getvalue()
-
-
-def _save(fig, path):
-    with open(path, "wb") as f:
-        f.write(figure_png(fig))
-    return path
-
-
-def visualize(model, images, output_dir, query=None, image_names=None, log=print) -> dict:
-    """Writes the figures and metrics for ``images`` (uint8 ``(n, height, width, channels)``, the
-    model's input size); returns the written paths and the metrics."""
-    os.makedirs(output_dir, exist_ok=True)
-    grid, pooling = attention_grid(model)
-    query = tuple(query) if query is not None else (grid[0] // 2, grid[1] // 2)
-    inspection.query_index(query, grid)  # validates
-    probabilities = model_attention(model, images)
-    maps = np.stack([inspection.query_maps(p, grid, query) for p in probabilities], axis=1)  # (n, L, heads, H, W)
-    written = []
-    for i, image in enumerate(images):
-        name = (image_names or [f"image {i}"] * len(images))[i]
-        written.append(_save(attention_grid_figure(maps[i], query, image, pooling, title=f"{name}: attention of query {query}"),
-                             os.path.join(output_dir, f"attention_image{i}.png")))
-    written.append(_save(attention_grid_figure(maps.mean(0), query, None, pooling,
-                                               title=f"attention of query {query}, mean over {len(images)} image(s)"),
-                         os.path.join(output_dir, "attention_mean.png")))
-    if has_centers(model):
-        written.append(_save(centers_figure(model, query), os.path.join(output_dir, "centers.png")))
-    metrics = [inspection.locality_metrics(p, grid) for p in probabilities]
-    files.write_json(os.path.join(output_dir, "locality.json"),
-                     {"query_pixel": list(query), "grid": list(grid), "images": len(images), "layers": metrics})
-    written.append(os.path.join(output_dir, "locality.json"))
-    log(inspection.format_metrics(metrics))
-    log("Wrote " + ", ".join(written))
-    return {"paths": written, "metrics": metrics, "query": query}

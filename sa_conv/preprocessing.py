@@ -9,7 +9,7 @@ from sa_conv.aliases import FormerNames, module_getattr
 # The reference implementation's CIFAR-10 normalization (RGB, on pixels scaled to [0, 1]; its std
 # is below the data's measured ~0.25): the defaults of models built without data, as in the
 # paper's code. The trainer computes the statistics of the data it trains on
-# (`sa_conv.data.channel_statistics`).
+# (`trainers.data.channel_statistics`).
 REFERENCE_PIXEL_MEAN = epfml_reference.PIXEL_MEAN
 REFERENCE_PIXEL_STD = epfml_reference.PIXEL_STD
 # Former names, kept importable (with a DeprecationWarning): they are the reference's constants,

@@ -32,7 +32,7 @@ def tiny_cifar(tmp_path_factory):
 
     Returns (path to cifar-10-batches-py, the CifarData written).
     """
-    from sa_conv import data
+    from trainers import data
 
     generated = data.make_synthetic(num_train=250, num_test=50, seed=3)
     directory = tmp_path_factory.mktemp("tiny_cifar")
@@ -42,7 +42,7 @@ def tiny_cifar(tmp_path_factory):
 @pytest.fixture(scope="session")
 def real_images(tiny_cifar):
     """A few real CIFAR-10 images when ../shared is present, else the tiny generated ones."""
-    from sa_conv import data
+    from trainers import data
 
     if (CIFAR10_MINI / "cifar-10-batches-py" / "test_batch").is_file():
         return data.load_cifar10_files(str(CIFAR10_MINI)).test.images[:16]

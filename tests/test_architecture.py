@@ -18,19 +18,13 @@ from tests.conftest import PROJECT_ROOT
 from trainers.config import default_jit_compile
 
 PROGRAMS = ("trainers", "export", "programs", "benchmarks")
-# Programs that compose another program, and which: the only imports between programs.
-COMPOSES = {"programs/demo.py": {"export", "trainers"}, "programs/launch.py": {"export", "trainers"}, "programs/visualize.py": {"trainers"}, "benchmarks/throughput.py": {"export", "trainers"},
-            "benchmarks/vs_reference.py": {"trainers"},
-            # Serving speed of the export's output; children configured as the trainer's.
-            "benchmarks/serving.py": {"export", "trainers"},
-            # The export programs configure their process as every program does (trainers.process).
-            "export/export.py": {"trainers"}, "programs/import_reference.py": {"trainers"},
-            # Measured children configured as the trainer's; the parent configures itself too.
-            "benchmarks/malloc.py": {"trainers"}, "benchmarks/remat_allocator.py": {"trainers"},
-            # --lockstep takes the trainer's own batches and schedule.
-            "benchmarks/vs_reference_training.py": {"trainers"},
-            # The trainer's step at each grid size; training, evaluating and fine-tuning at two sizes.
-            "benchmarks/scaling.py": {"trainers"}, "benchmarks/resolution_transfer.py": {"trainers"}}
+# `trainers` holds, beside the trainer, what every program shares (data pipeline, image files,
+# command-line helpers, atomic files, the memory estimate, process set-up): any program may import
+# it. Other imports between programs are entry points composing another, and only these.
+SHARED_BY_PROGRAMS = "trainers"
+COMPOSES = {"programs/demo.py": {"export"}, "programs/launch.py": {"export"},
+            # Serving speed of the export's output; the export's SavedModel against the Keras model.
+            "benchmarks/serving.py": {"export"}, "benchmarks/throughput.py": {"export"}}
 
 
 def _imported_packages(path: pathlib.Path) -> set[str]:
@@ -55,12 +49,26 @@ def test_the_library_imports_no_program():
     assert len(offenders) >= 15  # the walk really read the library
 
 
+def test_modules_moved_out_of_the_library_leave_only_a_stub():
+    """The former paths of the modules moved to the programs' side (`sa_conv.aliases.MODULES`)
+    hold a stub that only hands over to the new module; nothing else in the library names a
+    program."""
+    from sa_conv import aliases
+
+    for old, new in aliases.MODULES.items():
+        stub = PROJECT_ROOT / (old.replace(".", "/") + ".py")
+        code = [ast.unparse(n) for n in ast.parse(stub.read_text()).body if not isinstance(n, ast.Expr)
+                or not isinstance(n.value, ast.Constant)]
+        assert code == ["from sa_conv import aliases", "aliases.moved_module(__name__)"], old
+        assert (PROJECT_ROOT / (new.replace(".", "/") + ".py")).is_file() and new.split(".")[0] in PROGRAMS
+
+
 def test_programs_import_each_other_only_to_compose():
     found = {}
     for package in PROGRAMS:
         for path in _sources(package):
             rel = str(path.relative_to(PROJECT_ROOT))
-            others = (_imported_packages(path) & set(PROGRAMS)) - {package}
+            others = (_imported_packages(path) & set(PROGRAMS)) - {package, SHARED_BY_PROGRAMS}
             if others - COMPOSES.get(rel, set()):
                 found[rel] = sorted(others)
     assert found == {}
@@ -342,7 +350,7 @@ def private_access_across_modules(paths) -> dict[str, list[str]]:
 
 def test_no_module_touches_another_modules_private_names():
     """Modules (tests and benchmarks included) use each other's public names only: no
-    ``trainer._restore()``, no ``from sa_conv.data import _host_reachable``."""
+    ``trainer._restore()``, no ``from trainers.data import _host_reachable``."""
     paths = [p for tree in SOURCE_TREES for p in _sources(tree)] + [PROJECT_ROOT / "epfml_reference.py"]
     assert len(paths) > 80
     found = private_access_across_modules(paths)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from sa_conv import cli
+from trainers import cli
 from sa_conv.errors import ConfigError
 from tests.conftest import PROJECT_ROOT
 

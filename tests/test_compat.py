@@ -174,3 +174,33 @@ def test_the_content_encodings_are_two_classes_named_for_what_they_compute():
     assert sa_conv.ENCODINGS["content_with_relative_keys"].cls is sa_conv.ContentWithRelativeKeysEncoding
     assert sa_conv.ENCODINGS["content_plus_learned_bias"].has_position_bias
     assert not sa_conv.ENCODINGS["content_with_relative_keys"].has_position_bias
+
+
+def test_moved_modules_still_import_from_their_former_path_with_a_warning():
+    """`sa_conv.data`, `sa_conv.cli`, ... moved to `trainers` (`sa_conv.aliases.MODULES`): the
+    former path gives the new module itself, with a DeprecationWarning naming it, at the importing
+    line. In a fresh interpreter: an import is cached, and each warns once per process."""
+    import json
+    import subprocess
+    import sys
+
+    from sa_conv import aliases
+
+    probe = (
+        "import importlib, json, warnings\n"
+        "from sa_conv import aliases\n"
+        "found = {}\n"
+        "for old, new in aliases.MODULES.items():\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        "        module = importlib.import_module(old)\n"
+        "    found[old] = [module is importlib.import_module(new), [str(w.message) for w in caught\n"
+        "                  if issubclass(w.category, DeprecationWarning)]]\n"
+        "print(json.dumps(found))\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(found) == set(aliases.MODULES) == {"sa_conv.data", "sa_conv.image_files", "sa_conv.cli", "sa_conv.files",
+                                                  "sa_conv.footprint"}
+    for old, (same, messages) in found.items():
+        assert same, old
+        assert messages == [f"{old} is deprecated: the module is now named {aliases.MODULES[old]}."], old

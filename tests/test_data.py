@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sa_conv import data
+from trainers import data
 
 
 def _batch_path(tiny_cifar, name):

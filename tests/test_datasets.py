@@ -11,7 +11,7 @@ import pytest
 from keras import ops
 
 import sa_conv
-from sa_conv import data
+from trainers import data
 from trainers.config import make_config
 from trainers.train import train
 

@@ -1,4 +1,4 @@
-"""Your own images: ``--dataset=folder:PATH`` (`sa_conv.image_files`, `sa_conv.data.FolderSource`)
+"""Your own images: ``--dataset=folder:PATH`` (`trainers.image_files`, `trainers.data.FolderSource`)
 and ``--image_size``: headers read before decoding, corrupt and non-image files skipped and counted,
 streaming tf.data at the chosen size, and a generated folder that trains, evaluates, exports and
 serves with its class names."""
@@ -14,8 +14,8 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sa_conv import data as data_lib
-from sa_conv import image_files
+from trainers import data as data_lib
+from trainers import image_files
 from sa_conv.errors import DatasetError
 
 CLASSES = ("cat", "dog", "zebra")

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sa_conv
-from sa_conv import footprint
+from trainers import footprint
 from tests.conftest import PROJECT_ROOT
 from sa_conv.attention import MultiHeadSelfAttention2D
 from sa_conv.seeded_dropout import draw_keep_mask

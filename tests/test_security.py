@@ -8,7 +8,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from sa_conv import data
+from trainers import data
 
 
 class _Reduce:

@@ -67,7 +67,7 @@ def test_short_run_learns_on_real_cifar10(cifar10_mini_dir, tmp_path):
     import keras
 
     model = keras.models.load_model(tmp_path / "model.keras")
-    from sa_conv import data
+    from trainers import data
 
     test = data.load_cifar10_files(cifar10_mini_dir).test
     accuracy = float(np.mean(model.predict(test.images, verbose=0).argmax(-1) == test.labels))
@@ -320,7 +320,9 @@ def test_pixel_statistics_decide_the_models_normalization(statistics, tmp_path):
 
 
 def test_reference_statistics_refuse_other_channel_counts(tmp_path):
-    gray = sa_conv.data.make_synthetic(num_train=64, num_test=16, image_shape=(32, 32, 1))
+    from trainers import data
+
+    gray = data.make_synthetic(num_train=64, num_test=16, image_shape=(32, 32, 1))
     config = make_config(overrides=dict(model="sa_quadratic_small", dataset="synthetic",
                                         pixel_statistics="reference", model_dir=str(tmp_path)))
     with pytest.raises(ConfigError, match="3 channels.*has 1.*--pixel_statistics=data"):

@@ -222,7 +222,7 @@ def test_an_unreadable_search_file_stops_the_resume_with_its_name(tmp_path):
 def test_tuner_files_are_written_atomically(tmp_path, monkeypatch):
     from keras_tuner.src import utils as tuner_utils
 
-    from sa_conv import files
+    from trainers import files
 
     monkeypatch.setattr(tuner_utils, "save_json", tuner_utils.save_json)  # restored after the test
     tune_lib.write_tuner_files_atomically()

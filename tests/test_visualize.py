@@ -15,6 +15,7 @@ from keras import ops
 import sa_conv
 from sa_conv import conversion, inspection, plotting
 from sa_conv.attention import MultiHeadSelfAttention2D
+from programs.visualize import write_figures
 from tests.conftest import PROJECT_ROOT
 
 RNG = np.random.default_rng(0)
@@ -74,7 +75,7 @@ def small_model():
 
 
 def test_figures_have_the_layer_by_head_layout(small_model, real_images, tmp_path):
-    result = plotting.visualize(small_model, real_images[:2], str(tmp_path), query=(3, 12), log=lambda s: None)
+    result = write_figures(small_model, real_images[:2], str(tmp_path), query=(3, 12), log=lambda s: None)
     names = sorted(os.listdir(tmp_path))
     assert names == ["attention_image0.png", "attention_image1.png", "attention_mean.png", "centers.png", "locality.json"]
     image = matplotlib.image.imread(tmp_path / "attention_image0.png")

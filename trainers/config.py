@@ -1,6 +1,6 @@
 """`TrainConfig`: every setting of a training run, the single source of the trainer's flags.
 
-`sa_conv.cli` defines one absl flag per field (same name, default and help), a
+`trainers.cli` defines one absl flag per field (same name, default and help), a
 ``--config_file`` (JSON or YAML) may set any of them, and flags given on the command line win.
 The resolved configuration is written to ``model_dir/config.json``.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from sa_conv import cli
+from trainers import cli
 from sa_conv.config import PRESET_ALIASES, PRESETS, canonical_preset
-from sa_conv.data import DATASETS, get_source
+from trainers.data import DATASETS, get_source
 from sa_conv.encodings import get_encoding
 from sa_conv.errors import ConfigError, SaConvError
 from trainers.optimizers import MOMENTUM_FORMS
@@ -143,7 +143,7 @@ class TrainConfig:
         "auto",
         "Rematerialize transformer blocks in training (sa_conv.TransformerBlock remat: the backward pass "
         "recomputes each block's activations from its input; same gradients, one more forward pass per "
-        "block). auto: when the estimated activation memory of a step (sa_conv.footprint) exceeds "
+        "block). auto: when the estimated activation memory of a step (trainers.footprint) exceeds "
         "--memory_budget_gb. Measured: benchmarks/results/remat_allocator.json.",
         REMAT,
     )
@@ -258,5 +258,5 @@ def make_config(file_values: dict | None = None, overrides: dict | None = None) 
 
 
 def read_config_file(path: str) -> dict:
-    """The `TrainConfig` settings of a JSON or YAML file (see `sa_conv.cli.read_config_file`)."""
+    """The `TrainConfig` settings of a JSON or YAML file (see `trainers.cli.read_config_file`)."""
     return cli.read_config_file(path, TrainConfig)

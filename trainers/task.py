@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 import sa_conv
-from sa_conv import data as data_lib
-from sa_conv import footprint
+from trainers import data as data_lib
+from trainers import footprint
 from sa_conv.errors import ConfigError
 from sa_conv.reference import REFERENCE_MEAN, REFERENCE_STD
 from trainers import distribute, precision

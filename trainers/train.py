@@ -38,8 +38,8 @@ import numpy as np
 import tensorflow as tf
 
 import sa_conv
-from sa_conv import cli, files
-from sa_conv import data as data_lib
+from trainers import cli, files
+from trainers import data as data_lib
 from sa_conv import heads as heads_lib
 from sa_conv.errors import ConfigError
 from trainers import checkpoints, distribute, pruning

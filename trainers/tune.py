@@ -51,8 +51,8 @@ import time
 import keras_tuner as kt
 
 import sa_conv
-from sa_conv import cli, files
-from sa_conv import data as data_lib
+from trainers import cli, files
+from trainers import data as data_lib
 from sa_conv.errors import ConfigError
 from trainers import distribute
 from trainers.checkpoints import TrainingError
@@ -415,7 +415,7 @@ def format_table(rows: list[dict]) -> str:
 
 def write_tuner_files_atomically() -> None:
     """Makes keras-tuner write its JSON files (``oracle.json``, each ``trial.json``) atomically,
-    a temporary file then a rename (`sa_conv.files.write_text`): keras-tuner truncates then
+    a temporary file then a rename (`trainers.files.write_text`): keras-tuner truncates then
     writes, so a search killed in between leaves an empty ``oracle.json`` that the rerun cannot
     read. Changes keras-tuner for the whole process: the program calls it in its entry point."""
     from keras_tuner.src import utils as tuner_utils
