@@ -84,7 +84,7 @@ def main() -> None:
     result = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
               "cores": os.cpu_count(), "batch": 100, "process": processes, "presets": table}
     sys.path.insert(0, ROOT)
-    from sa_conv import files
+    from trainers import files
 
     files.write_json(args.output, result)
     print(json.dumps({p: {k: round(v, 2) for k, v in t.items() if k != "runs"} for p, t in table.items()}))

@@ -126,7 +126,7 @@ def main() -> None:
         table[preset] = {"runs": runs, "best": best, "ratios": ratios}
     sys.path.insert(0, ROOT)
     from benchmarks.throughput import matmul_gflops
-    from sa_conv import files
+    from trainers import files
 
     date = datetime.date.today().isoformat()
     for entry in table.values():

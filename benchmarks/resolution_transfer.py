@@ -4,7 +4,7 @@
         --output=benchmarks/results/resolution_transfer.json
 
 What it measures, on the data given (by default the ``cifar10`` python files of ``--data_dir``;
-the 64x64 images are the same images upsampled by `sa_conv.data.resize_and_crop`, not new
+the 64x64 images are the same images upsampled by `trainers.data.resize_and_crop`, not new
 detail):
 
 1. ``--model`` trained at 32x32 for ``--epochs`` epochs with the trainer's recipe (`trainers.train`);
@@ -57,7 +57,7 @@ def main():
     import keras
 
     import sa_conv
-    from sa_conv import files
+    from trainers import files
     from trainers import train as train_lib
     from trainers.config import make_config
     from trainers.task import Task

@@ -9,7 +9,7 @@ channel; ``dense``: Eq. (5)-(6) with ``(heads, N, N)`` probabilities) and mode, 
 measures at ``--batch`` (32), attention dropout 0 (which the separable path needs in training):
 
 * ``train``: the trainer's own step (`trainers.task.Task`: its loss, weight decay, SGD, XLA
-  default, and ``--remat=auto``'s decision from `sa_conv.footprint`, recorded with its estimate):
+  default, and ``--remat=auto``'s decision from `trainers.footprint`, recorded with its estimate):
   images/s, the fastest of ``--train_steps`` after a warm-up step;
 * ``infer``: ``model(x, training=False)`` in a `tf.function`, images/s, the fastest of
   ``--infer_steps``;
@@ -100,7 +100,7 @@ def measure(preset, grid, path, mode, batch, steps):
     import tensorflow as tf
 
     from benchmarks import flops
-    from sa_conv import footprint
+    from trainers import footprint
     from trainers import process
     from trainers.config import make_config
     from trainers.task import Task
@@ -167,7 +167,7 @@ def main():
             report = json.load(f)
     report.update(date=datetime.date.today().isoformat(), batch=args.batch,
                   machine={"cpus": os.cpu_count(), "memory_gb": _machine_memory_gb()})
-    from sa_conv import files
+    from trainers import files
 
     for preset in args.presets.split(","):
         for grid in map(int, args.grids.split(",")):

@@ -249,7 +249,7 @@ def main():
                 print(preset, json.dumps(record["presets"][preset]["ratios"]), flush=True)
     text = json.dumps(record, indent=2, sort_keys=True)
     if args.output:
-        from sa_conv import files
+        from trainers import files
 
         files.write_text(args.output, text + "\n")
     else:

@@ -271,7 +271,7 @@ def main():
         "ratios": ratios,
     }
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    from sa_conv import files
+    from trainers import files
 
     files.write_json(args.output, report)
     print(json.dumps(ratios, indent=2))

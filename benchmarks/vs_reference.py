@@ -255,9 +255,9 @@ def main():
     import tempfile
 
     from benchmarks.throughput import matmul_gflops
-    from sa_conv import files
+    from trainers import files
     from sa_conv import get_config
-    from sa_conv.footprint import training_activation_bytes
+    from trainers.footprint import training_activation_bytes
 
     presets = [p for c in args.cases.split(",") if c for p in GROUPS.get(c, [c])]
     report = {"date": datetime.date.today().isoformat(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

@@ -250,7 +250,7 @@ def main():
         return
     if not args.reference_dir:
         parser.error("--reference_dir (a local clone of epfml/attention-cnn) is required.")
-    from sa_conv import files
+    from trainers import files
 
     encodings = [e for e in args.encodings.split(",") if e]
     seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -335,7 +335,7 @@ def _accuracy_table(rows):
 def _prepare_data(seed, args, workdir):
     """The reference's copy of the images sa-conv-train uses for ``seed``: its training split
     (after the seeded validation hold-out) and the test split."""
-    from sa_conv import data as data_lib
+    from trainers import data as data_lib
 
     dataset = data_lib.load_dataset("cifar10", args.data_dir, seed=seed)
     train, _ = data_lib.split_train_validation(dataset.train, None, seed=seed)  # as sa-conv-train
@@ -348,7 +348,7 @@ def _prepare_data(seed, args, workdir):
 def lockstep_main(args, encodings, seeds):
     """``--lockstep``: per encoding and seed, the reference trains first (writing its initial
     weights), sa-conv imports them and trains with ``--init_from``; both on sa-conv's batches."""
-    from sa_conv import files
+    from trainers import files
     from sa_conv import reference as reference_lib
 
     output = args.output or os.path.join(ROOT, "benchmarks", "results", "vs_reference_lockstep.json")
