@@ -1,7 +1,7 @@
 """What rematerialized training costs, and how the allocators change it: the trainer's step on a
 paper preset at batch 100, one process per variant, alternating (A B C D, then D C B A):
 
-    .venv/bin/python benchmarks/remat_allocator.py --output=benchmarks/results/remat_allocator.json
+    .venv/bin/python -m benchmarks.remat_allocator       # benchmarks/results/remat_allocator.json
 
 Variants (each is the trainer with its programs' environment, `trainers`: TensorFlow's oneDNN
 kernels on, whose pool serves the large tensors):
@@ -26,13 +26,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
-import subprocess
-import sys
+import resource
 import tempfile
+import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import harness
 
 # name: (--remat, --jit_compile (None: the trainer's default), environment)
 VARIANTS = {
@@ -44,35 +42,35 @@ VARIANTS = {
 }
 DEFAULT_VARIANTS = "remat,remat_one_malloc_arena,remat_onednn_to_malloc,no_remat"
 
-_CHILD = """
-from trainers import process
-process.configure()  # as the trainer's entry point does, before TensorFlow loads
-import json, resource, sys, time
-import tensorflow as tf
-from trainers.config import make_config
-from trainers.task import Task
-preset, remat, steps, model_dir, jit = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
-config = make_config(overrides=dict(model=preset, dataset="synthetic", global_batch_size=100, eval_batch_size=100,
-                                    validation_size=100, epochs=1, strategy="one_device", model_dir=model_dir,
-                                    remat=remat, jit_compile=jit))
-task = Task(config, log=lambda s: None)
-model = task.build_model()
-process.keep_freed_memory(task.keeps_freed_memory())  # as trainers.train.train does
-train_steps = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
-iterator = iter(task.train_dataset(0))
-one = tf.constant(1)
-times = []
-for _ in range(steps + 1):
-    start = time.perf_counter()
-    train_steps(iterator, one).numpy()
-    times.append(time.perf_counter() - start)
-usage = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"remat": bool(task.model_config.remat), "xla": task.use_xla(),
-                  "keep_freed_memory": task.keeps_freed_memory(), "step_seconds": times[1:],
-                  "images_per_second": 100 / min(times[1:]), "peak_rss_mb": usage.ru_maxrss / 1024,
-                  "minor_page_faults": usage.ru_minflt, "system_seconds": usage.ru_stime,
-                  "user_seconds": usage.ru_utime, "process": process.describe(config.mixed_precision)}))
-"""
+def measure(preset: str, remat: str, steps: int, model_dir: str, jit) -> dict:
+    """One variant in this process (configured as the trainer's entry point configures it): the
+    trainer's step, timed, and what the process used."""
+    import tensorflow as tf
+
+    from trainers import process
+    from trainers.config import make_config
+    from trainers.task import Task
+
+    config = make_config(overrides=dict(model=preset, dataset="synthetic", global_batch_size=100, eval_batch_size=100,
+                                        validation_size=100, epochs=1, strategy="one_device", model_dir=model_dir,
+                                        remat=remat, jit_compile=jit))
+    task = Task(config, log=lambda s: None)
+    model = task.build_model()
+    process.keep_freed_memory(task.keeps_freed_memory())  # as trainers.train.train does
+    train_steps = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
+    iterator = iter(task.train_dataset(0))
+    one = tf.constant(1)
+    times = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        train_steps(iterator, one).numpy()
+        times.append(time.perf_counter() - start)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"remat": bool(task.model_config.remat), "xla": task.use_xla(),
+            "keep_freed_memory": task.keeps_freed_memory(), "step_seconds": times[1:],
+            "images_per_second": 100 / min(times[1:]), "peak_rss_mb": usage.ru_maxrss / 1024,
+            "minor_page_faults": usage.ru_minflt, "system_seconds": usage.ru_stime,
+            "user_seconds": usage.ru_utime, "process": process.describe(config.mixed_precision)}
 
 
 def run_variant(preset: str, variant: str, steps: int) -> dict:
@@ -82,27 +80,29 @@ def run_variant(preset: str, variant: str, steps: int) -> dict:
     env = {k: v for k, v in process.child_environment().items()
            if k not in ("MALLOC_ARENA_MAX", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR")}
     with tempfile.TemporaryDirectory() as model_dir:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, preset, remat, str(steps), model_dir, json.dumps(jit)], cwd=ROOT,
-                              capture_output=True, text=True,
-                              env={**env, **extra, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    if proc.returncode:
-        return {"failed": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-1500:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        try:
+            return harness.run_side(__name__, variant, [f"--preset={preset}", f"--steps={steps}",
+                                                        f"--model_dir={model_dir}"],
+                                    env={**env, **extra, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        except harness.SideError as failure:
+            return {"failed": f"exit {failure.returncode}", "stderr_tail": failure.stderr[-1500:]}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "remat_allocator.json")
     parser.add_argument("--presets", default="sa_quadratic")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"Of {', '.join(VARIANTS)}.")
     parser.add_argument("--steps", type=int, default=2, help="Timed steps per run, after one warm-up step.")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "remat_allocator.json"))
-    parser.add_argument("--merge", action="store_true", help="Keep the presets already in --output.")
+    parser.add_argument("--preset", help=argparse.SUPPRESS)
+    parser.add_argument("--model_dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sys.path.insert(0, ROOT)
     from trainers import process
 
     process.configure()  # the parent's matmul peak under the kernels its children run with
+    if args.side:  # one variant
+        remat, jit, _ = VARIANTS[args.side]
+        return harness.print_result(measure(args.preset, remat, args.steps, args.model_dir, jit))
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
@@ -124,19 +124,11 @@ def main() -> None:
                           "peak_rss_over_no_remat": b["peak_rss_mb"] / base["peak_rss_mb"]}
                       for v, b in best.items() if v != "no_remat"}
         table[preset] = {"runs": runs, "best": best, "ratios": ratios}
-    sys.path.insert(0, ROOT)
-    from benchmarks.throughput import matmul_gflops
-    from trainers import files
-
     date = datetime.date.today().isoformat()
     for entry in table.values():
-        entry.update(date=date, steps_per_run=args.steps, rounds=args.rounds, matmul_gflops=matmul_gflops())
-    if args.merge and os.path.exists(args.output):
-        with open(args.output) as f:
-            for preset, entry in json.load(f)["presets"].items():
-                table.setdefault(preset, entry)
-    result = {"date": date, "machine": platform.platform(), "cores": os.cpu_count(), "batch": 100, "presets": table}
-    files.write_json(args.output, result)
+        entry.update(date=date, steps_per_run=args.steps, rounds=args.rounds,
+                     matmul_gflops=harness.matmul_peaks()["float32"])
+    harness.write_report(args.output, {"batch": 100, "presets": table}, merge=args.merge)
     print(json.dumps({p: t["ratios"] for p, t in table.items()}, indent=1))
 
 

@@ -1,6 +1,6 @@
 """A quadratic-encoding model trained at 32x32, evaluated and fine-tuned at 64x64 (CIFAR upsampled).
 
-    .venv/bin/python benchmarks/resolution_transfer.py --data_dir=../shared/datasets/cifar10-mini \\
+    .venv/bin/python -m benchmarks.resolution_transfer --data_dir=../shared/datasets/cifar10-mini \\
         --output=benchmarks/results/resolution_transfer.json
 
 What it measures, on the data given (by default the ``cifar10`` python files of ``--data_dir``;
@@ -27,29 +27,24 @@ Nothing here is a test.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
-import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks import harness
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "resolution_transfer.json")
     parser.add_argument("--model", default="sa_quadratic_small")
     parser.add_argument("--dataset", default="cifar10")
-    parser.add_argument("--data_dir", default=os.path.join(ROOT, "..", "shared", "datasets", "cifar10-mini"))
+    parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"))
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--fine_tune_epochs", type=int, default=1)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--learning_rate", type=float, default=0.1)
     parser.add_argument("--fine_tune_learning_rate", type=float, default=0.01)
     parser.add_argument("--trained_run", default=None, help="an earlier call's 32x32 run directory")
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "resolution_transfer.json"))
     args = parser.parse_args()
     from trainers import process
 
@@ -57,7 +52,6 @@ def main():
     import keras
 
     import sa_conv
-    from trainers import files
     from trainers import train as train_lib
     from trainers.config import make_config
     from trainers.task import Task
@@ -92,7 +86,6 @@ def main():
                    learning_rate=args.fine_tune_learning_rate, init_from=os.path.join(at32_dir, "model.keras"))
     _, scratch = run("scratch_at64", image_size=64, epochs=args.fine_tune_epochs)
     report = {
-        "date": datetime.date.today().isoformat(),
         "model": args.model, "dataset": args.dataset, "data_dir": os.path.basename(os.path.normpath(args.data_dir)),
         "train_images": len(task.train_split), "test_images": len(task.test_split),
         "epochs_at_32": args.epochs, "fine_tune_epochs": args.fine_tune_epochs, "batch": args.batch,
@@ -106,7 +99,7 @@ def main():
         },
         "process": process.describe(),
     }
-    files.write_json(args.output, report, sort_keys=True)
+    harness.write_report(args.output, report)
     print(json.dumps(report["test_accuracy"], indent=2))
 
 

@@ -1,7 +1,7 @@
 """Attention at higher resolution: training and inference memory and speed against the grid size.
 
-    .venv/bin/python benchmarks/scaling.py --output=benchmarks/results/scaling.json
-    .venv/bin/python benchmarks/scaling.py --presets=sa_quadratic --grids=48 --paths=separable --modes=train
+    .venv/bin/python -m benchmarks.scaling --output=benchmarks/results/scaling.json
+    .venv/bin/python -m benchmarks.scaling --presets=sa_quadratic --grids=48 --paths=separable --modes=train
 
 For each position-only paper preset, grid side ``G`` (``--image_size = 2 G``: the presets pool
 2x2), attention path (``separable``: `sa_conv.separable`, exact, ``O(N (H + W))`` per head and
@@ -27,21 +27,14 @@ runs. Nothing here is a test.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
-import os
 import resource
 import signal
 import subprocess
-import sys
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from benchmarks.timing import fastest  # noqa: E402  (standard library only)
+from benchmarks import harness
 
 PRESETS = ("sa_quadratic", "sa_learned")
 GRIDS = (16, 24, 32, 48)
@@ -53,10 +46,6 @@ def case_name(preset, grid, path, mode):
     return f"{preset}/{grid}x{grid}/{path}/{mode}"
 
 
-def _machine_memory_gb():
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-
-
 def _failure(returncode, stderr):
     """What a case's process died of: its exit status (the signal's name when one ended it) and
     TensorFlow's out-of-memory line, or else the last error line, of its standard error."""
@@ -65,33 +54,6 @@ def _failure(returncode, stderr):
     reason = reason or next((l for l in reversed(lines) if "Error" in l), lines[-1] if lines else "")
     status = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit {returncode}"
     return f"{status}: {reason[:300]}" if reason else status
-
-
-def _rss_mb(pid="self"):
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _run_watched(command, env, timeout):
-    """Runs ``command``; returns ``(returncode, stdout, stderr, largest RSS seen in MB)``, the RSS
-    read every 0.2 s from outside (what a process that dies cannot report itself). Raises
-    `subprocess.TimeoutExpired` after ``timeout`` seconds, the process killed."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
-        largest, start = 0.0, time.monotonic()
-        while proc.poll() is None:
-            try:
-                largest = max(largest, _rss_mb(proc.pid))
-            except (OSError, IndexError):  # it just ended
-                pass
-            if time.monotonic() - start > timeout:
-                proc.kill()
-                proc.wait()
-                raise subprocess.TimeoutExpired(command, timeout)
-            time.sleep(0.2)
-        out.seek(0)
-        err.seek(0)
-        return proc.returncode, out.read(), err.read(), largest
 
 
 def measure(preset, grid, path, mode, batch, steps):
@@ -123,13 +85,13 @@ def measure(preset, grid, path, mode, batch, steps):
         iterator = iter(task.train_dataset(0))
         one = tf.constant(1)
         next(iter(task.train_dataset(1)))  # the pipeline's buffers, before the baseline
-        result["rss_before_first_step_mb"] = _rss_mb()
-        seconds = fastest(lambda: train(iterator, one).numpy(), steps)
+        result["rss_before_first_step_mb"] = harness.rss_mb()
+        seconds = harness.fastest(lambda: train(iterator, one).numpy(), steps)
     else:
         x = tf.constant(np.random.default_rng(0).integers(0, 256, (batch, 2 * grid, 2 * grid, 3), dtype=np.uint8))
         infer = tf.function(lambda t: model(t, training=False))
-        result["rss_before_first_step_mb"] = _rss_mb()
-        seconds = fastest(lambda: infer(x).numpy(), steps)
+        result["rss_before_first_step_mb"] = harness.rss_mb()
+        seconds = harness.fastest(lambda: infer(x).numpy(), steps)
     result["images_per_second"] = batch / seconds
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["step_peak_growth_mb"] = result["peak_rss_mb"] - result["rss_before_first_step_mb"]
@@ -138,7 +100,7 @@ def measure(preset, grid, path, mode, batch, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "scaling.json")
     parser.add_argument("--presets", default=",".join(PRESETS))
     parser.add_argument("--grids", default=",".join(map(str, GRIDS)))
     parser.add_argument("--paths", default=",".join(PATHS))
@@ -147,48 +109,41 @@ def main():
     parser.add_argument("--train_steps", type=int, default=2)
     parser.add_argument("--infer_steps", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--memory_limit_gb", type=float, default=_machine_memory_gb())
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "scaling.json"))
-    parser.add_argument("--_single", dest="single", help=argparse.SUPPRESS)
+    parser.add_argument("--memory_limit_gb", type=float, default=harness.cpu()["memory_gb"])
     args = parser.parse_args()
     from trainers import process
 
     process.configure()
-    if args.single:
+    if args.side:  # one case, "preset/grid/path/mode"
         limit = int(args.memory_limit_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-        preset, grid, path, mode = args.single.split("/")
+        preset, grid, path, mode = args.side.split("/")
         steps = args.train_steps if mode == "train" else args.infer_steps
-        print("RESULT " + json.dumps(measure(preset, int(grid), path, mode, args.batch, steps)), flush=True)
-        return
-    report = {"cases": {}}
-    if os.path.exists(args.output):
-        with open(args.output) as f:
-            report = json.load(f)
-    report.update(date=datetime.date.today().isoformat(), batch=args.batch,
-                  machine={"cpus": os.cpu_count(), "memory_gb": _machine_memory_gb()})
-    from trainers import files
+        return harness.print_result(measure(preset, int(grid), path, mode, args.batch, steps))
+    report = {"batch": args.batch, "cases": {}}
 
     for preset in args.presets.split(","):
         for grid in map(int, args.grids.split(",")):
             for path in args.paths.split(","):
                 for mode in args.modes.split(","):
                     name = case_name(preset, grid, path, mode)
-                    command = [sys.executable, __file__, f"--_single={preset}/{grid}/{path}/{mode}",
-                               f"--batch={args.batch}", f"--train_steps={args.train_steps}",
-                               f"--infer_steps={args.infer_steps}", f"--memory_limit_gb={args.memory_limit_gb}"]
+                    flags = [f"--side={preset}/{grid}/{path}/{mode}", f"--batch={args.batch}",
+                             f"--train_steps={args.train_steps}", f"--infer_steps={args.infer_steps}",
+                             f"--memory_limit_gb={args.memory_limit_gb}"]
                     try:
-                        returncode, stdout, stderr, largest = _run_watched(
-                            command, {**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "2"}, args.timeout)
-                        line = next((l for l in stdout.splitlines() if l.startswith("RESULT ")), None)
-                        result = json.loads(line[7:]) if line else {"error": _failure(returncode, stderr)}
+                        proc, largest = harness.run_module_watched(
+                            __name__, flags, {**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "2"}, args.timeout)
+                        try:
+                            result = harness.parse_result(name, proc.returncode, proc.stdout, proc.stderr)
+                        except harness.SideError:
+                            result = {"error": _failure(proc.returncode, proc.stderr)}
                         result["largest_rss_seen_mb"] = largest
                     except subprocess.TimeoutExpired:
                         result = {"error": f"over {args.timeout:.0f} s"}
                     result.update(date=datetime.date.today().isoformat(), memory_limit_gb=args.memory_limit_gb)
                     report["cases"][name] = result
                     print(name, json.dumps({k: v for k, v in result.items() if k != "process"}), flush=True)
-                    files.write_json(args.output, report, sort_keys=True)  # each case as it lands
+                    harness.write_report(args.output, report, merge=args.merge, entries="cases")  # each case as it lands
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 bfloat16, at batch 1 and 100, each in its own process, as images/s and as a fraction of the
 machine's matmul peak (float32 and bfloat16, measured in the same process).
 
-    .venv/bin/python benchmarks/serving.py --output=benchmarks/results/serving.json
-    .venv/bin/python benchmarks/serving.py --presets=sa_quadratic_small --steps=5
-    .venv/bin/python benchmarks/serving.py --aggregation_only   # the frozen layer's dense vs separable
-    .venv/bin/python benchmarks/serving.py --reference_dir=PATH --reference_python=PY   # + the reference
+    .venv/bin/python -m benchmarks.serving                       # benchmarks/results/serving.json
+    .venv/bin/python -m benchmarks.serving --presets=sa_quadratic_small --steps=5 --merge
+    .venv/bin/python -m benchmarks.serving --aggregation_only   # benchmarks/results/serving_aggregation.json
+    .venv/bin/python -m benchmarks.serving --reference_dir=PATH --reference_python=PY   # + the reference
 
 For each preset (random weights: speed does not depend on their values) the parent writes the
 model, exports it (``export.export``: the frozen copy, `sa_conv.freeze_for_inference`, float32 and
@@ -31,30 +31,15 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from benchmarks.timing import fastest  # noqa: E402  (standard library only)
+from benchmarks import harness
 
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
 SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16")
 BATCHES = (1, 100)
 
 
-
-
-def matmul_peak(dtype, size=2048, repeats=5):
-    """GFLOP/s of a ``size``-square matmul in ``dtype`` (best of ``repeats``)."""
-    import tensorflow as tf
-
-    a = tf.cast(tf.random.normal((size, size)), dtype)
-    b = tf.cast(tf.random.normal((size, size)), dtype)
-    matmul = tf.function(lambda: tf.reduce_sum(tf.cast(tf.matmul(a, b), tf.float32)))
-    return 2 * size**3 / fastest(lambda: matmul().numpy(), repeats) / 1e9
 
 
 def child(args):
@@ -86,9 +71,9 @@ def child(args):
     for batch in BATCHES:
         x = tf.constant(rng.integers(0, 256, (batch,) + shape).astype(np.uint8))
         steps = args.steps if batch == 1 else max(2, args.steps // 5)
-        result[f"images_per_second_batch{batch}"] = batch / fastest(lambda: run(x), steps)
-    result["matmul_gflops"] = {"float32": matmul_peak(tf.float32), "bfloat16": matmul_peak(tf.bfloat16)}
-    print("RESULT " + json.dumps(result), flush=True)
+        result[f"images_per_second_batch{batch}"] = batch / harness.fastest(lambda: run(x), steps)
+    result["matmul_gflops"] = harness.matmul_peaks("tensorflow", args.matmul_size)
+    harness.print_result(result)
 
 
 def reference_child(args):
@@ -98,8 +83,7 @@ def reference_child(args):
 
     import epfml_reference
 
-    sys.path.insert(0, os.path.abspath(args.reference_dir))
-    import models
+    models = harness.reference_models(args.reference_dir)
 
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
@@ -117,29 +101,20 @@ def reference_child(args):
         for batch in BATCHES:
             x = torch.from_numpy(rng.standard_normal((batch, 3, 32, 32)).astype(np.float32))
             steps = args.steps if batch == 1 else max(2, args.steps // 5)
-            result[f"images_per_second_batch{batch}"] = batch / fastest(lambda: model(x), steps)
-        peaks = {}
-        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-            a, b = torch.randn(2048, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
-            peaks[name] = 2 * 2048**3 / fastest(lambda: torch.matmul(a, b), 5) / 1e9
-    result["matmul_gflops"] = peaks
-    print("RESULT " + json.dumps(result), flush=True)
+            result[f"images_per_second_batch{batch}"] = batch / harness.fastest(lambda: model(x), steps)
+        result["matmul_gflops"] = harness.matmul_peaks("torch", args.matmul_size)
+    harness.print_result(result)
 
 
-def _child(side, path, steps, python=None, reference_dir=None):
+def _child(side, path, steps, matmul_size, python=None, reference_dir=None):
     from trainers import process
 
-    cmd = [python or sys.executable, os.path.abspath(__file__), f"--side={side}", f"--path={path}", f"--steps={steps}"]
-    if reference_dir:
-        cmd.append(f"--reference_dir={reference_dir}")
-    proc = subprocess.run(cmd, env=process.child_environment(), capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"{side} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    args = [f"--path={path}", f"--steps={steps}", f"--matmul_size={matmul_size}"]
+    args += [f"--reference_dir={reference_dir}"] if reference_dir else []
+    return harness.run_side(__name__, side, args, python, env=process.child_environment())
 
 
-def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=None):
+def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=None, matmul_size=2048):
     import sa_conv
     from benchmarks import flops
     from export.export import export
@@ -161,9 +136,10 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
         export_lib.MIN_TOP1_AGREEMENT = minimum
     sides = {}
     for side in SIDES:
-        sides[side] = _child(side, exports.get(side, path), steps)
+        sides[side] = _child(side, exports.get(side, path), steps, matmul_size)
     if reference_dir:
-        sides["reference"] = _child("reference", json.dumps(config.to_dict()), steps, reference_python, reference_dir)
+        sides["reference"] = _child("reference", json.dumps(config.to_dict()), steps, matmul_size, reference_python,
+                                    reference_dir)
     # Each side's own arithmetic: the served copy folds maps (`flops.forward_flops` frozen), the
     # reference aggregates densely and maps twice (as the model as trained with the dense path).
     forwards = {"in_process_live": flops.forward_flops(config), "reference": flops.forward_flops(config, fast=False)}
@@ -185,8 +161,8 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
             ratios[f"{side}_over_reference"] = {
                 f"batch{n}": sides[side][f"images_per_second_batch{n}"] / sides["reference"][f"images_per_second_batch{n}"]
                 for n in BATCHES}
-    return {"date": datetime.date.today().isoformat(), "forward_gflops_per_image": forwards["in_process_live"] / 1e9, "sides": sides,
-            "ratios": ratios}
+    return {"date": datetime.date.today().isoformat(), "forward_gflops_per_image": forwards["in_process_live"] / 1e9,
+            "sides": sides, "ratios": ratios}
 
 
 def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
@@ -209,7 +185,7 @@ def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
                 trained.build(x.shape)
                 layer = serving.serving_attention(trained, x.shape)
                 fn = tf.function(lambda t, layer=layer: layer(t, training=False))
-                row[path] = batch / fastest(lambda: fn(x).numpy(), steps if batch == 1 else max(2, steps // 5))
+                row[path] = batch / harness.fastest(lambda: fn(x).numpy(), steps if batch == 1 else max(2, steps // 5))
             row["separable_over_dense"] = row["separable"] / row["dense"]
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -217,43 +193,36 @@ def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "serving.json")
     parser.add_argument("--presets", default=",".join(PAPER))
     parser.add_argument("--steps", type=int, default=10, help="timed calls at batch 1 (batch 100: a fifth)")
     parser.add_argument("--aggregation_only", action="store_true")
-    parser.add_argument("--output", default=None)
     parser.add_argument("--reference_dir", help="a clone of epfml/attention-cnn: adds the reference side")
     parser.add_argument("--reference_python", default=None, help="an interpreter with torch for the reference side")
-    parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--matmul_size", type=int, default=2048, help="side of the square matmul whose GFLOP/s is "
+                        "the peak each side is a fraction of")
     args = parser.parse_args()
-    if args.side == "reference":  # a torch process: no TensorFlow, no process configuration
+    if args.aggregation_only and args.output == parser.get_default("output"):
+        args.output = os.path.join(harness.RESULTS, "serving_aggregation.json")
+    if args.side == "reference":  # the reference's interpreter: torch and NumPy, no Keras, no process configuration
         return reference_child(args)
     from trainers import process
 
     process.configure()
     if args.side:
         return child(args)
-    record = {"date": datetime.date.today().isoformat(), "process": process.describe("float32")}
+    record = {"process": process.describe("float32")}
     if args.aggregation_only:
         record["aggregation"] = aggregation(args.steps)
     else:
         record["presets"] = {}
-        if args.output and os.path.exists(args.output):  # a run of some presets keeps the others' results
-            with open(args.output) as f:
-                record["presets"] = json.load(f).get("presets", {})
         with tempfile.TemporaryDirectory() as workdir:
             for preset in [p for p in args.presets.split(",") if p]:
                 record["presets"][preset] = measure_preset(preset, args.steps, workdir, args.reference_dir,
-                                                           args.reference_python)
+                                                           args.reference_python, args.matmul_size)
                 print(preset, json.dumps(record["presets"][preset]["ratios"]), flush=True)
-    text = json.dumps(record, indent=2, sort_keys=True)
-    if args.output:
-        from trainers import files
-
-        files.write_text(args.output, text + "\n")
-    else:
-        print(text)
+    harness.write_report(args.output, record, merge=args.merge)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Training and inference throughput of the presets, as ratios to this machine's limits.
 
-    .venv/bin/python benchmarks/throughput.py --output=benchmarks/results/throughput.json
-    .venv/bin/python benchmarks/throughput.py --cases=sa_quadratic_small,fast_vs_dense_16 --train_steps=3
+    .venv/bin/python -m benchmarks.throughput            # benchmarks/results/throughput.json
+    .venv/bin/python -m benchmarks.throughput --cases=sa_quadratic_small,fast_vs_dense_16 --train_steps=3
 
 Every case runs in its own process (so peak resident memory is its own) and reports: training
 images/s (forward + backward + SGD update, batch 100 unless stated, the fastest of
@@ -17,19 +17,13 @@ Results go to a JSON file; nothing here is a test.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
-import platform
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks import harness
 
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "sa_sinusoidal", "sa_mlp",
          "resnet18"]
@@ -74,22 +68,6 @@ RATIOS = [
 ]
 
 
-def matmul_gflops(size=2048, repeats=10):
-    """fp32 matmul GFLOP/s of this machine (best of ``repeats``)."""
-    import tensorflow as tf
-
-    a = tf.random.normal((size, size))
-    b = tf.random.normal((size, size))
-    matmul = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
-    matmul().numpy()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul().numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
-
-
 def build_keras_mha_classifier(config):
     """The paper's classifier with keras.layers.MultiHeadAttention (content only, key_dim =
     hidden / heads) in place of the 2-D attention: Keras's own layer as a baseline."""
@@ -120,15 +98,8 @@ def keras_mha_flops(config):
 
 
 def _time(fn, steps):
-    """Seconds per call: the fastest of ``steps`` calls after a warm-up (other load on a shared
-    machine only ever adds time), and the median."""
-    fn()  # compile / warm up
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    times.sort()
+    """Seconds per call: the fastest of ``steps`` calls (`harness.timings`) and the median."""
+    times = harness.timings(fn, steps)
     return times[0], times[len(times) // 2]
 
 
@@ -211,22 +182,18 @@ def measure_export(steps: int) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "throughput.json")
     parser.add_argument("--cases", default="small,paper,fast_vs_dense_16,fast_vs_dense_32,baseline,xla,export",
                         help=f"Comma-separated cases or groups: {', '.join(list(GROUPS) + ['export'] + list(CASES))}.")
     parser.add_argument("--train_steps", type=int, default=3)
     parser.add_argument("--infer_steps", type=int, default=5)
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "throughput.json"))
-    parser.add_argument("--_single", dest="single", help=argparse.SUPPRESS)
     args = parser.parse_args()
     from trainers import process
 
     process.configure()  # before TensorFlow loads, as in the programs measured
-    if args.single:
-        result = measure_export(args.infer_steps) if args.single == "export" else measure(
-            args.single, args.train_steps, args.infer_steps)
-        print("RESULT " + json.dumps(result))
-        return
+    if args.side:  # one case
+        return harness.print_result(measure_export(args.infer_steps) if args.side == "export" else measure(
+            args.side, args.train_steps, args.infer_steps))
     names = []
     for item in args.cases.split(","):
         for name in GROUPS.get(item, [item]):
@@ -234,20 +201,20 @@ def main():
                 parser.error(f"unknown case {name!r}")
             if name not in names:
                 names.append(name)
-    peak = matmul_gflops()
+    peaks = harness.matmul_peaks()
+    peak = peaks["float32"]
     print(f"fp32 matmul: {peak:.1f} GFLOP/s", flush=True)
     results = []
     for name in names:
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, f"--_single={name}", f"--train_steps={args.train_steps}",
-                               f"--infer_steps={args.infer_steps}"], capture_output=True, text=True,
-                              env={**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "2"})
-        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
-        if line is None:
-            print(f"{name}: failed\n{proc.stderr[-2000:]}", flush=True)
-            results.append({"case": name, "error": proc.stderr[-2000:]})
+        try:
+            result = harness.run_side(__name__, name, [f"--train_steps={args.train_steps}",
+                                                       f"--infer_steps={args.infer_steps}"],
+                                      env={**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "2"})
+        except harness.SideError as failure:
+            print(f"{name}: failed\n{failure.stderr[-2000:]}", flush=True)
+            results.append({"case": name, "error": failure.stderr[-2000:]})
             continue
-        result = json.loads(line[len("RESULT "):])
         if "train_achieved_gflops_per_second" in result:
             result["train_fraction_of_matmul_peak"] = result["train_achieved_gflops_per_second"] / peak
         result["wall_seconds"] = time.perf_counter() - start
@@ -262,18 +229,13 @@ def main():
     if "export_vs_keras" in by_case:
         ratios["saved_model_over_keras_inference"] = by_case["export_vs_keras"]["saved_model_over_keras"]
     report = {
-        "date": datetime.date.today().isoformat(),
-        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "fp32_matmul_gflops_per_second": peak},
+        "machine": harness.machine(peaks),
         "flops_convention": "multiply-add = 2 FLOPs; attention logits and aggregation included; training = 3 x forward",
         "process": process.describe(),
         "results": results,
         "ratios": ratios,
     }
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    from trainers import files
-
-    files.write_json(args.output, report)
+    harness.write_report(args.output, report)
     print(json.dumps(ratios, indent=2))
     print(f"Wrote {args.output}")
 

@@ -1,14 +1,15 @@
 """sa-conv against the reference implementation: speed and memory side by side, as ratios.
 
-    .venv/bin/python benchmarks/vs_reference.py --reference_dir=PATH --reference_python=PYTHON_WITH_TORCH \\
+    .venv/bin/python -m benchmarks.vs_reference --reference_dir=PATH --reference_python=PYTHON_WITH_TORCH \\
         [--cases=paper,small] [--rounds=2]
 
 ``PATH`` is a local clone of ``epfml/attention-cnn`` (its ``models`` package is imported, never
 copied; see ``tools/make_reference_fixtures.py`` for the ``bert_utils`` stub); the reference runs
-in ``PYTHON_WITH_TORCH`` (e.g. ``pip install .[reference]``).
+in ``PYTHON_WITH_TORCH``, any interpreter with torch and NumPy: its side imports neither Keras nor
+TensorFlow nor sa_conv (`benchmarks.harness`).
 
 Serving (the frozen in-process model, the exported SavedModel and its bfloat16 export against the
-reference, at batch 1 and 100) is ``benchmarks/serving.py --reference_dir=PATH``; this benchmark
+reference, at batch 1 and 100) is ``python -m benchmarks.serving --reference_dir=PATH``; this benchmark
 measures the trainer's step and the live model.
 
 Each case (a preset, and the same model in the reference) runs its sides in separate processes,
@@ -41,17 +42,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import resource
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import epfml_reference  # noqa: E402  (standard library only: the reference side has no Keras)
-from benchmarks.timing import fastest  # noqa: E402  (standard library only)
+import epfml_reference  # standard library only: the reference side has no Keras
+from benchmarks import harness
 
 PAPER = ["sa_quadratic", "sa_learned", "resnet18", "sa_quadratic_full", "sa_content_plus_learned_bias"]
 SMALL = ["sa_quadratic_small", "sa_learned_small", "sa_quadratic_full_small", "sa_content_plus_learned_bias_small"]
@@ -94,14 +90,14 @@ def sa_conv_side(args):
         infer = tf.function(lambda x: model(x, training=False), jit_compile=task.use_xla())
         for b in (1, args.batch):
             x = tf.constant(rng.integers(0, 256, (b, 32, 32, 3), dtype=np.uint8))
-            result[f"inference_images_per_second_batch{b}"] = b / fastest(lambda: infer(x).numpy(), args.infer_steps)
+            result[f"inference_images_per_second_batch{b}"] = b / harness.fastest(lambda: infer(x).numpy(), args.infer_steps)
         result["inference_peak_rss_mb"] = _peak_rss_mb()
         return result
     result.update(remat=bool(task.model_config.remat), keep_freed_memory=task.keeps_freed_memory())
     train_steps = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
     iterator = iter(task.train_dataset(0))
     one = tf.constant(1)
-    result["train_images_per_second"] = args.batch / fastest(
+    result["train_images_per_second"] = args.batch / harness.fastest(
         lambda: train_steps(iterator, one).numpy(), args.train_steps)
     result["peak_rss_mb"] = _peak_rss_mb()
     return result
@@ -114,8 +110,7 @@ def reference_side(args):
     import numpy as np
     import torch
 
-    sys.path.insert(0, os.path.abspath(args.reference_dir))
-    import models
+    models = harness.reference_models(args.reference_dir)
 
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
@@ -132,7 +127,7 @@ def reference_side(args):
     with torch.no_grad():
         for b in (1, args.batch):
             x = torch.from_numpy(rng.standard_normal((b, 3, 32, 32)).astype(np.float32))
-            result[f"inference_images_per_second_batch{b}"] = b / fastest(lambda: model(x), args.infer_steps)
+            result[f"inference_images_per_second_batch{b}"] = b / harness.fastest(lambda: model(x), args.infer_steps)
     result["inference_peak_rss_mb"] = _peak_rss_mb()
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
@@ -146,7 +141,7 @@ def reference_side(args):
         loss.backward()
         optimizer.step()
 
-    result["train_images_per_second"] = args.batch / fastest(step, args.train_steps)
+    result["train_images_per_second"] = args.batch / harness.fastest(step, args.train_steps)
     result["peak_rss_mb"] = _peak_rss_mb()
     return result
 
@@ -156,15 +151,15 @@ def reference_side(args):
 
 def _run_side(side, preset, args, workdir):
     python = args.reference_python if side == "reference" else sys.executable
-    cmd = [python, os.path.abspath(__file__), f"--_side={side}", f"--preset={preset}", f"--batch={args.batch}",
-           f"--train_steps={args.train_steps}", f"--infer_steps={args.infer_steps}", f"--workdir={workdir}"]
+    flags = [f"--preset={preset}", f"--batch={args.batch}", f"--train_steps={args.train_steps}",
+             f"--infer_steps={args.infer_steps}", f"--workdir={workdir}"]
     if side == "reference":
         from sa_conv import get_config
 
-        cmd += [f"--reference_dir={args.reference_dir}", f"--preset_config={json.dumps(get_config(preset).to_dict())}"]
+        flags += [f"--reference_dir={args.reference_dir}", f"--preset_config={json.dumps(get_config(preset).to_dict())}"]
     from trainers import process
 
-    env = {**process.child_environment(), "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "2"}
     if side == "sa_conv_no_onednn":
         env["TF_ENABLE_ONEDNN_OPTS"] = "0"
     start = time.perf_counter()
@@ -173,13 +168,12 @@ def _run_side(side, preset, args, workdir):
     # inference, so sa_conv_no_remat only trains.
     phases = [""] if side == "reference" else ["training"] if side == "sa_conv_no_remat" else ["inference", "training"]
     for phase in phases:
-        proc = subprocess.run(cmd + ([f"--_phase={phase}"] if phase else []), cwd=ROOT, capture_output=True,
-                              text=True, env=env)
-        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
-        if proc.returncode or line is None:
+        try:
+            result.update(harness.run_side(__name__, side, flags + ([f"--phase={phase}"] if phase else []), python,
+                                           env=env))
+        except harness.SideError as failure:
             # A side killed for memory (exit -9) is a result too: it does not fit on this machine.
-            return {"failed": f"{phase} exit {proc.returncode}".strip(), "stderr_tail": proc.stderr[-1500:]}
-        result.update(json.loads(line[len("RESULT "):]))
+            return {"failed": f"{phase} exit {failure.returncode}".strip(), "stderr_tail": failure.stderr[-1500:]}
     return {**result, "wall_seconds": time.perf_counter() - start, "date": datetime.date.today().isoformat()}
 
 
@@ -210,7 +204,7 @@ def _ratios(mine, reference):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "vs_reference.json")
     parser.add_argument("--reference_dir")
     parser.add_argument("--reference_python", default=sys.executable)
     parser.add_argument("--cases", default="paper,small", help="Presets or groups (paper, small), comma-separated.")
@@ -218,11 +212,6 @@ def main():
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--train_steps", type=int, default=2)
     parser.add_argument("--infer_steps", type=int, default=3)
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "vs_reference.json"))
-    parser.add_argument("--merge", action="store_true",
-                        help="Keep the cases already in --output; with --sides, also a case's sides not run now "
-                             "(every side records its date: compare speeds within one date).")
-    parser.add_argument("--_side", dest="side", help=argparse.SUPPRESS)
     parser.add_argument("--preset", help=argparse.SUPPRESS)
     parser.add_argument("--remat", default="auto", help=argparse.SUPPRESS)
     parser.add_argument("--preset_config", help=argparse.SUPPRESS)
@@ -231,37 +220,31 @@ def main():
                         help="Cases also measured with mixed_bfloat16 and mixed_float16 (sa-conv only).")
     parser.add_argument("--onednn_cases", default="sa_quadratic,resnet18",
                         help="Cases also measured with TensorFlow's oneDNN kernels off (sa-conv only).")
-    parser.add_argument("--_phase", dest="phase", help=argparse.SUPPRESS)
+    parser.add_argument("--phase", help=argparse.SUPPRESS)
     parser.add_argument("--sides", default="",
                         help="Run only these sides (e.g. sa_conv,reference: leaves out sa_conv_no_remat, which "
                              "needs about 18 GB for sa_content_plus_learned_bias). Default: all.")
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.side == "reference":  # the reference's interpreter: torch and NumPy, no Keras, no process configuration
+        return harness.print_result(reference_side(args))
     from trainers import process
 
     process.configure()  # before TensorFlow loads, as in the programs measured
     if args.side:
-        if args.side.startswith("sa_conv"):
-            args.remat = "none" if args.side == "sa_conv_no_remat" else "auto"
-            if args.side.startswith("sa_conv_mixed_"):
-                args.mixed_precision = args.side[len("sa_conv_"):]
-            result = sa_conv_side(args)
-        else:
-            result = reference_side(args)
-        print("RESULT " + json.dumps(result), flush=True)
-        return
+        args.remat = "none" if args.side == "sa_conv_no_remat" else "auto"
+        if args.side.startswith("sa_conv_mixed_"):
+            args.mixed_precision = args.side[len("sa_conv_"):]
+        return harness.print_result(sa_conv_side(args))
     if not args.reference_dir and (not args.sides or "reference" in args.sides.split(",")):
         parser.error("--reference_dir (a local clone of epfml/attention-cnn) is required.")
     import tempfile
 
-    from benchmarks.throughput import matmul_gflops
-    from trainers import files
     from sa_conv import get_config
     from trainers.footprint import training_activation_bytes
 
     presets = [p for c in args.cases.split(",") if c for p in GROUPS.get(c, [c])]
-    report = {"date": datetime.date.today().isoformat(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-              "batch": args.batch, "rounds": args.rounds, "process": process.describe(), "cases": {}}
+    report = {"batch": args.batch, "rounds": args.rounds, "process": process.describe(), "cases": {}}
     if args.merge and os.path.exists(args.output):
         with open(args.output) as f:
             stored = json.load(f)
@@ -270,7 +253,7 @@ def main():
             for side, result in case.items():
                 if side != "ratios":
                     result.setdefault("date", stored.get("date"))
-    report["matmul_gflops_before"] = matmul_gflops()
+    report["matmul_gflops_before"] = harness.matmul_peaks()
     with tempfile.TemporaryDirectory() as workdir:
         for index, preset in enumerate(presets):
             config = get_config(preset)
@@ -303,9 +286,8 @@ def main():
                         and "failed" not in case[side] and "failed" not in case["sa_conv"]:
                     case["ratios"][f"{side}_over_sa_conv"] = _ratios(case[side], case["sa_conv"])
             report["cases"][preset] = case
-            report["matmul_gflops_after"] = matmul_gflops()
-            os.makedirs(os.path.dirname(args.output), exist_ok=True)
-            files.write_json(args.output, report)  # after every case: an interrupted run keeps what it measured
+            report["matmul_gflops_after"] = harness.matmul_peaks()
+            harness.write_report(args.output, report)  # after every case: an interrupted run keeps what it measured
     print(json.dumps({p: c["ratios"] for p, c in report["cases"].items()}, indent=1))
     print(f"Wrote {args.output}")
 

@@ -1,11 +1,12 @@
 """sa-conv and the reference implementation trained side by side on the same data.
 
-    .venv/bin/python benchmarks/vs_reference_training.py --reference_dir=PATH \\
+    .venv/bin/python -m benchmarks.vs_reference_training --reference_dir=PATH \\
         --reference_python=PYTHON_WITH_TORCH [--encodings=quadratic,learned] [--seeds=0]
 
 ``PATH`` is a local clone of ``epfml/attention-cnn`` (its ``models`` package is imported, never
 copied; see ``tools/make_reference_fixtures.py`` for the ``bert_utils`` stub); the reference runs
-in ``PYTHON_WITH_TORCH`` (an interpreter with torch and numpy, e.g. ``pip install .[reference]``).
+in ``PYTHON_WITH_TORCH`` (any interpreter with torch and NumPy: its side imports neither Keras nor
+TensorFlow nor sa_conv).
 
 Both sides get the same images: the training split that ``sa-conv-train`` keeps after holding
 out its validation images (seeded), and the test split. sa-conv trains with ``sa-conv-train``
@@ -29,17 +30,16 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import epfml_reference  # standard library only: the reference side has no Keras
+from benchmarks import harness
 
-import epfml_reference  # noqa: E402  (standard library only: the reference side has no Keras)
+ROOT = harness.ROOT
 
 # The reference variants (sa-conv encoding names) and the sa-conv preset each trains against.
 PRESETS = {"quadratic": "sa_quadratic_small", "quadratic_full": "sa_quadratic_full_small",
@@ -53,8 +53,7 @@ def reference_main(args):
     """Trains the reference's BertImage as its train.py does; prints ``RESULT {json}``."""
     import torch
 
-    sys.path.insert(0, os.path.abspath(args.reference_dir))
-    import models
+    models = harness.reference_models(args.reference_dir)
 
     torch.set_num_threads(os.cpu_count())
     data = np.load(args.data)
@@ -138,18 +137,11 @@ def reference_main(args):
         for b in range(0, len(data["test_images"]), 500):
             logits = model(normalize(data["test_images"][b:b + 500]))
             correct += int((logits.argmax(1).numpy() == data["test_labels"][b:b + 500]).sum())
-    print("RESULT " + json.dumps({"test_accuracy": correct / len(data["test_images"]), "steps": global_step,
-                                  "train_seconds": seconds, "epochs": curve}))
+    harness.print_result({"test_accuracy": correct / len(data["test_images"]), "steps": global_step,
+                          "train_seconds": seconds, "epochs": curve})
 
 
 # ------------------------------------------------------------------------------ driver
-
-
-def _result(proc, what):
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
-    if proc.returncode or line is None:
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
 
 
 def sa_conv_settings(encoding, seed, args, model_dir):
@@ -184,12 +176,11 @@ def lockstep_batches(encoding, seed, args, path):
 def run_sa_conv(encoding, seed, args, workdir, init_from=None):
     model_dir = os.path.join(workdir, f"sa_conv_{encoding}_{seed}")
     flags = [f"--{k}={v}" for k, v in sa_conv_settings(encoding, seed, args, model_dir).items()]
-    cmd = [sys.executable, "-m", "trainers.train", *flags,
-           *([f"--init_from={init_from}"] if init_from else [])]
     start = time.perf_counter()
     from trainers import process
 
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=process.child_environment())
+    proc = harness.run_module("trainers.train", flags + ([f"--init_from={init_from}"] if init_from else []),
+                              env=process.child_environment())
     if proc.returncode:
         raise RuntimeError(f"sa-conv {encoding} seed {seed} failed:\n{proc.stderr[-3000:]}")
     with open(os.path.join(model_dir, "results.json")) as f:
@@ -203,16 +194,16 @@ def run_sa_conv(encoding, seed, args, workdir, init_from=None):
 
 
 def run_reference(encoding, seed, args, data_path, lockstep=None):
-    cmd = [args.reference_python, os.path.abspath(__file__), "--_reference", f"--encoding={encoding}",
-           f"--seed={seed}", f"--epochs={args.epochs}", f"--reference_dir={args.reference_dir}", f"--data={data_path}",
-           *([f"--lockstep_data={lockstep}"] if lockstep else [])]
+    flags = [f"--encoding={encoding}", f"--seed={seed}", f"--epochs={args.epochs}",
+             f"--reference_dir={args.reference_dir}", f"--data={data_path}",
+             *([f"--lockstep_data={lockstep}"] if lockstep else [])]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
-    return {**_result(proc, f"reference {encoding} seed {seed}"), "wall_seconds": time.perf_counter() - start}
+    result = harness.run_side(__name__, "reference", flags, args.reference_python)
+    return {**result, "wall_seconds": time.perf_counter() - start}
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "vs_reference_training.json")
     parser.add_argument("--reference_dir")
     parser.add_argument("--reference_python", default=sys.executable)
     parser.add_argument("--data_dir", default=os.path.join(ROOT, "..", "shared", "datasets", "cifar10-mini"))
@@ -227,11 +218,6 @@ def main():
                         help="sa-conv's --pixel_statistics; 'reference' normalizes with the reference's constants.")
     parser.add_argument("--reuse_reference", action="store_true",
                         help="Take the reference's results from --output (same encoding, seed, epochs).")
-    parser.add_argument("--merge", action="store_true",
-                        help="Keep the runs already in --output (other seeds) and add these.")
-    parser.add_argument("--output", help="Default: benchmarks/results/vs_reference_training.json, "
-                                         "or vs_reference_lockstep.json with --lockstep.")
-    parser.add_argument("--_reference", dest="reference_side", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--encoding", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -241,23 +227,20 @@ def main():
                              "on sa-conv's batches in its order (augmented) at its learning rates, without dropout: "
                              "what is left is floating-point rounding. Written under 'lockstep' in --output.")
     args = parser.parse_args()
-    if not args.reference_side:  # the reference's side is a PyTorch process
-        from trainers import process
+    if args.lockstep and args.output == parser.get_default("output"):
+        args.output = os.path.join(harness.RESULTS, "vs_reference_lockstep.json")
+    if args.side == "reference":  # the reference's interpreter: torch and NumPy, no Keras, no process configuration
+        return reference_main(args)
+    from trainers import process
 
-        process.configure()  # before TensorFlow loads (--lockstep reads the trainer's batches here)
-    if args.reference_side:
-        reference_main(args)
-        return
+    process.configure()  # before TensorFlow loads (--lockstep reads the trainer's batches here)
     if not args.reference_dir:
         parser.error("--reference_dir (a local clone of epfml/attention-cnn) is required.")
-    from trainers import files
-
     encodings = [e for e in args.encodings.split(",") if e]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.lockstep:
         lockstep_main(args, encodings, seeds)
         return
-    args.output = args.output or os.path.join(ROOT, "benchmarks", "results", "vs_reference_training.json")
     rows = []
     earlier = {}
     if os.path.exists(args.output):
@@ -305,8 +288,7 @@ def main():
               "sa_conv_momentum_form": args.sa_conv_momentum_form,
               "sa_conv_pixel_statistics": args.sa_conv_pixel_statistics,
               "data": os.path.relpath(args.data_dir, ROOT), "table": table, "runs": rows}
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    files.write_json(args.output, report)
+    harness.write_report(args.output, report)
     print(json.dumps(table, indent=2))
     print(f"Wrote {args.output}")
 
@@ -348,10 +330,9 @@ def _prepare_data(seed, args, workdir):
 def lockstep_main(args, encodings, seeds):
     """``--lockstep``: per encoding and seed, the reference trains first (writing its initial
     weights), sa-conv imports them and trains with ``--init_from``; both on sa-conv's batches."""
-    from trainers import files
     from sa_conv import reference as reference_lib
 
-    output = args.output or os.path.join(ROOT, "benchmarks", "results", "vs_reference_lockstep.json")
+    output = args.output
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
         for seed in seeds:
@@ -382,7 +363,7 @@ def lockstep_main(args, encodings, seeds):
               "sa_conv_momentum_form": args.sa_conv_momentum_form,
               "sa_conv_pixel_statistics": args.sa_conv_pixel_statistics,
               "data": os.path.relpath(args.data_dir, ROOT), "table": table, "runs": rows}
-    files.write_json(output, report)
+    harness.write_report(output, report)
     print(json.dumps(table, indent=2))
     print(f"Wrote {output}")
 

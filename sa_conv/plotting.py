@@ -26,7 +26,6 @@ import numpy as np
 from keras import ops
 from matplotlib.figure import Figure
 
-from sa_conv import inspection
 from sa_conv.models import attention_blocks, attention_grid, attention_probabilities
 
 CELL_INCHES = 1.6

@@ -240,7 +240,7 @@ def test_a_benchmark_records_the_process_it_measured(tmp_path):
     JSON beside the results; its measuring child configures itself from the user's environment
     (the parent's own settings are not passed down as the user's)."""
     output = tmp_path / "throughput.json"
-    proc = subprocess.run([sys.executable, "benchmarks/throughput.py", "--cases=sa_quadratic_small", "--train_steps=1",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--cases=sa_quadratic_small", "--train_steps=1",
                            "--infer_steps=1", f"--output={output}"], cwd=PROJECT_ROOT, env=ENV, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

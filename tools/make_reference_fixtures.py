@@ -1,7 +1,10 @@
 """Writes the reference-parity fixtures of ``tests/fixtures/reference/`` from the reference
 implementation (GitHub ``epfml/attention-cnn``, PyTorch).
 
-    python tools/make_reference_fixtures.py --reference_dir=PATH [--output_dir=tests/fixtures/reference]
+    python -m tools.make_reference_fixtures --reference_dir=PATH [--output_dir=tests/fixtures/reference]
+
+(from the repository root, in any interpreter with torch and NumPy: it imports `epfml_reference`
+from there)
 
 ``PATH`` is a local clone of the reference repository: its ``models`` package is imported from
 there, never copied into this project. Its ``models/bert_utils.py`` is not in the repository
@@ -34,8 +37,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import epfml_reference  # noqa: E402  (standard library only: this process has no Keras)
+import epfml_reference  # standard library only: this process has no Keras
 
 QUERY_POSITIONS = np.array([0, 5, 10, 15])
 # A step at lr 0 first: PyTorch's momentum buffer still takes its gradient (trainers.optimizers).

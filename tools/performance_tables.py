@@ -26,13 +26,21 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FILES = ("README.md", "docs/performance.md", "docs/reference.md", "docs/training.md")
 
-sys.path.insert(0, str(ROOT))
-from sa_conv.config import PRESET_ALIASES  # noqa: E402  (presets renamed after a benchmark recorded them)
+from sa_conv.config import PRESET_ALIASES  # presets renamed after a benchmark recorded them
 
 
 def _load(name):
     with open(RESULTS / f"{name}.json") as f:
         return json.load(f)
+
+
+def _machine(data):
+    """``(cores, memory GiB, float32 matmul GFLOP/s)`` of a report's machine record
+    (`benchmarks.harness.machine`; reports written before it had their own fields)."""
+    machine = data["machine"]
+    cpu = machine.get("cpu", {})
+    peak = machine.get("matmul_gflops", {}).get("float32", machine.get("fp32_matmul_gflops_per_second"))
+    return cpu.get("cores", machine.get("cpus")), cpu.get("memory_gb", machine.get("memory_gb")), peak
 
 
 def _preset(name):
@@ -114,7 +122,7 @@ def throughput(name="throughput"):
              _num(r.get("train_gflops_per_image")), _ratio(r.get("train_fraction_of_matmul_peak")),
              _gib(r.get("peak_rss_mb"))]
             for r in data["results"] if "train_images_per_second" in r]
-    peak = data["machine"].get("fp32_matmul_gflops_per_second")
+    peak = _machine(data)[2]
     caption = f"{data['date']}, matmul peak {_num(peak)} GFLOP/s in that run.\n\n"
     return caption + _table(["case", "batch", "XLA", "train img/s", "infer img/s (b=1 / b=100)", "train GFLOP/img",
                              "fraction of matmul peak", "peak RSS"], rows)
@@ -249,8 +257,9 @@ def scaling():
                      f"{_ratio(growth / base[1]) if growth and base[1] else '-'} (N(H+W): {_ratio(size_ratio)})",
                      speed(infer),
                      _gib(infer.get("peak_rss_mb"))])
+    cores, memory_gb, _ = _machine(data)
     caption = (f"{data['date']}, batch {data['batch']}, attention dropout 0, the trainer's step and `--remat=auto`; "
-               f"a {data['machine']['cpus']}-core machine with {data['machine']['memory_gb']:.0f} GiB.\n\n")
+               f"a {cores}-core machine with {memory_gb:.0f} GiB.\n\n")
     return caption + _table(["preset", "grid", "path", "train img/s", "train peak RSS", "remat",
                              "train step memory / smallest grid's", "infer img/s", "infer peak RSS"], rows)
 

@@ -1,0 +1,212 @@
+"""What every benchmark shares: its command line, one child process per side, the machine record
+and the JSON report.
+
+Run a benchmark from the repository root as a module, ``python -m benchmarks.NAME``. Its parent
+process starts each side as ``python -m benchmarks.NAME --side=SIDE ...`` (`run_side`), in the
+repository root, in an interpreter of the caller's choice (the reference's sides run in the
+reference's own, with torch and NumPy and no Keras); the side prints one ``RESULT {json}`` line
+(`print_result`), which the parent reads back. Nothing here is a program held in a string, and
+importing a benchmark changes nothing outside it.
+
+Standard library only (with `trainers.files`, which is too): the reference's sides import this
+module in an interpreter without Keras.
+
+* `arguments`: the parser every benchmark starts from (``--output``, ``--merge``, ``--side``).
+* `run_side`, `print_result`: a side in its own process, and its answer; `run_module`: any
+  module run as a program (the trainer a benchmark measures); `run_module_watched`: with its
+  memory read from outside.
+* `reference_models`: the reference's model package, for its sides.
+* `timings`, `fastest`: timed calls, and the shortest.
+* `machine`: the machine record (CPU, its vector and matrix units, the kernels TensorFlow runs
+  with, the interpreter) and `matmul_peaks`: the float32 and bfloat16 matmul GFLOP/s measured
+  in the calling process, with TensorFlow or torch.
+* `write_report`: the JSON, atomically, ``--merge`` keeping the entries not measured again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+from trainers import files  # standard library only, like this module
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+RESULT_PREFIX = "RESULT "
+# The CPU features that decide which kernels a framework runs (and so what a peak means).
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16",
+                "amx_int8")
+
+
+class SideError(RuntimeError):
+    """A side's process failed or printed no result; ``returncode`` and ``stderr`` say how."""
+
+    def __init__(self, side, returncode, stderr):
+        super().__init__(f"{side} failed (exit {returncode}):\n{stderr[-3000:]}")
+        self.side, self.returncode, self.stderr = side, returncode, stderr
+
+
+def arguments(doc: str, output: str) -> argparse.ArgumentParser:
+    """The parser of a benchmark whose module docstring is ``doc``, writing ``output`` (a file
+    name in ``benchmarks/results``) by default: ``--output``, ``--merge`` (keep the entries of
+    ``--output`` not measured again) and the hidden ``--side`` of its children."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", default=os.path.join(RESULTS, output), help="the JSON report")
+    parser.add_argument("--merge", action="store_true", help="keep the entries of --output not measured again")
+    parser.add_argument("--side", help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_result(side: str, returncode: int, stdout: str, stderr: str) -> dict:
+    """The ``RESULT`` a side printed (its last); `SideError` when it failed or printed none."""
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if returncode or not lines:
+        raise SideError(side, returncode, stderr)
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+def run_module(module: str, args=(), python: str | None = None, env: dict | None = None,
+               timeout: float | None = None) -> subprocess.CompletedProcess:
+    """``python -m module args...`` in the repository root, its output captured: the one way
+    benchmarks start a process (a side, or a program they measure). ``env``: the child's
+    environment (None: this process's)."""
+    return subprocess.run([python or sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def rss_mb(pid="self") -> float:
+    """Resident memory of process ``pid`` in MiB (Linux's ``/proc``)."""
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def run_module_watched(module: str, args=(), env: dict | None = None, timeout: float | None = None):
+    """`run_module`, reading the child's resident memory from outside every 0.2 s (what a process
+    that dies cannot report itself): ``(CompletedProcess, largest RSS seen in MiB)``. Raises
+    `subprocess.TimeoutExpired` after ``timeout`` seconds, the process killed."""
+    command = [sys.executable, "-m", module, *map(str, args)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True, env=env)
+        largest, start = 0.0, time.monotonic()
+        while proc.poll() is None:
+            try:
+                largest = max(largest, rss_mb(proc.pid))
+            except (OSError, IndexError):  # it just ended
+                pass
+            if timeout is not None and time.monotonic() - start > timeout:
+                proc.kill()
+                proc.wait()
+                raise subprocess.TimeoutExpired(command, timeout)
+            time.sleep(0.2)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, proc.returncode, out.read(), err.read()), largest
+
+
+def run_side(module: str, side: str, args=(), python: str | None = None, env: dict | None = None,
+             timeout: float | None = None) -> dict:
+    """Runs one side of ``module`` in its own process (``--side=side``, `run_module`) and returns
+    what it printed with `print_result`; `SideError` when it failed."""
+    proc = run_module(module, [f"--side={side}", *args], python, env, timeout)
+    return parse_result(side, proc.returncode, proc.stdout, proc.stderr)
+
+
+def reference_models(reference_dir: str):
+    """The reference implementation's ``models`` package, imported from ``reference_dir`` (a local
+    clone of ``epfml/attention-cnn``; never copied here): what its sides build."""
+    sys.path.insert(0, os.path.abspath(reference_dir))
+    return importlib.import_module("models")
+
+
+def print_result(result: dict) -> None:
+    """A side's answer to its parent: one ``RESULT {json}`` line."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def timings(fn, steps: int) -> list[float]:
+    """Seconds of ``steps`` timed calls of ``fn``, shortest first, after one untimed call
+    (tracing, allocation)."""
+    fn()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)
+
+
+def fastest(fn, steps: int) -> float:
+    """The shortest of `timings`: other load on the machine only ever adds time."""
+    return timings(fn, steps)[0]
+
+
+def cpu() -> dict:
+    """The CPU's model name, its cores, which of `CPU_FEATURES` it has (Linux's
+    ``/proc/cpuinfo``; elsewhere the platform's processor name alone) and the machine's memory."""
+    record = {"model": platform.processor() or platform.machine(), "cores": os.cpu_count(), "features": [],
+              "memory_gb": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return record
+    fields = dict(line.split(":", 1) for line in info.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    record.update(model=fields.get("model name", record["model"]), features=[f for f in CPU_FEATURES if f in flags])
+    return record
+
+
+def matmul_peaks(framework: str = "tensorflow", size: int = 2048, repeats: int = 5) -> dict:
+    """GFLOP/s of a ``size``-square matmul in float32 and bfloat16 (best of ``repeats``), with
+    ``framework`` (``"tensorflow"`` or ``"torch"``) in this process: the peak a side's achieved
+    FLOP rate is a fraction of."""
+    flop = 2 * size ** 3
+    peaks = {}
+    if framework == "torch":
+        import torch
+
+        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+            a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+            peaks[name] = flop / fastest(lambda: torch.matmul(a, b), repeats) / 1e9
+        return peaks
+    import tensorflow as tf
+
+    for name, dtype in (("float32", tf.float32), ("bfloat16", tf.bfloat16)):
+        a, b = tf.cast(tf.random.normal((size, size)), dtype), tf.cast(tf.random.normal((size, size)), dtype)
+        matmul = tf.function(lambda a=a, b=b: tf.reduce_sum(tf.cast(tf.matmul(a, b), tf.float32)))
+        peaks[name] = flop / fastest(lambda: matmul().numpy(), repeats) / 1e9
+    return peaks
+
+
+def machine(peaks: dict | None = None) -> dict:
+    """The machine record of a report: `cpu`, the platform, the interpreter, the kernels
+    TensorFlow runs with (``TF_ENABLE_ONEDNN_OPTS`` as the children see it) and, when given,
+    the matmul ``peaks`` (`matmul_peaks`)."""
+    record = {"cpu": cpu(), "platform": platform.platform(), "python": platform.python_version(),
+              "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's default")}
+    if peaks is not None:
+        record["matmul_gflops"] = peaks
+    return record
+
+
+def write_report(path: str, report: dict, merge: bool = False, entries: str = "presets") -> dict:
+    """Writes ``report`` as JSON to ``path`` atomically, with today's date and the `machine`
+    record unless it has them. With ``merge``, the ``entries`` mapping of the report already at
+    ``path`` keeps what this run did not measure again. Returns what was written."""
+    report = {"date": datetime.date.today().isoformat(), "machine": machine(), **report}
+    if merge and os.path.exists(path):
+        with open(path) as f:
+            earlier = json.load(f)
+        report[entries] = {**earlier.get(entries, {}), **report.get(entries, {})}
+    files.write_json(path, report)
+    return report

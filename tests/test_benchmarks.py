@@ -1,0 +1,170 @@
+"""The benchmark harness (`benchmarks.harness`): one way to start a side, its answer, the machine
+record and the report; and every benchmark's reference side runs in an interpreter without
+Keras, as it must in the reference's own (torch and NumPy only)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import harness
+from tests.conftest import PROJECT_ROOT
+
+# Blocks what the reference's interpreter does not have, at startup (Python imports
+# `sitecustomize` from the path before anything else).
+NO_KERAS = '''import importlib.abc
+import importlib.machinery
+import sys
+
+
+class Absent(importlib.abc.Loader):
+    def create_module(self, spec):
+        raise ModuleNotFoundError(f"No module named {spec.name!r}: this interpreter has no Keras", name=spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+class NoKeras:
+    # A spec without an origin (what a probe like torch's reads as nothing to trace) whose
+    # loader refuses: an import fails as it would where the package is not installed.
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("keras", "tensorflow", "sa_conv", "jax"):
+            return importlib.machinery.ModuleSpec(name, Absent())
+        return None
+
+
+sys.meta_path.insert(0, NoKeras())
+'''
+
+# Stand-ins for the reference's `models` package (its code is never copied here): a model of
+# each kind it builds, the size of a CIFAR image, so each side runs its own loop for real.
+MODELS = '''import torch
+
+
+class BertImage(torch.nn.Module):
+    def __init__(self, config, num_classes):
+        super().__init__()
+        self.config = config
+        self.classifier = torch.nn.Linear(3 * 32 * 32, num_classes)
+
+    def forward(self, x):
+        return self.classifier(x.flatten(1))
+
+
+def ResNet18(num_classes=10):
+    return BertImage({}, num_classes)
+'''
+
+
+@pytest.fixture
+def without_keras(tmp_path):
+    """``(python, env, reference_dir)``: this interpreter with Keras, TensorFlow and sa_conv
+    unimportable, and a reference directory of stand-in models."""
+    pytest.importorskip("torch", reason="the reference's sides run torch (make test-backends has it)")
+    blocker = tmp_path / "site"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(NO_KERAS)
+    reference = tmp_path / "reference"
+    (reference / "models").mkdir(parents=True)
+    (reference / "models" / "__init__.py").write_text(MODELS)
+    env = {**os.environ, "PYTHONPATH": str(blocker)}
+    probe = subprocess.run([sys.executable, "-c", "import keras"], env=env, capture_output=True, text=True)
+    assert "this interpreter has no Keras" in probe.stderr  # the blocker works
+    return sys.executable, env, str(reference)
+
+
+def _side(module, flags, python, env):
+    proc = harness.run_module(module, ["--side=reference", *flags], python, env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return harness.parse_result("reference", proc.returncode, proc.stdout, proc.stderr)
+
+
+PRESET = {"architecture": "attention", "encoding": "quadratic", "num_layers": 1, "num_heads": 4, "hidden_size": 16,
+          "mlp_size": 16, "dropout": 0.0, "attention_dropout": 0.0, "pooling_width": 2}
+
+
+def test_serving_reference_side_runs_without_keras(without_keras):
+    python, env, reference = without_keras
+    result = _side("benchmarks.serving", [f"--path={json.dumps(PRESET)}", "--steps=1", f"--reference_dir={reference}",
+                                          "--matmul_size=128"], python, env)
+    assert result["side"] == "reference" and result["images_per_second_batch1"] > 0
+    assert result["images_per_second_batch100"] > 0 and result["matmul_gflops"]["float32"] > 0
+
+
+def test_vs_reference_reference_side_runs_without_keras(without_keras, tmp_path):
+    python, env, reference = without_keras
+    result = _side("benchmarks.vs_reference", ["--preset=sa_quadratic_small", "--batch=4", "--train_steps=1",
+                                               "--infer_steps=1", f"--workdir={tmp_path}", f"--reference_dir={reference}",
+                                               f"--preset_config={json.dumps(PRESET)}"], python, env)
+    assert result["parameters"] == 3 * 32 * 32 * 10 + 10
+    assert result["train_images_per_second"] > 0 and result["inference_images_per_second_batch4"] > 0
+
+
+def test_vs_reference_training_reference_side_runs_without_keras(without_keras, tmp_path):
+    import numpy as np
+
+    python, env, reference = without_keras
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data.npz"
+    np.savez(data, train_images=rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8),
+             train_labels=rng.integers(0, 10, 20), test_images=rng.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8),
+             test_labels=rng.integers(0, 10, 10))
+    result = _side("benchmarks.vs_reference_training", ["--encoding=quadratic", "--seed=0", "--epochs=2",
+                                                        f"--reference_dir={reference}", f"--data={data}"], python, env)
+    assert result["steps"] == 2 and len(result["epochs"]) == 2  # one batch of 20 per epoch
+    assert 0.0 <= result["test_accuracy"] <= 1.0 and all(np.isfinite(e["train_loss"]) for e in result["epochs"])
+
+
+def test_a_failed_side_is_an_error_with_its_exit_and_standard_error():
+    with pytest.raises(harness.SideError, match=r"reference failed \(exit 2\)") as failure:
+        harness.run_side("benchmarks.serving", "reference", ["--no_such_flag"])
+    assert failure.value.returncode == 2 and "unrecognized arguments: --no_such_flag" in failure.value.stderr
+    assert harness.parse_result("x", 0, "noise\nRESULT {\"a\": 1}\nRESULT {\"a\": 2}\n", "") == {"a": 2}
+    with pytest.raises(harness.SideError):
+        harness.parse_result("x", 0, "no result line", "")
+
+
+def test_the_report_merges_and_records_the_machine(tmp_path):
+    path = str(tmp_path / "report.json")
+    harness.write_report(path, {"presets": {"a": 1, "b": 2}})
+    written = harness.write_report(path, {"presets": {"b": 3, "c": 4}}, merge=True)
+    assert written["presets"] == {"a": 1, "b": 3, "c": 4}
+    assert json.loads((tmp_path / "report.json").read_text()) == written
+    assert harness.write_report(path, {"presets": {"c": 5}})["presets"] == {"c": 5}  # no --merge: only this run's
+    machine = written["machine"]
+    assert machine["cpu"]["cores"] == os.cpu_count() and machine["cpu"]["memory_gb"] > 0
+    assert set(machine["cpu"]["features"]) <= set(harness.CPU_FEATURES) and written["date"]
+
+
+def test_benchmarks_share_one_harness_and_change_nothing_on_import():
+    """No benchmark holds a program in a string, starts a process but through the harness,
+    measures a matmul peak of its own or changes ``sys.path`` when imported; each is importable
+    without side effects (its module-level statements are imports, constants and definitions)."""
+    import ast
+
+    for path in sorted((PROJECT_ROOT / "benchmarks").glob("*.py")):
+        source = path.read_text()
+        tree = ast.parse(source)
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        if path.name != "harness.py":
+            assert "subprocess" not in imported or path.name == "scaling.py", path.name  # scaling: TimeoutExpired
+            assert "subprocess.run" not in source and "Popen" not in source and '"-c"' not in source, path.name
+            assert "def matmul" not in source and "def fastest" not in source, path.name
+        own = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+               if isinstance(t, ast.Name)}
+        for node in tree.body:
+            # An expression statement is the docstring or a call on one of its own constants
+            # (``CASES.update(...)``); nothing touches another module's state.
+            own_call = (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                        and isinstance(node.value.func, ast.Attribute) and isinstance(node.value.func.value, ast.Name)
+                        and node.value.func.value.id in own)
+            assert own_call or isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign,
+                                                 ast.AnnAssign, ast.If)) or (isinstance(node, ast.Expr)
+                                                                            and isinstance(node.value, ast.Constant)), \
+                f"{path.name}:{node.lineno}: {ast.unparse(node)[:80]}"
+            assert "sys.path" not in ast.unparse(node) or isinstance(node, ast.FunctionDef), path.name
+            if isinstance(node, ast.If):
+                assert ast.unparse(node.test) == "__name__ == '__main__'", path.name
