@@ -74,26 +74,15 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
       ``(batch, H, W, output_dim)``, or ``(output, probabilities)``.
     """
 
-    def __init__(
-        self,
-        num_heads,
-        output_dim=None,
-        encoding="quadratic",
-        max_grid_size=16,
-        position_embedding_dim=None,
-        attention_dropout=0.0,
-        center_init_std=2.0,
-        spread_init_std=0.01,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        initializer_range=0.02,
-        seed=None,
-        fast_position_attention="auto",
-        encoding_options=None,
-        initialization=None,
-        recompute_gradient=False,
-        **kwargs,
-    ):
+    # Constructor arguments that `get_config` returns as they are stored.
+    _CONFIG = ("num_heads", "output_dim", "encoding", "max_grid_size", "position_embedding_dim", "attention_dropout",
+               "center_init_std", "spread_init_std", "initializer_range", "seed", "fast_position_attention",
+               "initialization", "recompute_gradient")
+
+    def __init__(self, num_heads, output_dim=None, encoding="quadratic", max_grid_size=16, position_embedding_dim=None,
+                 attention_dropout=0.0, center_init_std=2.0, spread_init_std=0.01, kernel_initializer="glorot_uniform",
+                 bias_initializer="zeros", initializer_range=0.02, seed=None, fast_position_attention="auto",
+                 encoding_options=None, initialization=None, recompute_gradient=False, **kwargs):
         super().__init__(**kwargs)
         if initialization is not None and initialization not in INITIALIZATIONS:
             raise ValueError(f"initialization must be None or one of {INITIALIZATIONS}, got {initialization!r}.")
@@ -265,22 +254,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "num_heads": self.num_heads,
-            "output_dim": self.output_dim,
-            "encoding": self.encoding,
-            "max_grid_size": self.max_grid_size,
-            "position_embedding_dim": self.position_embedding_dim,
-            "attention_dropout": self.attention_dropout,
-            "center_init_std": self.center_init_std,
-            "spread_init_std": self.spread_init_std,
-            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            "initializer_range": self.initializer_range,
-            "seed": self.seed,
-            "fast_position_attention": self.fast_position_attention,
-            "encoding_options": self.encoding_options or None,
-            "initialization": self.initialization,
-            "recompute_gradient": self.recompute_gradient,
-        }
+        return {**super().get_config(), **{name: getattr(self, name) for name in self._CONFIG},
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "encoding_options": self.encoding_options or None}
