@@ -11,7 +11,8 @@ importing a benchmark changes nothing outside it.
 Standard library only (with `trainers.files`, which is too): the reference's sides import this
 module in an interpreter without Keras.
 
-* `arguments`: the parser every benchmark starts from (``--output``, ``--merge``, ``--side``).
+* `arguments`, `parse`: the parser every benchmark starts from (``--output``, ``--merge``,
+  ``--side``), and its arguments with the process configured (or the reference's side run).
 * `run_side`, `print_result`: a side in its own process, and its answer; `run_module`: any
   module run as a program (the trainer a benchmark measures); `run_module_watched`: with its
   memory read from outside.
@@ -81,6 +82,25 @@ def run_module(module: str, args=(), python: str | None = None, env: dict | None
     environment (None: this process's)."""
     return subprocess.run([python or sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def parse(parser: argparse.ArgumentParser, reference=None, outputs: dict | None = None):
+    """The arguments of a benchmark's command line, its process configured as the programs it
+    measures configure theirs (`trainers.process.configure`, before TensorFlow loads), or None
+    after ``--side=reference`` ran ``reference(args)`` and printed its result: that side runs in
+    the reference's interpreter, which has no Keras and is not configured. ``outputs``: ``{flag:
+    file name}``, the default ``--output`` when that flag is set (another report)."""
+    args = parser.parse_args()
+    for flag, name in (outputs or {}).items():
+        if getattr(args, flag) and args.output == parser.get_default("output"):
+            args.output = os.path.join(RESULTS, name)
+    if args.side == "reference" and reference is not None:
+        print_result(reference(args))
+        return None
+    from trainers import process
+
+    process.configure()
+    return args
 
 
 def rss_mb(pid="self") -> float:

@@ -49,10 +49,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--model_dir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    from trainers import process
-
-    process.configure()  # as the trainer's entry point does, before TensorFlow loads
+    args = harness.parse(parser)
     if args.side:  # one run: "keep" or "return" freed memory
         return harness.print_result(measure(args.presets, args.side == "keep", args.steps, args.model_dir))
     table, processes = {}, {}

@@ -96,10 +96,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--preset", help=argparse.SUPPRESS)
     parser.add_argument("--model_dir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    from trainers import process
-
-    process.configure()  # the parent's matmul peak under the kernels its children run with
+    args = harness.parse(parser)
     if args.side:  # one variant
         remat, jit, _ = VARIANTS[args.side]
         return harness.print_result(measure(args.preset, remat, args.steps, args.model_dir, jit))

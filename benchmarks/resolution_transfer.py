@@ -45,10 +45,9 @@ def main():
     parser.add_argument("--learning_rate", type=float, default=0.1)
     parser.add_argument("--fine_tune_learning_rate", type=float, default=0.01)
     parser.add_argument("--trained_run", default=None, help="an earlier call's 32x32 run directory")
-    args = parser.parse_args()
+    args = harness.parse(parser)
     from trainers import process
 
-    process.configure()
     import keras
 
     import sa_conv

@@ -110,10 +110,9 @@ def main():
     parser.add_argument("--infer_steps", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--memory_limit_gb", type=float, default=harness.cpu()["memory_gb"])
-    args = parser.parse_args()
+    args = harness.parse(parser)
     from trainers import process
 
-    process.configure()
     if args.side:  # one case, "preset/grid/path/mode"
         limit = int(args.memory_limit_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))

@@ -77,7 +77,7 @@ def child(args):
 
 
 def reference_child(args):
-    """The reference's model in this process (torch, no TensorFlow): prints ``RESULT {json}``."""
+    """The reference's model in this process (torch, no TensorFlow): its images/s and matmul peaks."""
     import numpy as np
     import torch
 
@@ -103,7 +103,7 @@ def reference_child(args):
             steps = args.steps if batch == 1 else max(2, args.steps // 5)
             result[f"images_per_second_batch{batch}"] = batch / harness.fastest(lambda: model(x), steps)
         result["matmul_gflops"] = harness.matmul_peaks("torch", args.matmul_size)
-    harness.print_result(result)
+    return result
 
 
 def _child(side, path, steps, matmul_size, python=None, reference_dir=None):
@@ -202,14 +202,11 @@ def main():
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--matmul_size", type=int, default=2048, help="side of the square matmul whose GFLOP/s is "
                         "the peak each side is a fraction of")
-    args = parser.parse_args()
-    if args.aggregation_only and args.output == parser.get_default("output"):
-        args.output = os.path.join(harness.RESULTS, "serving_aggregation.json")
-    if args.side == "reference":  # the reference's interpreter: torch and NumPy, no Keras, no process configuration
-        return reference_child(args)
+    args = harness.parse(parser, reference_child, {"aggregation_only": "serving_aggregation.json"})
+    if args is None:
+        return
     from trainers import process
 
-    process.configure()
     if args.side:
         return child(args)
     record = {"process": process.describe("float32")}

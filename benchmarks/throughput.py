@@ -187,10 +187,9 @@ def main():
                         help=f"Comma-separated cases or groups: {', '.join(list(GROUPS) + ['export'] + list(CASES))}.")
     parser.add_argument("--train_steps", type=int, default=3)
     parser.add_argument("--infer_steps", type=int, default=5)
-    args = parser.parse_args()
+    args = harness.parse(parser)
     from trainers import process
 
-    process.configure()  # before TensorFlow loads, as in the programs measured
     if args.side:  # one case
         return harness.print_result(measure_export(args.infer_steps) if args.side == "export" else measure(
             args.side, args.train_steps, args.infer_steps))

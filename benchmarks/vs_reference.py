@@ -67,7 +67,6 @@ def sa_conv_side(args):
     import numpy as np
     import tensorflow as tf
 
-    import sa_conv
     from trainers import process
     from trainers.config import make_config
     from trainers.task import Task
@@ -225,12 +224,11 @@ def main():
                         help="Run only these sides (e.g. sa_conv,reference: leaves out sa_conv_no_remat, which "
                              "needs about 18 GB for sa_content_plus_learned_bias). Default: all.")
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.side == "reference":  # the reference's interpreter: torch and NumPy, no Keras, no process configuration
-        return harness.print_result(reference_side(args))
+    args = harness.parse(parser, reference_side)
+    if args is None:
+        return
     from trainers import process
 
-    process.configure()  # before TensorFlow loads, as in the programs measured
     if args.side:
         args.remat = "none" if args.side == "sa_conv_no_remat" else "auto"
         if args.side.startswith("sa_conv_mixed_"):

@@ -50,7 +50,7 @@ PRESETS = {"quadratic": "sa_quadratic_small", "quadratic_full": "sa_quadratic_fu
 
 
 def reference_main(args):
-    """Trains the reference's BertImage as its train.py does; prints ``RESULT {json}``."""
+    """Trains the reference's BertImage as its train.py does: its test accuracy and curve."""
     import torch
 
     models = harness.reference_models(args.reference_dir)
@@ -137,8 +137,8 @@ def reference_main(args):
         for b in range(0, len(data["test_images"]), 500):
             logits = model(normalize(data["test_images"][b:b + 500]))
             correct += int((logits.argmax(1).numpy() == data["test_labels"][b:b + 500]).sum())
-    harness.print_result({"test_accuracy": correct / len(data["test_images"]), "steps": global_step,
-                          "train_seconds": seconds, "epochs": curve})
+    return {"test_accuracy": correct / len(data["test_images"]), "steps": global_step, "train_seconds": seconds,
+            "epochs": curve}
 
 
 # ------------------------------------------------------------------------------ driver
@@ -226,14 +226,10 @@ def main():
                         help="Both sides from the reference's initial weights (sa-conv imports them, --init_from), "
                              "on sa-conv's batches in its order (augmented) at its learning rates, without dropout: "
                              "what is left is floating-point rounding. Written under 'lockstep' in --output.")
-    args = parser.parse_args()
-    if args.lockstep and args.output == parser.get_default("output"):
-        args.output = os.path.join(harness.RESULTS, "vs_reference_lockstep.json")
-    if args.side == "reference":  # the reference's interpreter: torch and NumPy, no Keras, no process configuration
-        return reference_main(args)
-    from trainers import process
-
-    process.configure()  # before TensorFlow loads (--lockstep reads the trainer's batches here)
+    # Configured before TensorFlow loads: --lockstep reads the trainer's batches here.
+    args = harness.parse(parser, reference_main, {"lockstep": "vs_reference_lockstep.json"})
+    if args is None:
+        return
     if not args.reference_dir:
         parser.error("--reference_dir (a local clone of epfml/attention-cnn) is required.")
     encodings = [e for e in args.encodings.split(",") if e]
