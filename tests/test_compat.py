@@ -42,6 +42,18 @@ def test_serving_copies_saved_when_serving_was_a_flag_of_the_layers_load_unchang
                                atol=1e-7)
 
 
+def test_a_trained_model_saved_with_the_former_serving_flags_loads_and_trains(tmp_path):
+    """A model as trained, saved while `TransformerBlock` had ``fold_attention_output`` (false):
+    it loads as the training block, gives the same logits and still trains."""
+    expected = np.load(LEGACY / "expected_trained_77b9071.npz")
+    model = keras.models.load_model(LEGACY / "trained_77b9071_sa_content_plus_learned_bias_small.keras")
+    assert [type(b) for b in sa_conv.attention_blocks(model)] == [sa_conv.TransformerBlock]
+    np.testing.assert_allclose(ops.convert_to_numpy(model(expected["images"], training=False)), expected["logits"],
+                               rtol=1e-5, atol=1e-6)
+    assert np.abs(expected["logits"]).max() > 1e-3
+    model(expected["images"], training=True)  # a training call: the block trains, it is no serving copy
+
+
 def test_a_checkpoint_written_before_the_redesign_resumes(tmp_path):
     """A run directory written before the Task split and the renames (tests/fixtures/legacy/run):
     today's trainer, with the run's own flags (the old preset name included), restores every
