@@ -75,11 +75,19 @@ def parse_result(side: str, returncode: int, stdout: str, stderr: str) -> dict:
     return json.loads(lines[-1][len(RESULT_PREFIX):])
 
 
+def _module_name(module: str) -> str:
+    if module == "__main__":  # `python -m benchmarks.NAME`: the name it was run by
+        return sys.modules["__main__"].__spec__.name
+    return module
+
+
 def run_module(module: str, args=(), python: str | None = None, env: dict | None = None,
                timeout: float | None = None) -> subprocess.CompletedProcess:
     """``python -m module args...`` in the repository root, its output captured: the one way
     benchmarks start a process (a side, or a program they measure). ``env``: the child's
-    environment (None: this process's)."""
+    environment (None: this process's). ``module`` may be ``__name__`` of a benchmark run with
+    ``-m`` (``"__main__"``): its own module's name is run."""
+    module = _module_name(module)
     return subprocess.run([python or sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -113,7 +121,7 @@ def run_module_watched(module: str, args=(), env: dict | None = None, timeout: f
     """`run_module`, reading the child's resident memory from outside every 0.2 s (what a process
     that dies cannot report itself): ``(CompletedProcess, largest RSS seen in MiB)``. Raises
     `subprocess.TimeoutExpired` after ``timeout`` seconds, the process killed."""
-    command = [sys.executable, "-m", module, *map(str, args)]
+    command = [sys.executable, "-m", _module_name(module), *map(str, args)]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True, env=env)
         largest, start = 0.0, time.monotonic()
