@@ -235,7 +235,7 @@ def test_program_modules_configure_the_process_before_their_imports(module):
 
 
 @pytest.mark.parametrize("path", sorted(p.name for p in (PROJECT_ROOT / "benchmarks").glob("*.py")
-                                        if "__main__" in p.read_text()))
+                                        if "if __name__ == \"__main__\"" in p.read_text()))
 def test_benchmarks_configure_the_process_in_main_before_tensorflow_loads(path):
     """A benchmark's module-level imports load neither TensorFlow nor Keras (so its ``main`` can
     configure the process first), and ``main`` parses its command line with `benchmarks.harness.parse`,
