@@ -18,7 +18,6 @@ import sa_conv
 from trainers import footprint
 from tests.conftest import PROJECT_ROOT
 from sa_conv.attention import MultiHeadSelfAttention2D
-from sa_conv.seeded_dropout import draw_keep_mask
 from sa_conv.transformer import TransformerBlock
 from trainers import train as train_lib
 from trainers.task import attention_dropout_note, remat_blocks
