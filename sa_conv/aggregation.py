@@ -125,15 +125,13 @@ class SeparableSum(Aggregation):
 
 
 def choose(encoding, fast_position_attention="auto", grid=None, dropout_rate=0.0, recompute_gradient=False,
-           constants=False) -> Aggregation:
+           pays=separable.separable_pays) -> Aggregation:
     """The aggregation of attention with the registered ``encoding`` (its spec) on a ``grid``
     ``(H, W)`` (None: assume the separable sum pays): `SeparableSum` for a position-only encoding
-    whose logits separate, with ``fast_position_attention`` True, or ``"auto"`` where
-    `separable.separable_pays` (``constants``: for probabilities precomputed for serving, which
-    make the dense sum cheaper); `DenseSum` otherwise."""
+    whose logits separate, with ``fast_position_attention`` True, or ``"auto"`` where ``pays(H, W)``
+    (default `separable.separable_pays`, measured in training); `DenseSum` otherwise."""
     separable_form = (bool(fast_position_attention) and encoding.position_only and encoding.separable
-                      and not (fast_position_attention == "auto" and grid is not None
-                               and not separable.separable_pays(*grid, constants=constants)))
+                      and not (fast_position_attention == "auto" and grid is not None and not pays(*grid)))
     if separable_form:
         return SeparableSum(dropout_rate, recompute_gradient)
     return DenseSum(dropout_rate, recompute_gradient, shared=encoding.position_only)

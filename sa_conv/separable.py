@@ -29,14 +29,12 @@ from keras import ops
 __all__ = ["separable_pays", "separable_sum"]
 
 
-def separable_pays(height, width, constants=False):
+def separable_pays(height, width, threshold=4):
     """Whether ``fast_position_attention="auto"`` takes the separable path on an ``H x W`` grid:
-    when ``H * W >= 4 * (H + W)`` (8x8 and larger), the size from which the separable path
-    measured faster than the dense one in training (``benchmarks/results/throughput.json``).
-    With ``constants`` (inference from precomputed probabilities, which makes the dense path
-    cheaper): when ``H * W >= 6 * (H + W)`` (12x12 and larger); at 8x8 the dense path measured
-    faster at batch 1 and 100 alike (``benchmarks/results/serving_aggregation.json``)."""
-    return height * width >= (6 if constants else 4) * (height + width)
+    when ``H * W >= threshold * (H + W)``. The default 4 (8x8 and larger) is the size from which
+    the separable path measured faster than the dense one in training
+    (``benchmarks/results/throughput.json``); a caller whose dense path is cheaper sets its own."""
+    return height * width >= threshold * (height + width)
 
 
 def _columns(p, v):

@@ -33,14 +33,15 @@ import keras
 import numpy as np
 from keras import ops
 
-from sa_conv import aggregation
+from sa_conv import aggregation, separable
 from sa_conv.attention import MultiHeadSelfAttention2D
 from sa_conv.encodings import get_encoding
 from sa_conv.models import copy_weights
 from sa_conv.transformer import TransformerBlock, exact_gelu
 
 __all__ = ["FoldedContentAttention", "PrecomputedAttention", "ServingTransformerBlock", "fold_query_key",
-           "freeze_for_inference", "is_frozen", "legacy_serving_layer", "serving_attention", "summary"]
+           "freeze_for_inference", "is_frozen", "legacy_serving_layer", "separable_pays_with_constants", "serving_attention",
+           "summary"]
 
 
 def _refuse_training(layer):
@@ -61,6 +62,14 @@ def _value_dense(layer, units):
     return keras.layers.Dense(units, name="value", dtype=layer.dtype_policy)
 
 
+def separable_pays_with_constants(height, width):
+    """Whether the separable sum pays on an ``H x W`` grid when the probabilities are constants:
+    ``H * W >= 6 (H + W)`` (12x12 and larger). Precomputed probabilities make the dense sum
+    cheaper than in training (no logits, no softmax per call): at 8x8 it measured faster at batch
+    1 and 100 alike (``benchmarks/results/serving_aggregation.json``)."""
+    return separable.separable_pays(height, width, threshold=6)
+
+
 @keras.saving.register_keras_serializable(package="sa_conv")
 class PrecomputedAttention(keras.layers.Layer):
     """Position-only attention from its probabilities, computed once: Eq. (6) only,
@@ -68,8 +77,8 @@ class PrecomputedAttention(keras.layers.Layer):
 
     The probabilities ``P`` of Eq. (5) do not depend on the input: `set_probabilities` stores them
     (float32 constants, never autocast) in the form the aggregation reads, chosen when the layer is
-    built on its grid by `sa_conv.aggregation.choose` with ``constants=True`` (the dense sum, or
-    for separable encodings the separable one where it pays with constants).
+    built on its grid by `sa_conv.aggregation.choose` with `separable_pays_with_constants` (the
+    dense sum, or for separable encodings the separable one where it pays with constants).
 
     Args:
       num_heads: ``N_h``.
@@ -93,7 +102,7 @@ class PrecomputedAttention(keras.layers.Layer):
         height, width = self.grid
         self.input_dim = int(input_shape[-1])
         self.aggregation = aggregation.choose(get_encoding(self.encoding), self.fast_position_attention, self.grid,
-                                              constants=True)
+                                              pays=separable_pays_with_constants)
         n = height * width
         shapes = ({"row_probabilities": (self.num_heads, height, height),
                    "col_probabilities": (self.num_heads, width, width)} if self.factored
