@@ -12,7 +12,9 @@ import tensorflow as tf
 
 import sa_conv
 from export import export as export_lib
+from tests import image_formats
 from tests.conftest import PROJECT_ROOT
+from trainers import data as data_lib
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT)}
 VENV_BIN = os.path.dirname(sys.executable)
@@ -134,13 +136,35 @@ def test_attention_maps_signature(attention_export, real_images):
     np.testing.assert_allclose(maps, np.stack(expected, axis=1), atol=1e-5)
 
 
+def test_predict_encoded_serves_every_format_with_the_pixels_training_reads(attention_export, tmp_path):
+    """Each file of every format the trainer reads, sent as bytes, is served as the evaluation
+    pipeline of a folder dataset gives it (`trainers.data.head`: decoded, resized, cropped)."""
+    formats = image_formats.files()
+    paths = []
+    for name, (blob, _) in formats.items():
+        paths.append(str(tmp_path / image_formats.file_name(name)))
+        with open(paths[-1], "wb") as f:
+            f.write(blob)
+    split = data_lib.FileSplit(tuple(paths), np.zeros(len(paths), np.int64), image_size=32)
+    trained_on = data_lib.head(split, len(paths))
+    loaded = tf.saved_model.load(attention_export[1])
+    served = loaded.signatures["predict_encoded"](image_bytes=tf.constant([b for b, _ in formats.values()]))
+    direct = loaded.signatures["serving_default"](images=tf.constant(trained_on))
+    np.testing.assert_allclose(served["probabilities"].numpy(), direct["probabilities"].numpy(), rtol=0, atol=1e-7)
+    names = list(formats)
+    for same in (("png_palette", "bmp_palette", "gif_first_frame"), ("png_rgb", "png_rgba", "bmp_rgb", "bmp_rgba")):
+        for name in same[1:]:
+            np.testing.assert_array_equal(trained_on[names.index(name)], trained_on[names.index(same[0])], name)
+    assert len({image.tobytes() for image in trained_on}) >= 6  # rgb, gray, palette and three JPEGs
+
+
 @pytest.mark.parametrize(
     "signature,inputs,message",
     [
         ("serving_default", dict(images=np.zeros((2, 16, 16, 3), np.uint8)), "shape|Shapes|compatible"),
         ("serving_default", dict(images=np.zeros((2, 32, 32, 3), np.float32)), "dtype|uint8|float"),
         ("serving_default", dict(images=np.zeros((0, 32, 32, 3), np.uint8)), "empty batch"),
-        ("predict_encoded", dict(image_bytes=np.array([b"not an image"])), "not a PNG or JPEG"),
+        ("predict_encoded", dict(image_bytes=np.array([b"not an image"])), "not a PNG, JPEG, BMP or GIF"),
         ("predict_encoded", dict(image_bytes=np.array([b"\x89PNG\r\n\x1a\ncorrupt"])), "PNG|png|decode|Invalid"),
         ("attention_maps", dict(images=np.zeros((1, 32, 32, 3), np.uint8), query_pixel=np.array([16, 0], np.int32)), "inside the 16x16"),
     ],
@@ -279,7 +303,9 @@ def test_bfloat16_export_computes_in_bfloat16_and_agrees_with_float32(confident_
     record = meta["precision"]
     assert record["dtype"] == "bfloat16" and record["why"] == "requested"
     assert record["top1_agreement"] >= 0.99 and record["agreement_images"].startswith("100 images of ")
-    assert meta["verification"]["max_abs_error"]["saved_model"] <= 1e-3
+    tolerance = meta["verification"]["saved_model_tolerance"]
+    assert meta["verification"]["max_abs_error"]["saved_model"] <= tolerance
+    assert tolerance >= 2 ** -7  # probability_tolerance: the logits' scale counts as at least 1
     assert meta["attention_constants"] == ["separable"]
     loaded = tf.saved_model.load(version)
     serve = loaded.signatures["serving_default"]
@@ -289,6 +315,46 @@ def test_bfloat16_export_computes_in_bfloat16_and_agrees_with_float32(confident_
     served = serve(images=tf.constant(images))["probabilities"].numpy()
     assert served.dtype == np.float32
     np.testing.assert_allclose(served, tf.nn.softmax(model(images)).numpy(), atol=0.05)
+
+
+def test_the_tolerance_follows_the_precision_and_the_logits_scale():
+    assert export_lib.probability_tolerance("float32", None) == 1e-5
+    assert export_lib.probability_tolerance("bfloat16", np.array([[4.0, -1.0], [0.5, 2.0]])) == 2 ** -5
+    assert export_lib.probability_tolerance("bfloat16", np.array([[0.25, -0.5]])) == 2 ** -7  # scale at least 1
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        export_lib.probability_tolerance("int4", None)
+
+
+PAPER_PRESETS = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "sa_sinusoidal",
+                 "sa_mlp", "resnet18"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", PAPER_PRESETS)
+def test_bfloat16_export_of_every_paper_preset_passes_its_checks(preset, tmp_path):
+    """The paper-size models are where a fixed 1e-3 refused the bfloat16 export (0.0012 measured
+    for sa_learned and sa_quadratic): the bound that follows from the precision takes them, and
+    the served classes are the float32 model's. The agreement images are those whose float32
+    margin between the first two classes is clear of bfloat16's rounding, so that what is
+    asserted does not hang on one near tie."""
+    keras.utils.set_random_seed(0)
+    model = sa_conv.build_model(preset)
+    model.save(tmp_path / "m.keras")
+    candidates = np.random.default_rng(0).integers(0, 256, (64, 32, 32, 3)).astype(np.uint8)
+    logits = model.predict(candidates, verbose=0)
+    top2 = np.sort(logits, axis=-1)[:, -2:]
+    clear = candidates[(top2[:, 1] - top2[:, 0]) > 2 ** -4 * np.abs(logits).max()][:8]
+    assert len(clear) >= 4
+    np.save(tmp_path / "held_out.npy", clear)
+    version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
+                                precision="bfloat16", agreement_images=str(tmp_path / "held_out.npy"),
+                                log=lambda s: None)
+    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    assert meta["precision"]["dtype"] == "bfloat16" and meta["precision"]["top1_agreement"] == 1.0
+    assert meta["verification"]["max_abs_error"]["saved_model"] <= meta["verification"]["saved_model_tolerance"]
+    served = tf.saved_model.load(version).signatures["serving_default"](images=tf.constant(clear))
+    np.testing.assert_array_equal(served["classes"].numpy(), logits[(top2[:, 1] - top2[:, 0]) > 2 ** -4 * np.abs(
+        logits).max()][:8].argmax(-1))
 
 
 def test_bfloat16_export_refusals_and_auto(confident_model, tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from trainers import data as data_lib
 from trainers import image_files
+from tests import image_formats
 from sa_conv.errors import DatasetError
 
 CLASSES = ("cat", "dog", "zebra")
@@ -96,6 +97,62 @@ def test_header_size_reads_every_format_without_decoding(height, width, fmt, tmp
     path = str(tmp_path_factory.mktemp("h") / f"x.{fmt}")
     _write(path, blob)
     assert image_files.header_size(path) == (fmt, height, width)
+
+
+FORMATS = image_formats.files()
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_every_format_decodes_to_its_pixels_and_reads_its_size_from_the_header(name, tmp_path):
+    """Grayscale, palette, RGBA, 16-bit, CMYK: the pixels another decoder (Pillow) reads, to the
+    rounding of a JPEG decoder; the size from the header, as a file and as a graph (serving's)."""
+    blob, want = FORMATS[name]
+    path = str(tmp_path / image_formats.file_name(name))
+    _write(path, blob)
+    assert image_files.header_size(path) == (name.split("_")[0], image_formats.HEIGHT, image_formats.WIDTH)
+    assert tuple(image_files.encoded_size(tf.constant(blob)).numpy()) == (image_formats.HEIGHT, image_formats.WIDTH)
+    got = image_files.decode(path).numpy()
+    assert got.shape == want.shape and got.dtype == np.uint8
+    if name.startswith("jpeg"):  # two libjpeg builds: IDCT and chroma upsampling round differently
+        difference = np.abs(got.astype(int) - want)
+        assert difference.mean() < 2 and difference.max() <= 16
+    else:
+        np.testing.assert_array_equal(got, want)
+    if name.startswith(("bmp", "gif")):  # TensorFlow decodes these as RGB only: converted after
+        np.testing.assert_array_equal(image_files.decode(tf.constant(blob), channels=1, from_bytes=True).numpy(),
+                                      tf.image.rgb_to_grayscale(got).numpy())
+        assert (image_files.decode(path, channels=4).numpy() == np.dstack([got, np.full(got.shape[:2], 255)])).all()
+
+
+def test_a_bmp_of_a_depth_the_decoder_cannot_read_is_skipped_with_its_reason(tmp_path):
+    for name, (blob, _) in FORMATS.items():
+        _write(str(tmp_path / "one" / image_formats.file_name(name)), blob)
+    _write(str(tmp_path / "one" / "bits.bmp"), image_formats.one_bit_bmp())
+    with pytest.raises(ValueError, match="BMP of 1 bits per pixel"):
+        image_files.header_size(str(tmp_path / "one" / "bits.bmp"))
+    scan = image_files.scan_folder(str(tmp_path), 16, data_lib.resize_and_crop)
+    assert len(scan.splits["train"]) == len(FORMATS)
+    assert {k: len(v) for k, v in scan.skipped.items()} == {
+        "BMP of a depth other than 8, 24, 32 bits per pixel": 1}
+
+
+def test_corrupt_files_are_counted_in_the_summary_without_a_decoder_line_each(tmp_path, capfd):
+    """TensorFlow's JPEG decoder prints an error line per truncated file (from C++, on file
+    descriptor 2); the scan holds those back and counts the files."""
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        image = _image(rng, 30, 30, 0)
+        _write(str(tmp_path / "cat" / f"{i}.png"), tf.io.encode_png(image).numpy())
+        jpeg = tf.io.encode_jpeg(image).numpy()
+        _write(str(tmp_path / "cat" / f"cut{i}.jpg"), jpeg[: len(jpeg) // 2])
+        png = tf.io.encode_png(image).numpy()
+        _write(str(tmp_path / "cat" / f"cut{i}.png"), png[: len(png) // 2])
+    capfd.readouterr()
+    scan = image_files.scan_folder(str(tmp_path), 16, data_lib.resize_and_crop)
+    err = capfd.readouterr().err
+    assert len(scan.splits["train"]) == 3 and len(scan.skipped["corrupt (does not decode)"]) == 6
+    assert "Premature end" not in err and "jpeg" not in err.lower(), err
+    assert scan.skipped_summary().startswith("skipped 6 files: 6 corrupt (does not decode)")
 
 
 def test_header_size_refuses_what_is_not_an_image(tmp_path):

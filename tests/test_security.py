@@ -134,7 +134,7 @@ def test_unreadable_newest_checkpoint_falls_back_then_stops_without_deleting(tmp
 # ------------------------------------------------------------------------------ serving limits
 
 _SERVE = r"""
-import io, json, sys
+import io, json, struct, sys
 import numpy as np, tensorflow as tf
 from PIL import Image
 
@@ -165,6 +165,12 @@ attempt("huge_png", lambda: encoded(image_bytes=tf.constant([png(5000, 4000)])))
 attempt("big_jpeg", lambda: encoded(image_bytes=tf.constant([jpeg(120, 100)])))
 attempt("small_png_after_refusals", lambda: encoded(image_bytes=tf.constant([png(40, 30)])))
 attempt("gif", lambda: encoded(image_bytes=tf.constant([b"GIF89a" + b"\0" * 40])))
+attempt("huge_gif", lambda: encoded(image_bytes=tf.constant([b"GIF89a" + struct.pack("<HH", 5000, 4000) + b"\0" * 40])))
+attempt("huge_bmp", lambda: encoded(image_bytes=tf.constant([b"BM" + b"\0" * 16 + struct.pack("<iiHH", 5000, -4000, 1, 24)
+                                                             + b"\0" * 40])))
+attempt("four_bit_bmp", lambda: encoded(image_bytes=tf.constant([b"BM" + b"\0" * 16 + struct.pack("<iiHH", 8, 8, 1, 4)
+                                                                 + b"\0" * 40])))
+attempt("text", lambda: encoded(image_bytes=tf.constant([b"hello, not an image"])))
 attempt("truncated_png", lambda: encoded(image_bytes=tf.constant([png(40, 30)[:20]])))
 attempt("batch_5", lambda: images(images=tf.zeros((5, 32, 32, 3), tf.uint8)))
 attempt("batch_5_encoded", lambda: encoded(image_bytes=tf.constant([png(8, 8)] * 5)))
@@ -197,7 +203,11 @@ def test_serving_limits_hold_in_a_fresh_process(tmp_path):
     assert results["huge_png"].startswith("refused:") and "max_image_pixels=10000" in results["huge_png"]
     assert results["big_jpeg"].startswith("refused:") and "max_image_pixels=10000" in results["big_jpeg"]
     assert results["small_png_after_refusals"] == "ok:(1, 10)"
-    assert results["gif"].startswith("refused:") and "not a PNG or JPEG" in results["gif"]
+    assert results["gif"].startswith("refused:") and "empty image" in results["gif"]
+    for name in ("huge_gif", "huge_bmp"):  # sizes from the header, a top-down BMP's negative height included
+        assert results[name].startswith("refused:") and "max_image_pixels=10000" in results[name], results
+    assert results["four_bit_bmp"].startswith("refused:") and "other than 8, 24, 32 bits" in results["four_bit_bmp"]
+    assert results["text"].startswith("refused:") and "not a PNG, JPEG, BMP or GIF" in results["text"]
     assert results["truncated_png"].startswith("refused:")
     for name in ("batch_5", "batch_5_encoded", "batch_5_maps"):
         assert results[name].startswith("refused:") and "max_batch_size=4" in results[name], results

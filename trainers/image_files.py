@@ -5,20 +5,27 @@ tree into labelled, checked file lists (`scan_folder`), for `trainers.data`'s ``
 width and height are positive and whose pixel count is at most ``max_pixels`` (read before anything
 is decoded: a 20-byte PNG can announce a 4-gigapixel image), and when it then decodes. Everything
 else (other extensions, unknown or malformed headers, oversized images, truncated or corrupt
-bodies, files above `MAX_FILE_BYTES`) is skipped and counted by reason; the caller logs the counts.
+bodies, files above `MAX_FILE_BYTES`) is skipped and counted by reason; the caller logs the counts,
+in one line: the line TensorFlow's decoders print for each corrupt file is held back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import re
 import struct
+import sys
+import tempfile
 
 import numpy as np
 
 from sa_conv.errors import DatasetError
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+# The BMP depths TensorFlow's decoder reads (8 bits: color-table indices, looked up in `decode`).
+BMP_BITS = (8, 24, 32)
 # Largest image decoded: 40 megapixels (a 160 MB RGBA buffer at most).
 MAX_IMAGE_PIXELS = 40_000_000
 MAX_FILE_BYTES = 200 * 2**20
@@ -36,8 +43,10 @@ def header_size(path: str) -> tuple[str, int, int]:
         if head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
             width, height = struct.unpack("<HH", head[6:10])
             return "gif", height, width
-        if head.startswith(b"BM") and len(head) >= 26:
-            width, height = struct.unpack("<ii", head[18:26])
+        if head.startswith(b"BM") and len(head) >= 30:
+            width, height, _, bits = struct.unpack("<iiHH", head[18:30])
+            if bits not in BMP_BITS:
+                raise ValueError(f"BMP of {bits} bits per pixel")
             return "bmp", abs(height), width  # a negative height is a top-down bitmap
         if head.startswith(b"\xff\xd8"):
             return ("jpeg",) + _jpeg_frame_size(f)
@@ -156,7 +165,11 @@ def _check_header(path: str, max_pixels: int) -> str | None:
         if os.path.getsize(path) > MAX_FILE_BYTES:
             return f"larger than {MAX_FILE_BYTES // 2**20} MB"
         _, height, width = header_size(path)
-    except (OSError, ValueError, struct.error):
+    except ValueError as exc:
+        if str(exc).startswith("BMP of"):
+            return f"BMP of a depth other than {', '.join(map(str, BMP_BITS))} bits per pixel"
+        return "not a readable PNG/JPEG/BMP/GIF header"
+    except (OSError, struct.error):
         return "not a readable PNG/JPEG/BMP/GIF header"
     if height < 1 or width < 1:
         return "empty image"
@@ -165,14 +178,130 @@ def _check_header(path: str, max_pixels: int) -> str | None:
     return None
 
 
+def _little_endian(blob, offset: int, dtype):
+    """The integer of ``dtype`` (tf.uint16 or tf.int32) at byte ``offset`` of ``blob``, as int64;
+    zero past the end (the caller's checks refuse such files)."""
+    import tensorflow as tf
+
+    raw = tf.strings.substr(blob + b"\0" * 64, offset, dtype.size)
+    return tf.cast(tf.io.decode_raw(raw, dtype, little_endian=True)[0], tf.int64)
+
+
+def _is(blob, *signatures):
+    import tensorflow as tf
+
+    return tf.reduce_any([tf.equal(tf.strings.substr(blob, 0, len(s)), s) for s in signatures])
+
+
+def encoded_size(blob):
+    """``(height, width)`` int64 of one encoded PNG, JPEG, BMP or GIF (a scalar string tensor) from
+    its header alone, as `header_size` reads a file, in a TensorFlow graph (serving's
+    ``predict_encoded``). Anything else, and a BMP whose depth is not one of `BMP_BITS`, fails with
+    InvalidArgumentError naming the formats."""
+    import tensorflow as tf
+
+    def png():
+        check = tf.debugging.assert_greater_equal(tf.strings.length(blob), 24, message="truncated PNG header")
+        with tf.control_dependencies([check]):
+            header = tf.strings.substr(blob + b"\0" * 24, 16, 8)  # padded: substr's own error would quote the bytes
+        raw = tf.cast(tf.io.decode_raw(header, tf.uint8), tf.int64)
+        big_endian = lambda b: ((b[0] * 256 + b[1]) * 256 + b[2]) * 256 + b[3]  # noqa: E731
+        return tf.stack([big_endian(raw[4:8]), big_endian(raw[0:4])])
+
+    def jpeg():
+        return tf.cast(tf.image.extract_jpeg_shape(blob)[:2], tf.int64)
+
+    def gif():
+        return tf.stack([_little_endian(blob, 8, tf.uint16), _little_endian(blob, 6, tf.uint16)])
+
+    def bmp():
+        bits = _little_endian(blob, 28, tf.uint16)
+        check = tf.debugging.Assert(tf.reduce_any(tf.equal(bits, BMP_BITS)), [
+            f"image_bytes holds a BMP of a depth other than {', '.join(map(str, BMP_BITS))} bits per pixel"])
+        with tf.control_dependencies([check]):
+            return tf.stack([tf.abs(_little_endian(blob, 22, tf.int32)), _little_endian(blob, 18, tf.int32)])
+
+    def unknown():
+        with tf.control_dependencies([tf.debugging.Assert(False, [
+                "image_bytes holds an element that is not a PNG, JPEG, BMP or GIF file"])]):
+            return tf.zeros((2,), tf.int64)
+
+    return tf.case([(_is(blob, b"\x89PNG"), png), (_is(blob, b"\xff\xd8\xff"), jpeg),
+                    (_is(blob, b"GIF87a", b"GIF89a"), gif), (_is(blob, b"BM"), bmp)], default=unknown, exclusive=True)
+
+
+def _bmp_rgb(blob):
+    """A BMP's RGB pixels. TensorFlow's BMP decoder returns an 8-bit file's color-table indices:
+    looked up here in the table (4 bytes per entry, blue-green-red-unused, after the header)."""
+    import tensorflow as tf
+
+    def from_color_table():
+        indices = tf.cast(tf.io.decode_bmp(blob, channels=0)[..., 0], tf.int32)
+        used = _little_endian(blob, 46, tf.int32)
+        entries = tf.where(used > 0, used, 256)
+        table = tf.io.decode_raw(tf.strings.substr(blob, 14 + _little_endian(blob, 14, tf.int32), 4 * entries),
+                                 tf.uint8)
+        return tf.gather(tf.reshape(table, (-1, 4))[:, 2::-1], indices)
+
+    return tf.cond(tf.equal(_little_endian(blob, 28, tf.uint16), 8), from_color_table,
+                   lambda: tf.io.decode_bmp(blob, channels=3))
+
+
+def _from_rgb(rgb, channels: int):
+    import tensorflow as tf
+
+    if channels == 1:
+        return tf.image.rgb_to_grayscale(rgb)
+    if channels == 4:
+        return tf.concat([rgb, tf.fill(tf.concat([tf.shape(rgb)[:2], [1]], 0), tf.constant(255, tf.uint8))], -1)
+    return rgb
+
+
 def decode(path_or_bytes, channels: int = 3, from_bytes: bool = False):
-    """A uint8 ``(H, W, channels)`` tensor of an image file (GIF: its first frame)."""
+    """A uint8 ``(H, W, channels)`` tensor of an image file or (``from_bytes``) its bytes: PNG
+    (16-bit ones scaled to 8), JPEG, GIF (its first frame) or BMP (8-bit ones through their color
+    table); GIF and BMP decode as RGB, then convert to 1 or 4 channels. The one decoder of training
+    (`trainers.data`) and serving (the export's ``predict_encoded``): an image both read gives both
+    the same pixels."""
     import tensorflow as tf
 
     blob = path_or_bytes if from_bytes else tf.io.read_file(path_or_bytes)
-    image = tf.io.decode_image(blob, channels=channels, expand_animations=False)
+    bmp = _is(blob, b"BM")
+
+    def through_rgb():  # TensorFlow's BMP and GIF decoders give RGB only
+        return _from_rgb(tf.cond(bmp, lambda: _bmp_rgb(blob),
+                                 lambda: tf.io.decode_image(blob, channels=3, expand_animations=False)), channels)
+
+    image = tf.cond(tf.logical_or(bmp, _is(blob, b"GIF87a", b"GIF89a")), through_rgb,
+                    lambda: tf.io.decode_image(blob, channels=channels, expand_animations=False))
     image.set_shape((None, None, channels))
     return image
+
+
+# What TensorFlow's image decoders print (from C++, to the process's stderr) for each corrupt file:
+# "E... jpeg_mem.cc:331] Premature end of JPEG data", and the like for PNG and GIF.
+_DECODER_LINE = re.compile(rb"\b(jpeg|png|gif|bmp)\w*\.cc:\d+\]|decode_\w*image\w*_op\.cc:\d+\]")
+
+
+@contextlib.contextmanager
+def _decoder_lines_held():
+    """Holds what is written to file descriptor 2 (TensorFlow's C++ log) inside the block: the
+    decoders' lines about corrupt files are dropped (the scan counts those files in its summary),
+    every other line is written back to stderr when the block ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().splitlines(keepends=True) if not _DECODER_LINE.search(line)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def _decode_pass(paths, image_size, channels, transform, log, what):
@@ -193,10 +322,11 @@ def _decode_pass(paths, image_size, channels, transform, log, what):
     ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE).ignore_errors().prefetch(tf.data.AUTOTUNE)
     sums = {}
     report = max(1000, len(paths) // 10)
-    for i, (index, s, s2, n) in enumerate(ds.as_numpy_iterator()):
-        sums[int(index)] = np.concatenate([s, s2, [n]])
-        if log and (i + 1) % report == 0:
-            log(f"Checked {i + 1:,} of {len(paths):,} {what} images.")
+    with _decoder_lines_held():
+        for i, (index, s, s2, n) in enumerate(ds.as_numpy_iterator()):
+            sums[int(index)] = np.concatenate([s, s2, [n]])
+            if log and (i + 1) % report == 0:
+                log(f"Checked {i + 1:,} of {len(paths):,} {what} images.")
     good = sorted(sums)
     return good, np.array([sums[i] for i in good]).reshape(len(good), 2 * channels + 1)
 
@@ -251,4 +381,5 @@ def scan_folder(root: str, image_size: int, transform, channels: int = 3, max_pi
     return FolderScan(class_names, splits, skipped)
 
 
-__all__ = ["EXTENSIONS", "FileSplit", "FolderScan", "MAX_IMAGE_PIXELS", "decode", "header_size", "scan_folder"]
+__all__ = ["BMP_BITS", "EXTENSIONS", "FileSplit", "FolderScan", "MAX_IMAGE_PIXELS", "decode", "encoded_size", "header_size",
+           "scan_folder"]
