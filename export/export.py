@@ -48,6 +48,7 @@ import numpy as np
 import tensorflow as tf
 
 import sa_conv
+from export import tf_serving
 from trainers import cli, files, image_files
 from trainers import data as data_lib
 from sa_conv.errors import SaConvError
@@ -264,6 +265,36 @@ def export_tflite(saved_model_dir: str, target: str, images: np.ndarray, expecte
     return _verify("The TFLite model", expected, got, 1e-4)
 
 
+def write_tf_serving_files(version_dir: str, loaded, model_name: str, images: np.ndarray, max_batch_size: int,
+                           log=print) -> dict:
+    """Writes `tf_serving.BATCHING_FILE` from the throughput of ``loaded``'s ``serving_default``
+    measured at doubling batches, and `tf_serving.WARMUP_FILE` (when ``tensorflow-serving-api`` is
+    installed): every signature at batch 1 and at the batching's largest batch, from the
+    verification ``images``. Returns what ``metadata.json`` records of them."""
+    serve = loaded.signatures["serving_default"]
+    throughput = tf_serving.measure_throughput(lambda **x: serve(**x), {"images": images[0]}, max_batch_size)
+    params = tf_serving.batching_parameters(throughput)
+    tf_serving.write_batching(os.path.join(version_dir, tf_serving.BATCHING_FILE), params)
+    record = {"batching_parameters": tf_serving.BATCHING_FILE, "max_batch_size": params.max_batch_size.value,
+              "allowed_batch_sizes": list(params.allowed_batch_sizes),
+              "measured_images_per_second": {str(b): round(v, 2) for b, v in throughput.items()}}
+    if not tf_serving.available():
+        log(f"No TensorFlow Serving warm-up records: {tf_serving.INSTALL} to write them.")
+        return {**record, "warmup_requests": 0}
+    examples = {}
+    for batch in sorted({1, params.max_batch_size.value}):
+        chosen = np.resize(images, (batch,) + images.shape[1:])
+        png = np.array([tf.io.encode_png(image).numpy() for image in chosen], dtype=object)
+        examples.setdefault("serving_default", []).append({"images": chosen})
+        examples.setdefault("predict_encoded", []).append({"image_bytes": png})
+        if "attention_maps" in loaded.signatures:
+            examples.setdefault("attention_maps", []).append({"images": chosen,
+                                                              "query_pixel": np.zeros(2, np.int32)})
+    logs = tf_serving.warmup_requests(model_name, examples)
+    tf_serving.write_warmup(os.path.join(version_dir, tf_serving.WARMUP_FILE), logs)
+    return {**record, "warmup_requests": len(logs), "warmup_file": tf_serving.WARMUP_FILE}
+
+
 MIN_TOP1_AGREEMENT = 0.99
 
 
@@ -325,6 +356,7 @@ def export(
     precision: str = "float32",
     agreement_images: str | None = None,
     image_size: int | None = None,
+    tf_serving_files: bool = True,
     log=print,
     _fail_before_rename: bool = False,
 ) -> str:
@@ -398,6 +430,8 @@ def export(
                                                    model.inputs[0].shape[1:]))
         extra = os.path.join(tmp, "assets.extra")
         os.makedirs(extra, exist_ok=True)
+        serving_files = (write_tf_serving_files(tmp, loaded, model_name, images, max_batch_size, log)
+                         if tf_serving_files else None)
         if "tflite" in formats:
             checks["tflite"] = export_tflite(tmp, os.path.join(extra, "model.tflite"), images, expected)
         if "onnx" in formats:
@@ -423,6 +457,8 @@ def export(
             "verification": {"images": f"{len(images)} {source}", "max_abs_error": checks,
                              "saved_model_tolerance": tolerance},
             "process": process.describe(),  # what the export and its verification ran with
+            # TensorFlow Serving's warm-up records and batching parameters (measured here).
+            "tf_serving": serving_files,
         }
         files.write_json(os.path.join(tmp, METADATA), metadata, sort_keys=True)
         if _fail_before_rename:
@@ -471,6 +507,9 @@ class ExportConfig:
     image_size: Optional[int] = _field(
         None, "Serve another input size than training's (offset-function encodings as they are, learned offset "
         "tables interpolated: sa_conv.with_image_size); default: the trained size.")
+    tf_serving_files: bool = _field(
+        True, "Write TensorFlow Serving's assets.extra/batching_params.pbtxt (from the throughput measured here at "
+        f"doubling batches) and tf_serving_warmup_requests (needs `{tf_serving.INSTALL}`).")
 
 
 def main():

@@ -348,7 +348,7 @@ def test_bfloat16_export_of_every_paper_preset_passes_its_checks(preset, tmp_pat
     np.save(tmp_path / "held_out.npy", clear)
     version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
                                 precision="bfloat16", agreement_images=str(tmp_path / "held_out.npy"),
-                                log=lambda s: None)
+                                tf_serving_files=False, log=lambda s: None)
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
     assert meta["precision"]["dtype"] == "bfloat16" and meta["precision"]["top1_agreement"] == 1.0
     assert meta["verification"]["max_abs_error"]["saved_model"] <= meta["verification"]["saved_model_tolerance"]
