@@ -197,9 +197,11 @@ def cpu() -> dict:
 def matmul_peaks(framework: str = "tensorflow", size: int = 2048, repeats: int = 5) -> dict:
     """GFLOP/s of a ``size``-square matmul in float32 and bfloat16 (best of ``repeats``), with
     ``framework`` (``"tensorflow"`` or ``"torch"``) in this process: the peak a side's achieved
-    FLOP rate is a fraction of."""
+    FLOP rate is a fraction of. ``"onnxruntime"``: float32 and int8 (`_onnxruntime_peaks`)."""
     flop = 2 * size ** 3
     peaks = {}
+    if framework == "onnxruntime":
+        return _onnxruntime_peaks(size, repeats)
     if framework == "torch":
         import torch
 
@@ -213,6 +215,34 @@ def matmul_peaks(framework: str = "tensorflow", size: int = 2048, repeats: int =
         a, b = tf.cast(tf.random.normal((size, size)), dtype), tf.cast(tf.random.normal((size, size)), dtype)
         matmul = tf.function(lambda a=a, b=b: tf.reduce_sum(tf.cast(tf.matmul(a, b), tf.float32)))
         peaks[name] = flop / fastest(lambda: matmul().numpy(), repeats) / 1e9
+    return peaks
+
+
+def _onnxruntime_peaks(size: int, repeats: int) -> dict:
+    """ONNX Runtime's GFLOP/s (a multiply-add: 2) of a ``size``-square matmul in float32
+    (``MatMul``) and in int8 (``MatMulInteger``, uint8 activations times int8 weights, as its
+    dynamic quantization computes), on all cores: the peaks of the ONNX sides."""
+    import numpy as np
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count()
+    peaks = {}
+    for name, op, a_type, b in (
+            ("float32", "MatMul", TensorProto.FLOAT, rng.standard_normal((size, size)).astype(np.float32)),
+            ("int8", "MatMulInteger", TensorProto.UINT8, rng.integers(-127, 128, (size, size)).astype(np.int8))):
+        out_type = TensorProto.FLOAT if name == "float32" else TensorProto.INT32
+        graph = helper.make_graph([helper.make_node(op, ["a", "b"], ["c"])], "peak",
+                                  [helper.make_tensor_value_info("a", a_type, [size, size])],
+                                  [helper.make_tensor_value_info("c", out_type, [size, size])],
+                                  [numpy_helper.from_array(b, "b")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        a = (rng.standard_normal((size, size)).astype(np.float32) if name == "float32"
+             else rng.integers(0, 256, (size, size)).astype(np.uint8))
+        peaks[name] = 2 * size ** 3 / fastest(lambda: session.run(None, {"a": a}), repeats) / 1e9
     return peaks
 
 

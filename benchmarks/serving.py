@@ -1,6 +1,6 @@
-"""Serving speed: inference of the in-process model and of its exported SavedModels, float32 and
-bfloat16, at batch 1 and 100, each in its own process, as images/s and as a fraction of the
-machine's matmul peak (float32 and bfloat16, measured in the same process).
+"""Serving speed: inference of the in-process model and of every exported file in its own
+runtime, float32, bfloat16 and int8, at batch 1 and 100, each in its own process, as images/s and
+as a fraction of the matching matmul peak measured in the same process.
 
     .venv/bin/python -m benchmarks.serving                       # benchmarks/results/serving.json
     .venv/bin/python -m benchmarks.serving --presets=sa_quadratic_small --steps=5 --merge
@@ -8,21 +8,28 @@ machine's matmul peak (float32 and bfloat16, measured in the same process).
     .venv/bin/python -m benchmarks.serving --reference_dir=PATH --reference_python=PY   # + the reference
 
 For each preset (random weights: speed does not depend on their values) the parent writes the
-model, exports it (``export.export``: the frozen copy, `sa_conv.freeze_for_inference`, float32 and
-``--precision=bfloat16``) and starts one child per side:
+model, exports it (``export.export``: the frozen copy, `sa_conv.freeze_for_inference`, float32
+with its TFLite and ONNX files, and ``--precision=bfloat16``), quantizes the ONNX file to int8
+(`quantize_onnx`) and starts one child per side:
 
 * ``in_process_live``: the Keras model as trained, ``model(x, training=False)`` in a tf.function;
 * ``in_process``: its frozen copy (what the export serves);
-* ``saved_model``, ``saved_model_bfloat16``: ``serving_default`` of each export, reloaded.
+* ``saved_model``, ``saved_model_bfloat16``: ``serving_default`` of each export, reloaded; the
+  float32 one also times its first batch-1 call after replaying the export's TensorFlow Serving
+  warm-up records, against the steady call (`first_call`);
+* ``tflite``: the TFLite file in LiteRT's interpreter (its default XNNPACK delegate);
+* ``onnx``, ``onnx_int8``: the ONNX file and its dynamic int8 quantization in ONNX Runtime,
+  with ONNX Runtime's own float32 and int8 (``MatMulInteger``) peaks.
 
 * ``reference`` (with ``--reference_dir``, a clone of ``epfml/attention-cnn``, and
   ``--reference_python``, an interpreter with torch): the reference's ``BertImage`` of the same
   size (`epfml_reference.reference_config`) or its ResNet18, eval mode, ``torch.no_grad``.
 
 Ratios: saved_model / in_process (the issue's target: within 10%), frozen / live, bfloat16 /
-float32 export, and every side / the reference. ``--aggregation_only`` times one paper-size attention layer with constant
-probabilities on the dense and the separable path per grid and batch, the measurements behind
-the frozen layer's choice. Results go to JSON; nothing here is a test.
+float32 export, each runtime / the float32 SavedModel, and every side / the reference.
+``--aggregation_only`` times one paper-size attention layer with constant probabilities on the
+dense and the separable path per grid and batch, the measurements behind the frozen layer's
+choice. Results go to JSON; nothing here is a test.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ import tempfile
 from benchmarks import harness
 
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
-SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16")
+SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16", "tflite", "onnx", "onnx_int8")
+# The exported file each runtime side reads, in the float32 export's assets.extra.
+RUNTIME_FILES = {"tflite": "model.tflite", "onnx": "model.onnx", "onnx_int8": "model_int8.onnx"}
 BATCHES = (1, 100)
 
 
@@ -49,12 +58,17 @@ def child(args):
 
     result = {"side": args.side}
     rng = np.random.default_rng(0)
-    if args.side.startswith("saved_model"):
-        serve = tf.saved_model.load(args.path).signatures["serving_default"]
+    if args.side in RUNTIME_FILES:
+        run, shape = runtime(args.side, args.path, result)
+    elif args.side.startswith("saved_model"):
+        loaded = tf.saved_model.load(args.path)
+        serve = loaded.signatures["serving_default"]
         shape = tuple(serve.structured_input_signature[1]["images"].shape[1:])
 
         def run(x):
             return serve(images=x)["probabilities"].numpy()
+
+        result.update(first_call(args.path, loaded, run, shape, rng))
     else:
         import keras
 
@@ -69,11 +83,67 @@ def child(args):
         def run(x):
             return fn(x).numpy()
     for batch in BATCHES:
-        x = tf.constant(rng.integers(0, 256, (batch,) + shape).astype(np.uint8))
+        x = rng.integers(0, 256, (batch,) + shape).astype(np.uint8)
+        x = x if args.side in RUNTIME_FILES else tf.constant(x)
         steps = args.steps if batch == 1 else max(2, args.steps // 5)
         result[f"images_per_second_batch{batch}"] = batch / harness.fastest(lambda: run(x), steps)
-    result["matmul_gflops"] = harness.matmul_peaks("tensorflow", args.matmul_size)
+    # ONNX Runtime's own float32 and int8 peaks for its sides (LiteRT's: TensorFlow's float32).
+    framework = "onnxruntime" if args.side.startswith("onnx") else "tensorflow"
+    result["matmul_gflops"] = harness.matmul_peaks(framework, args.matmul_size)
     harness.print_result(result)
+
+
+def first_call(path, loaded, run, shape, rng, steady_calls=5) -> dict:
+    """The first batch-1 call of the SavedModel at ``path``, freshly ``loaded``, after replaying its
+    TensorFlow Serving warm-up records (what the model server does on load), against the steady
+    call: seconds and their ratio. Without records (exported without tensorflow-serving-api): the
+    cold first call."""
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    from export import tf_serving
+
+    x = tf.constant(rng.integers(0, 256, (1,) + shape).astype(np.uint8))
+    records = os.path.join(path, tf_serving.WARMUP_FILE)
+    replayed = os.path.exists(records) and tf_serving.available()
+    if replayed:
+        tf_serving.replay(loaded, tf_serving.read_warmup(records))
+    start = time.perf_counter()
+    run(x)
+    first = time.perf_counter() - start
+    steady = harness.fastest(lambda: run(x), steady_calls)
+    return {"first_call_batch1": first, "after_warmup_records": replayed, "steady_call_batch1": steady,
+            "first_over_steady_batch1": first / steady}
+
+
+def runtime(side, path, result):
+    """``(run, image shape)`` of an exported file in its own runtime: the TFLite interpreter
+    (LiteRT, its default XNNPACK delegate), which takes the serving signature's uint8 pixels, or ONNX
+    Runtime, which takes the Keras model's float32 input (the same pixels as floats: the
+    normalization is inside the model), on all cores."""
+    import numpy as np
+
+    threads = os.cpu_count()
+    result["file_megabytes"] = os.path.getsize(path) / 2**20
+    if side == "tflite":
+        import tensorflow as tf
+
+        interpreter = tf.lite.Interpreter(model_path=path, num_threads=threads)
+        runner = interpreter.get_signature_runner("serving_default")
+        shape = tuple(runner.get_input_details()["images"]["shape"][1:])
+        result["runtime"] = f"tflite {tf.__version__}"
+        return (lambda x: runner(images=x)["probabilities"]), shape
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    result["runtime"] = f"onnxruntime {onnxruntime.__version__}"
+    shape = tuple(session.get_inputs()[0].shape[1:])
+    return (lambda x: session.run(None, {name: x.astype(np.float32)})[0]), shape
 
 
 def reference_child(args):
@@ -123,7 +193,11 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     model = sa_conv.build_model(config, name=preset)
     path = os.path.join(workdir, f"{preset}.keras")
     model.save(path)
-    exports = {"saved_model": export(model_path=path, export_dir=os.path.join(workdir, "f32"), log=lambda s: None)}
+    exports = {"saved_model": export(model_path=path, export_dir=os.path.join(workdir, "f32"),
+                                     formats=("saved_model", "tflite", "onnx"), log=lambda s: None)}
+    extra = os.path.join(exports["saved_model"], "assets.extra")
+    quantize_onnx(os.path.join(extra, RUNTIME_FILES["onnx"]), os.path.join(extra, RUNTIME_FILES["onnx_int8"]))
+    exports.update({side: os.path.join(extra, name) for side, name in RUNTIME_FILES.items()})
     # Random weights decide nothing of speed, but the agreement check needs a trained model's
     # margins: it is measured by the export tests, not here.
     from export import export as export_lib
@@ -131,7 +205,7 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     minimum, export_lib.MIN_TOP1_AGREEMENT = export_lib.MIN_TOP1_AGREEMENT, 0.0
     try:
         exports["saved_model_bfloat16"] = export(model_path=path, export_dir=os.path.join(workdir, "bf16"),
-                                                 precision="bfloat16", log=lambda s: None)
+                                                 precision="bfloat16", tf_serving_files=False, log=lambda s: None)
     finally:
         export_lib.MIN_TOP1_AGREEMENT = minimum
     sides = {}
@@ -144,7 +218,8 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     # reference aggregates densely and maps twice (as the model as trained with the dense path).
     forwards = {"in_process_live": flops.forward_flops(config), "reference": flops.forward_flops(config, fast=False)}
     for side, run in sides.items():  # the reference computes in float32
-        peak = run["matmul_gflops"]["bfloat16" if side.endswith("bfloat16") else "float32"]
+        precision = "bfloat16" if side.endswith("bfloat16") else "int8" if side.endswith("int8") else "float32"
+        peak = run["matmul_gflops"][precision]
         forward = forwards.get(side, flops.forward_flops(config, frozen=True))
         run["forward_gflops_per_image"] = forward / 1e9
         for batch in BATCHES:
@@ -153,7 +228,11 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     ratios = {}
     for name, (a, b) in {"saved_model_over_in_process": ("saved_model", "in_process"),
                          "in_process_over_live": ("in_process", "in_process_live"),
-                         "bfloat16_over_float32_export": ("saved_model_bfloat16", "saved_model")}.items():
+                         "bfloat16_over_float32_export": ("saved_model_bfloat16", "saved_model"),
+                         "tflite_over_saved_model": ("tflite", "saved_model"),
+                         "onnx_over_saved_model": ("onnx", "saved_model"),
+                         "onnx_int8_over_saved_model": ("onnx_int8", "saved_model"),
+                         "onnx_int8_over_onnx": ("onnx_int8", "onnx")}.items():
         ratios[name] = {f"batch{n}": sides[a][f"images_per_second_batch{n}"] / sides[b][f"images_per_second_batch{n}"]
                         for n in BATCHES}
     if "reference" in sides:
@@ -163,6 +242,14 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
                 for n in BATCHES}
     return {"date": datetime.date.today().isoformat(), "forward_gflops_per_image": forwards["in_process_live"] / 1e9,
             "sides": sides, "ratios": ratios}
+
+
+def quantize_onnx(source, target):
+    """ONNX Runtime's dynamic int8 quantization of ``source`` (weights int8 per tensor, activations
+    quantized per call): the int8 route measured for ONNX files."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(source, target, weight_type=QuantType.QInt8)
 
 
 def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):

@@ -296,6 +296,49 @@ def write_tf_serving_files(version_dir: str, loaded, model_name: str, images: np
 
 
 MIN_TOP1_AGREEMENT = 0.99
+INT8_FILE = "model_int8.onnx"
+# --precision=int8: the route benchmarks/serving.py measured fastest here. TensorFlow's own int8
+# matmul (what Keras's quantize("int8") runs in a SavedModel) ran slower than float32 on these
+# CPUs; ONNX Runtime's dynamic quantization of the ONNX file ran faster, in a file about a
+# quarter the size. The SavedModel stays float32.
+INT8_ROUTE = ("onnxruntime dynamic quantization of the ONNX file (int8 weights per tensor, uint8 activations "
+              "quantized per call); precomputed attention probabilities kept float32")
+
+
+def onnx_runner(path: str):
+    """``images (uint8) -> logits`` of an ONNX file in ONNX Runtime, on all cores."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count()
+    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda images: np.concatenate([session.run(None, {name: images[i: i + 64].astype(np.float32)})[0]
+                                          for i in range(0, len(images), 64)])
+
+
+def export_onnx_int8(serving, extra: str) -> dict:
+    """Writes ``extra/INT8_FILE``, ONNX Runtime's dynamic int8 quantization of ``extra/model.onnx``
+    (the float32 file of ``serving``), leaving float32 the products that read a precomputed
+    attention probability constant (values in [0, 1] whose small entries a per-tensor int8 scale
+    would round to zero). Returns the route and the sizes for ``metadata.json``."""
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    source, target = os.path.join(extra, "model.onnx"), os.path.join(extra, INT8_FILE)
+    constants = [np.sort(np.asarray(w.numpy()).ravel()) for w in serving.weights if "probabilities" in w.path]
+    graph = onnx.load(source).graph
+    kept = set()
+    for initializer in graph.initializer:
+        values = np.sort(numpy_helper.to_array(initializer).ravel())
+        if any(values.shape == c.shape and np.array_equal(values, c) for c in constants):
+            kept.add(initializer.name)
+    float32_nodes = sorted(n.name for n in graph.node if kept & set(n.input))
+    quantize_dynamic(source, target, weight_type=QuantType.QInt8, nodes_to_exclude=float32_nodes)
+    return {"route": INT8_ROUTE, "file": os.path.join("assets.extra", INT8_FILE),
+            "megabytes": os.path.getsize(target) / 2**20, "float32_megabytes": os.path.getsize(source) / 2**20,
+            "float32_nodes": float32_nodes}
 
 
 def read_images(path: str, image_shape) -> np.ndarray:
@@ -316,8 +359,9 @@ def read_images(path: str, image_shape) -> np.ndarray:
     return np.clip(array, 0, 255).astype(np.uint8)
 
 
-def top1_agreement(model, served, results: dict, agreement_images: str | None, image_shape) -> dict:
-    """Checks that the exported bfloat16 model (``served``: images -> probabilities) picks the
+def top1_agreement(model, served, results: dict, agreement_images: str | None, image_shape,
+                   what: str = "bfloat16 export") -> dict:
+    """Checks that the exported low-precision model ``what`` (``served``: images -> probabilities or logits) picks the
     float32 ``model``'s class on at least `MIN_TOP1_AGREEMENT` of held-out images: those of
     ``agreement_images``, else up to 1,000 test images of the run's own dataset (local files),
     else generated ones. Raises ExportError below it."""
@@ -331,7 +375,7 @@ def top1_agreement(model, served, results: dict, agreement_images: str | None, i
     described = f"{len(images)} {source}"
     if agreement < MIN_TOP1_AGREEMENT:
         raise ExportError(
-            f"The bfloat16 export picks the float32 model's class on {agreement:.2%} of {described}, below "
+            f"The {what} picks the float32 model's class on {agreement:.2%} of {described}, below "
             f"{MIN_TOP1_AGREEMENT:.0%}: export in float32 (--precision=float32).")
     return {"top1_agreement": agreement, "agreement_images": described}
 
@@ -369,9 +413,11 @@ def export(
     if unknown or "saved_model" not in formats:
         raise ExportError(f"--formats must include saved_model and be among {FORMATS}, got {list(formats)}.")
     try:
-        dtype, dtype_reason = precision_lib.resolve(precision)
+        dtype, dtype_reason = ("int8", "requested") if precision == "int8" else precision_lib.resolve(precision)
     except ValueError as exc:
-        raise ExportError(f"--precision: {exc}") from None
+        raise ExportError(f"--precision: {exc.args[0].replace('got', 'or int8, got')}") from None
+    if dtype == "int8" and "onnx" not in formats:
+        formats += ("onnx",)  # the int8 route starts from the float32 ONNX file
     if dtype == "bfloat16" and set(formats) - {"saved_model"}:
         raise ExportError("--precision=bfloat16 writes a SavedModel only; export TFLite and ONNX in float32.")
     path, results = resolve_model(model_dir, model_path)
@@ -418,8 +464,8 @@ def export(
                                    for i in range(0, len(batch), max_batch_size)])
 
         precision_record = {"dtype": dtype, "why": dtype_reason}
-        if dtype == "float32":
-            tolerance = probability_tolerance(dtype, None)
+        if dtype != "bfloat16":  # int8: the SavedModel stays float32 (see INT8_ROUTE)
+            tolerance = probability_tolerance("float32", None)
             checks = {"saved_model": _verify("The SavedModel", expected, served(images), tolerance)}
         else:  # against the bfloat16 Keras model it was written from, then top-1 against float32
             own_logits = serving.predict(images, verbose=0)
@@ -427,7 +473,7 @@ def export(
             checks = {"saved_model": _verify("The bfloat16 SavedModel", tf.nn.softmax(own_logits).numpy(),
                                              served(images), tolerance)}
             precision_record.update(top1_agreement(model, served, results, agreement_images,
-                                                   model.inputs[0].shape[1:]))
+                                                   model.inputs[0].shape[1:], "bfloat16 export"))
         extra = os.path.join(tmp, "assets.extra")
         os.makedirs(extra, exist_ok=True)
         serving_files = (write_tf_serving_files(tmp, loaded, model_name, images, max_batch_size, log)
@@ -436,6 +482,10 @@ def export(
             checks["tflite"] = export_tflite(tmp, os.path.join(extra, "model.tflite"), images, expected)
         if "onnx" in formats:
             checks["onnx"] = export_onnx(serving, os.path.join(extra, "model.onnx"), images, expected)
+        if dtype == "int8":
+            precision_record.update(export_onnx_int8(serving, extra))
+            precision_record.update(top1_agreement(model, onnx_runner(os.path.join(extra, INT8_FILE)), results,
+                                                   agreement_images, model.inputs[0].shape[1:], "int8 ONNX file"))
         metadata = {
             "model_name": model_name,
             "version": version,
@@ -475,8 +525,8 @@ def export(
     log(f"Exported {model_name} version {version} to {target} "
         f"(signatures: {', '.join(metadata['signatures'])}; checked on {len(images)} {source}: "
         + ", ".join(f"{k} max error {v:.2g}" for k, v in checks.items())
-        + (f"; bfloat16 top-1 agrees with float32 on {precision_record['top1_agreement']:.2%} of "
-           f"{precision_record['agreement_images']}" if dtype == "bfloat16" else "") + ")")
+        + (f"; {dtype} top-1 agrees with float32 on {precision_record['top1_agreement']:.2%} of "
+           f"{precision_record['agreement_images']}" if dtype != "float32" else "") + ")")
     return target
 
 
@@ -500,7 +550,9 @@ class ExportConfig:
     precision: str = _field(
         "float32", "bfloat16: compute in bfloat16 (float32 weights, softmax and encodings), checked to pick the "
         "float32 model's class on >= 99% of held-out images; auto: bfloat16 on CPUs with AVX512_BF16/AMX and GPUs "
-        "of compute capability 8.0+, else float32.", precision_lib.CHOICES)
+        "of compute capability 8.0+, else float32; int8: an int8 ONNX file beside the float32 SavedModel "
+        "(assets.extra/model_int8.onnx, ONNX Runtime's dynamic quantization), checked the same way.",
+        precision_lib.CHOICES + ("int8",))
     agreement_images: Optional[str] = _field(
         None, "A .npy/.npz file of uint8 images for the bfloat16 agreement check; default: the run's own "
         "test images when its dataset is on local files, else generated ones.")

@@ -317,6 +317,69 @@ def test_bfloat16_export_computes_in_bfloat16_and_agrees_with_float32(confident_
     np.testing.assert_allclose(served, tf.nn.softmax(model(images)).numpy(), atol=0.05)
 
 
+def test_int8_export_writes_a_quantized_onnx_file_that_picks_float32s_classes(confident_model, tmp_path):
+    import onnx
+
+    model, root = confident_model
+    held_out = np.load(root / "held_out.npz")["images"]
+    version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(tmp_path / "out"), precision="int8",
+                                agreement_images=str(root / "held_out.npz"), tf_serving_files=False,
+                                log=lambda s: None)
+    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    record = meta["precision"]
+    assert record["dtype"] == "int8" and record["route"] == export_lib.INT8_ROUTE
+    assert record["top1_agreement"] >= 0.99 and record["agreement_images"].startswith("100 images of ")
+    assert record["megabytes"] < record["float32_megabytes"] / 2
+    ops = {node.op_type for node in onnx.load(os.path.join(version, record["file"])).graph.node}
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops  # int8 products, activations quantized per call
+    logits = export_lib.onnx_runner(os.path.join(version, record["file"]))(held_out)
+    assert np.mean(logits.argmax(-1) == model.predict(held_out, verbose=0).argmax(-1)) >= 0.99
+    # The SavedModel itself stays float32 and is checked as float32 exports are.
+    assert meta["verification"]["max_abs_error"]["saved_model"] <= 1e-5
+
+
+def test_int8_keeps_precomputed_probabilities_float32(tmp_path):
+    """On an 8x8 grid the frozen copy multiplies by dense probability constants: per-tensor int8
+    would round their small entries to zero, so those products stay float32."""
+    import onnx
+    import onnx.numpy_helper
+
+    keras.utils.set_random_seed(0)
+    sa_conv.build_model("sa_quadratic_small", num_layers=1, pooling_width=4).save(tmp_path / "m.keras")
+    minimum, export_lib.MIN_TOP1_AGREEMENT = export_lib.MIN_TOP1_AGREEMENT, 0.0  # random weights: near ties
+    try:
+        version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
+                                    precision="int8", tf_serving_files=False, log=lambda s: None)
+    finally:
+        export_lib.MIN_TOP1_AGREEMENT = minimum
+    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    assert meta["attention_constants"] == ["dense"]
+    kept = meta["precision"]["float32_nodes"]
+    assert kept
+    before = onnx.load(os.path.join(version, "assets.extra", "model.onnx")).graph
+    after = onnx.load(os.path.join(version, meta["precision"]["file"])).graph
+    ops = {node.name: node.op_type for node in after.node}
+    assert all(ops[name] == op for name, op in ((n.name, n.op_type) for n in before.node if n.name in kept))
+    assert "MatMulInteger" in ops.values()
+    # The (heads, 64, 64) constant is in the int8 file as it was (in the layout the converter gave
+    # it): float32, the same values.
+    frozen = sa_conv.freeze_for_inference(keras.models.load_model(tmp_path / "m.keras"))
+    (probabilities,) = [np.sort(w.numpy().ravel()) for w in frozen.weights if "probabilities" in w.path]
+    constant = [i for i in after.initializer if i.data_type == onnx.TensorProto.FLOAT
+                and int(np.prod(i.dims)) == probabilities.size
+                and np.array_equal(np.sort(onnx.numpy_helper.to_array(i).ravel()), probabilities)]
+    assert constant  # float32, perhaps in more than one layout
+
+
+def test_int8_refuses_below_the_agreement(confident_model, tmp_path, monkeypatch):
+    _, root = confident_model
+    monkeypatch.setattr(export_lib, "MIN_TOP1_AGREEMENT", 1.01)
+    with pytest.raises(export_lib.ExportError, match=r"The int8 ONNX file picks the float32 model's class on"):
+        export_lib.export(model_path=str(root / "m.keras"), export_dir=str(tmp_path / "refused"), precision="int8",
+                          agreement_images=str(root / "held_out.npz"), tf_serving_files=False, log=lambda s: None)
+    assert list((tmp_path / "refused").glob("*/*")) == []
+
+
 def test_the_tolerance_follows_the_precision_and_the_logits_scale():
     assert export_lib.probability_tolerance("float32", None) == 1e-5
     assert export_lib.probability_tolerance("bfloat16", np.array([[4.0, -1.0], [0.5, 2.0]])) == 2 ** -5
