@@ -164,7 +164,8 @@ def training_accuracy(name="vs_reference_training"):
 
 SERVING_SIDES = {"in_process_live": "in-process, as trained", "in_process": "in-process, frozen",
                  "saved_model": "SavedModel", "saved_model_bfloat16": "SavedModel, bfloat16",
-                 "reference": "reference (PyTorch)"}
+                 "tflite": "TFLite (LiteRT, XNNPACK)", "onnx": "ONNX (ONNX Runtime)",
+                 "onnx_int8": "ONNX int8 (ONNX Runtime)", "reference": "reference (PyTorch)"}
 
 
 def serving():
@@ -184,6 +185,8 @@ def serving():
 
 SERVING_RATIOS = {"saved_model_over_in_process": "SavedModel / in-process", "in_process_over_live": "frozen / as trained",
                   "bfloat16_over_float32_export": "bfloat16 / float32 export",
+                  "tflite_over_saved_model": "TFLite / SavedModel", "onnx_over_saved_model": "ONNX / SavedModel",
+                  "onnx_int8_over_saved_model": "int8 ONNX / SavedModel",
                   "in_process_over_reference": "in-process / reference",
                   "saved_model_over_reference": "SavedModel / reference",
                   "saved_model_bfloat16_over_reference": "bfloat16 SavedModel / reference"}
@@ -220,6 +223,23 @@ def serving_aggregation():
              _ratio(r["separable_over_dense"])] for r in data["aggregation"]]
     return f"{data['date']}.\n\n" + _table(["grid", "batch", "dense img/s", "separable img/s", "separable / dense"],
                                             rows)
+
+
+def against_commit():
+    """Each figure of this tree against an earlier commit's, both in one process, in turns."""
+    data = _load("against_commit")
+    rows = []
+    for preset, entry in data["presets"].items():
+        for figure, f in entry["figures"].items():
+            low, high = f["round_ratios_range"]
+            rows.append([_preset(preset), figure.replace("_", " "), _num(f["before_images_per_second"]),
+                         _num(f["after_images_per_second"]), _ratio(f["after_over_before"]),
+                         f"{_ratio(f['round_ratios_median'])} ({_ratio(low)}-{_ratio(high)})"])
+    caption = (f"{data['date']}, {data['machine']['cpu']['model']} ({', '.join(data['machine']['cpu']['features'])}); "
+               f"commit {data['before']} (before) and {data['after']} (after), {f['rounds']} rounds; images/s the "
+               "fastest round of each.\n\n")
+    return caption + _table(["preset", "figure", "before img/s", "after img/s", "after / before",
+                             "per-round ratio: median (range)"], rows)
 
 
 def scaling():
@@ -290,6 +310,7 @@ TABLES = {
     "vs_reference_training": ("vs_reference_training", training_accuracy),
     "vs_reference_lockstep": ("vs_reference_lockstep", lambda: training_accuracy("vs_reference_lockstep")),
     "serving": ("serving", serving),
+    "against_commit": ("against_commit", against_commit),
     "serving_ratios": ("serving", serving_ratios),
     "serving_summary": ("serving", serving_summary),
     "serving_aggregation": ("serving_aggregation", serving_aggregation),
