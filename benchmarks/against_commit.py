@@ -35,7 +35,6 @@ import io
 import json
 import os
 import re
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -51,8 +50,7 @@ TRAIN_BATCH = 100
 
 def short(commit: str, repository: str = harness.ROOT) -> str:
     """The abbreviated hash of ``commit`` (any name git knows), for package names."""
-    return subprocess.run(["git", "rev-parse", "--short=7", commit], cwd=repository, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return harness.git("rev-parse", "--short=7", commit, repository=repository).decode().strip()
 
 
 def renamed(text: str, suffix: str) -> str:
@@ -67,8 +65,7 @@ def materialize(commit: str, directory: str, repository: str = harness.ROOT) -> 
     """Writes `PACKAGES` as they were at ``commit`` into ``directory``, renamed (`renamed`); returns
     the suffix (`short`). Importable with ``directory`` on ``sys.path``."""
     suffix = short(commit, repository)
-    archive = subprocess.run(["git", "archive", "--format=tar", suffix, *PACKAGES], cwd=repository, check=True,
-                             capture_output=True).stdout
+    archive = harness.git("archive", "--format=tar", suffix, *PACKAGES, repository=repository)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         for member in tar.getmembers():
             if not member.isfile():
@@ -140,17 +137,6 @@ class Version:
         return figures, model.get_weights(), live(probe).numpy()
 
 
-def fastest_of(fn, calls: int) -> float:
-    import time
-
-    best = float("inf")
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def summary(images: int, before: list[float], after: list[float]) -> dict:
     """One figure from its per-round seconds of both versions."""
     ratios = sorted(b / a for b, a in zip(before, after))
@@ -187,7 +173,7 @@ def measure_preset(args) -> dict:
                 if figure == "train_step":
                     calls = 1
                 for side in order:
-                    seconds[side][figure].append(fastest_of(built[side][figure][1], calls))
+                    seconds[side][figure].append(harness.timings(built[side][figure][1], calls, warm_up=False)[0])
             print(f"round {round_ + 1}/{args.rounds}", flush=True)
         return {"preset": args.side, "max_probability_difference": difference,
                 "keep_freed_memory": process.describe().get("keep_freed_memory"),

@@ -16,7 +16,7 @@ module in an interpreter without Keras.
 * `run_side`, `print_result`: a side in its own process, and its answer; `run_module`: any
   module run as a program (the trainer a benchmark measures); `run_module_watched`: with its
   memory read from outside.
-* `reference_models`: the reference's model package, for its sides.
+* `reference_models`: the reference's model package, for its sides; `git`: the repository's.
 * `timings`, `fastest`: timed calls, and the shortest.
 * `machine`: the machine record (CPU, its vector and matrix units, the kernels TensorFlow runs
   with, the interpreter) and `matmul_peaks`: the float32 and bfloat16 matmul GFLOP/s measured
@@ -148,6 +148,11 @@ def run_side(module: str, side: str, args=(), python: str | None = None, env: di
     return parse_result(side, proc.returncode, proc.stdout, proc.stderr)
 
 
+def git(*args, repository: str = ROOT) -> bytes:
+    """The output of ``git args...`` run in ``repository``; CalledProcessError when it fails."""
+    return subprocess.run(["git", *args], cwd=repository, check=True, capture_output=True).stdout
+
+
 def reference_models(reference_dir: str):
     """The reference implementation's ``models`` package, imported from ``reference_dir`` (a local
     clone of ``epfml/attention-cnn``; never copied here): what its sides build."""
@@ -160,10 +165,11 @@ def print_result(result: dict) -> None:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
-def timings(fn, steps: int) -> list[float]:
+def timings(fn, steps: int, warm_up: bool = True) -> list[float]:
     """Seconds of ``steps`` timed calls of ``fn``, shortest first, after one untimed call
-    (tracing, allocation)."""
-    fn()
+    (tracing, allocation) unless ``warm_up`` is False (the caller warmed it up)."""
+    if warm_up:
+        fn()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
