@@ -10,7 +10,7 @@ as a fraction of the matching matmul peak measured in the same process.
 For each preset (random weights: speed does not depend on their values) the parent writes the
 model, exports it (``export.export``: the frozen copy, `sa_conv.freeze_for_inference`, float32
 with its TFLite and ONNX files, and ``--precision=bfloat16``), quantizes the ONNX file to int8
-(`quantize_onnx`) and starts one child per side:
+as ``--precision=int8`` does (``export.export_onnx_int8``) and starts one child per side:
 
 * ``in_process_live``: the Keras model as trained, ``model(x, training=False)`` in a tf.function;
 * ``in_process``: its frozen copy (what the export serves);
@@ -45,7 +45,7 @@ from benchmarks import harness
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
 SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16", "tflite", "onnx", "onnx_int8")
 # The exported file each runtime side reads, in the float32 export's assets.extra.
-RUNTIME_FILES = {"tflite": "model.tflite", "onnx": "model.onnx", "onnx_int8": "model_int8.onnx"}
+RUNTIME_FILES = {"tflite": "model.tflite", "onnx": "model.onnx", "onnx_int8": "model_int8.onnx"}  # export.INT8_FILE
 BATCHES = (1, 100)
 
 
@@ -187,7 +187,7 @@ def _child(side, path, steps, matmul_size, python=None, reference_dir=None):
 def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=None, matmul_size=2048):
     import sa_conv
     from benchmarks import flops
-    from export.export import export
+    from export.export import export, export_onnx_int8
 
     config = sa_conv.get_config(preset)
     model = sa_conv.build_model(config, name=preset)
@@ -196,7 +196,8 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     exports = {"saved_model": export(model_path=path, export_dir=os.path.join(workdir, "f32"),
                                      formats=("saved_model", "tflite", "onnx"), log=lambda s: None)}
     extra = os.path.join(exports["saved_model"], "assets.extra")
-    quantize_onnx(os.path.join(extra, RUNTIME_FILES["onnx"]), os.path.join(extra, RUNTIME_FILES["onnx_int8"]))
+    # The int8 file the export writes for --precision=int8 (its probability products float32).
+    export_onnx_int8(sa_conv.freeze_for_inference(model), extra)
     exports.update({side: os.path.join(extra, name) for side, name in RUNTIME_FILES.items()})
     # Random weights decide nothing of speed, but the agreement check needs a trained model's
     # margins: it is measured by the export tests, not here.
@@ -242,14 +243,6 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
                 for n in BATCHES}
     return {"date": datetime.date.today().isoformat(), "forward_gflops_per_image": forwards["in_process_live"] / 1e9,
             "sides": sides, "ratios": ratios}
-
-
-def quantize_onnx(source, target):
-    """ONNX Runtime's dynamic int8 quantization of ``source`` (weights int8 per tensor, activations
-    quantized per call): the int8 route measured for ONNX files."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(source, target, weight_type=QuantType.QInt8)
 
 
 def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
