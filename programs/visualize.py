@@ -16,7 +16,7 @@ import keras
 import numpy as np
 
 import sa_conv
-from sa_conv import inspection, plotting
+from sa_conv import heads, inspection, plotting
 from sa_conv.errors import ConfigError
 from trainers import cli, files
 from trainers import data as data_lib
@@ -109,7 +109,7 @@ def write_figures(model, images, output_dir, query=None, image_names=None, log=p
     written.append(_save(figure, os.path.join(output_dir, "attention_mean.png")))
     if plotting.has_centers(model):
         written.append(_save(plotting.centers_figure(model, query), os.path.join(output_dir, "centers.png")))
-    metrics = [inspection.locality_metrics(p, grid) for p in probabilities]
+    metrics = [inspection.locality_metrics(p, grid, gates=g) for p, g in zip(probabilities, heads.head_gates(model))]
     files.write_json(os.path.join(output_dir, "locality.json"),
                      {"query_pixel": list(query), "grid": list(grid), "images": len(images), "layers": metrics})
     written.append(os.path.join(output_dir, "locality.json"))

@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from sa_conv import aggregation, seeded_dropout
+from sa_conv.attention_init import get_attention_init
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS, bias_for, clone_initializer, dense_initializers
 
@@ -56,6 +57,14 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
       recompute_gradient: a gradient that recomputes rather than keeps (the separable sum head by
         head; the dropped dense sum's mask from its seed): less memory, slower steps; what a
         rematerialized `TransformerBlock` sets.
+      attention_init: how attention starts (`sa_conv.attention_init`): ``"random"`` (the
+        encoding's own initializers), ``"convolutional"`` (every head at one shift of the
+        ``K x K`` grid with logits ``-locality_strength ||delta - Delta_h||^2``: Theorem 1's
+        construction; position-only encodings and ``gated``) or ``"mimetic"`` (content
+        attention's query-key products near a scaled identity, Trockman & Kolter 2023).
+      locality_strength: ``alpha`` of the convolutional initialization (ConViT's 1 by default;
+        at 10 and above each head starts on its one pixel).
+      locality_distance: spacing of the convolutional initialization's grid, in pixels.
       initialization: None (the initializer arguments decide), ``"reference"`` (the reference
         implementation's PyTorch defaults: dense weights and biases ``U(+-1/sqrt(fan_in))``,
         learned tables ``N(0, 1)``) or ``"bert"`` (``N(0, initializer_range)``, zero biases);
@@ -77,12 +86,13 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     # Constructor arguments that `get_config` returns as they are stored.
     _CONFIG = ("num_heads", "output_dim", "encoding", "max_grid_size", "position_embedding_dim", "attention_dropout",
                "center_init_std", "spread_init_std", "initializer_range", "seed", "fast_position_attention",
-               "initialization", "recompute_gradient")
+               "initialization", "recompute_gradient", "attention_init", "locality_strength", "locality_distance")
 
     def __init__(self, num_heads, output_dim=None, encoding="quadratic", max_grid_size=16, position_embedding_dim=None,
                  attention_dropout=0.0, center_init_std=2.0, spread_init_std=0.01, kernel_initializer="glorot_uniform",
                  bias_initializer="zeros", initializer_range=0.02, seed=None, fast_position_attention="auto",
-                 encoding_options=None, initialization=None, recompute_gradient=False, **kwargs):
+                 encoding_options=None, initialization=None, recompute_gradient=False, attention_init="random",
+                 locality_strength=1.0, locality_distance=1.0, **kwargs):
         super().__init__(**kwargs)
         if initialization is not None and initialization not in INITIALIZATIONS:
             raise ValueError(f"initialization must be None or one of {INITIALIZATIONS}, got {initialization!r}.")
@@ -114,6 +124,12 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         self.seed = seed
         self.fast_position_attention = fast_position_attention
         self.recompute_gradient = bool(recompute_gradient)
+        self.attention_init = attention_init
+        self.locality_strength = float(locality_strength)
+        self.locality_distance = float(locality_distance)
+        self._initializer = get_attention_init(attention_init, self.locality_strength, self.locality_distance,
+                                               seed=self.sublayer_seed(1))
+        self._initializer.check(self.encoding_spec)
         # Holds the seed generator of the attention-dropout masks (`dropout_seed`).
         self.dropout = keras.layers.Dropout(self.attention_dropout, seed=seed, name="attention_dropout")
         self._aggregations = {}
@@ -154,14 +170,17 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         heads = self.num_heads
         self.position_encoding = self.encoding_spec.create(self, self.input_dim)
         if not self.position_only:
-            self.query_dense = self._dense(heads * self.input_dim, "query", self.input_dim)
-            self.key_dense = self._dense(heads * self.input_dim, "key", self.input_dim)
+            # Per-head query and key size: D, or what the encoding asks for (gated: D / heads).
+            self.query_key_dim = int(getattr(self.position_encoding, "query_dim", self.input_dim))
+            self.query_dense = self._dense(heads * self.query_key_dim, "query", self.input_dim)
+            self.key_dense = self._dense(heads * self.query_key_dim, "key", self.input_dim)
             self.query_dense.build(input_shape)
             self.key_dense.build(input_shape)
         self.position_encoding.build()
         # The heads' W^(h) stacked: (heads * D, output_dim), rows ordered [head, channel].
         self.value_dense = self._dense(self.output_dim or self.input_dim, "value", heads * self.input_dim)
         self.value_dense.build(tuple(input_shape[:-1]) + (heads * self.input_dim,))
+        self._initializer.apply(self)
         if None not in tuple(input_shape[1:3]):
             self.aggregation_for(tuple(input_shape[1:3]))
 
@@ -213,15 +232,24 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             if factored:
                 return aggregation.Factors(*self.position_encoding.factor_logits(height, width))
             return self.position_encoding.logits(height, width)
-        heads, d = self.num_heads, self.input_dim
-        n = height * width
-        q = ops.transpose(ops.reshape(self.query_dense(inputs), (-1, n, heads, d)), (0, 2, 1, 3))  # (b, heads, n, d)
+        return self.position_encoding.logits(height, width, *self.queries_and_keys(inputs))
+
+    def queries_and_keys(self, inputs):
+        """Content attention's per-head queries and keys, each ``(batch, heads, N, d)``."""
+        heads, d = self.num_heads, self.query_key_dim
+        n = inputs.shape[1] * inputs.shape[2]
+        q = ops.transpose(ops.reshape(self.query_dense(inputs), (-1, n, heads, d)), (0, 2, 1, 3))
         k = ops.transpose(ops.reshape(self.key_dense(inputs), (-1, n, heads, d)), (0, 2, 1, 3))
-        return self.position_encoding.logits(height, width, q, k)
+        return q, k
 
     def attention_probabilities(self, inputs, factored=False):
-        """Softmax over keys of `attention_logits`, float32."""
-        return aggregation.softmax(self.attention_logits(inputs, factored))
+        """Eq. (5)'s probabilities, float32: the softmax over keys of `attention_logits`, or for
+        content attention what its encoding makes of the queries and keys
+        (`RelativeEncoding.probabilities`: that softmax, or a mixture of two, ``gated``)."""
+        if self.position_only:
+            return aggregation.softmax(self.attention_logits(inputs, factored))
+        height, width = self._check_grid(inputs)
+        return self.position_encoding.probabilities(height, width, *self.queries_and_keys(inputs))
 
     def call(self, inputs, training=None, return_attention_scores=False, dropout_seed=None):
         grid = self._check_grid(inputs)

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Optional
 
 from sa_conv.aliases import FormerNames
+from sa_conv.attention_init import ATTENTION_INITS, get_attention_init
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS
 
@@ -36,6 +37,11 @@ class ModelConfig:
         dense weights and biases ``U(+-1/sqrt(fan_in))``, learned tables ``N(0, 1)``) or
         ``"bert"`` (BERT's ``N(0, initializer_range)`` and zero biases); `sa_conv.initializers`.
       center_init_std, spread_init_std: initialization of the quadratic encodings.
+      attention_init: how attention starts (`sa_conv.attention_init`): ``"random"`` (the
+        encodings' own initializers), ``"convolutional"`` (each head at one shift of the
+        ``K x K`` grid, Theorem 1's construction; position-only encodings and ``gated``) or
+        ``"mimetic"`` (content attention's query-key products near a scaled identity).
+      locality_strength: ``alpha`` of the convolutional initialization.
       fast_position_attention: when to use the exact separable attention path of quadratic
         (isotropic) and learned encodings: "auto" (grids of 8x8 and up, where it pays), True
         or False (see `MultiHeadSelfAttention2D`).
@@ -70,6 +76,8 @@ class ModelConfig:
     initialization: str = "reference"
     center_init_std: float = 2.0
     spread_init_std: float = 0.01
+    attention_init: str = "random"
+    locality_strength: float = 1.0
     fast_position_attention: object = "auto"
     encoding_options: Optional[dict] = None
     remat: bool = False
@@ -110,6 +118,12 @@ class ModelConfig:
             raise ValueError(f"remat must be True or False, got {self.remat!r}.")
         if self.initialization not in INITIALIZATIONS:
             raise ValueError(f"initialization must be one of {INITIALIZATIONS}, got {self.initialization!r}.")
+        if self.attention_init not in ATTENTION_INITS:
+            raise ValueError(f"attention_init must be one of {', '.join(ATTENTION_INITS)}, got {self.attention_init!r}.")
+        if not self.locality_strength > 0:
+            raise ValueError(f"locality_strength must be positive, got {self.locality_strength}.")
+        if self.architecture == "attention":
+            get_attention_init(self.attention_init, self.locality_strength).check(spec)
         if self.fast_position_attention not in ("auto", True, False):
             raise ValueError(
                 f"fast_position_attention must be 'auto', True or False, got {self.fast_position_attention!r}."
@@ -152,6 +166,8 @@ PRESETS: dict[str, ModelConfig] = {
     "sa_content_plus_learned_bias": _PAPER.replace(encoding="content_plus_learned_bias"),
     "sa_sinusoidal": _PAPER.replace(encoding="sinusoidal"),
     "sa_mlp": _PAPER.replace(encoding="mlp"),
+    # ConViT's gated positional self-attention, its positional half starting as a 3x3 convolution.
+    "sa_gated": _PAPER.replace(encoding="gated", attention_init="convolutional"),
     "resnet18": ModelConfig(architecture="resnet18"),
     "sa_quadratic_small": _PAPER.replace(**_SMALL),
     "sa_quadratic_full_small": _PAPER.replace(encoding="quadratic_full", **_SMALL),
@@ -159,6 +175,7 @@ PRESETS: dict[str, ModelConfig] = {
     "sa_content_plus_learned_bias_small": _PAPER.replace(encoding="content_plus_learned_bias", **_SMALL),
     "sa_sinusoidal_small": _PAPER.replace(encoding="sinusoidal", **_SMALL),
     "sa_mlp_small": _PAPER.replace(encoding="mlp", **_SMALL),
+    "sa_gated_small": _PAPER.replace(encoding="gated", attention_init="convolutional", **_SMALL),
 }
 
 

@@ -31,6 +31,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from sa_conv.attention_init import grid_shifts
 from sa_conv.attention import MultiHeadSelfAttention2D
 from sa_conv.encodings import QuadraticEncoding
 
@@ -47,9 +48,9 @@ def _pair(value, name):
 
 
 def shifts(kernel_size: int, dilation: int = 1) -> np.ndarray:
-    """The ``K*K`` head centers ``(d a, d c)``, heads ordered row-major over ``(a, c)``."""
-    r = kernel_size // 2
-    return np.array([(dilation * a, dilation * c) for a in range(-r, r + 1) for c in range(-r, r + 1)], np.float32)
+    """The ``K*K`` head centers ``(d a, d c)`` of an odd ``K``, heads ordered row-major over
+    ``(a, c)``: `sa_conv.attention_init.grid_shifts`, which the convolutional initialization uses."""
+    return grid_shifts(kernel_size * kernel_size, dilation)
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")

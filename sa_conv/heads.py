@@ -23,6 +23,17 @@ from sa_conv.models import attention_blocks
 from sa_conv.transformer import TransformerBlock
 
 
+def head_gates(model: keras.Model) -> list:
+    """Per attention block, in order, its heads' gates ``(heads,)`` as NumPy float64: each
+    head's weight on its positional attention for encodings that mix two (``gated``,
+    `RelativeEncoding.gates`), None for blocks whose encoding has none."""
+    gates = []
+    for block in attention_blocks(model):
+        values = block.attention.position_encoding.gates()
+        gates.append(None if values is None else np.asarray(ops.convert_to_numpy(values), np.float64))
+    return gates
+
+
 def degenerate_heads(model: keras.Model, min_precision: float = 1e-5, max_condition: float = 1000.0) -> dict:
     """``{block index: [head, ...]}`` of the degenerate heads of every attention block (only
     blocks with at least one), by the criteria of the module docstring."""

@@ -57,13 +57,14 @@ def interior_queries(grid, margin=None):
     return (rows[:, None] * width + cols[None, :]).reshape(-1)
 
 
-def locality_metrics(probabilities, grid, queries=None):
+def locality_metrics(probabilities, grid, queries=None, gates=None):
     """Per head: mean attention distance, mass near the most attended pixel, entropy.
 
     Args:
       probabilities: ``(batch, heads, N, N)`` of one layer.
       grid: ``(H, W)``.
       queries: flat query indices to average over (default `interior_queries`).
+      gates: the layer's per-head gates ``(heads,)`` (`sa_conv.heads.head_gates`), or None.
 
     Returns:
       A list (one dict per head) with
@@ -73,6 +74,7 @@ def locality_metrics(probabilities, grid, queries=None):
         (1 for a head that attends to one pixel, like a convolution tap);
       * ``entropy``: ``-sum_k p log p`` in nats (0 for one pixel, ``log N`` for uniform);
       * ``peak_offset``: the mean offset (row, col) of the most attended pixel from the query;
+      * ``gate`` (with ``gates``): the head's weight on its positional attention;
 
       each averaged over the batch and the queries.
     """
@@ -90,6 +92,8 @@ def locality_metrics(probabilities, grid, queries=None):
     mass = (p * near).sum(-1)
     offset_rows = (rows[peak] - q_rows).mean(axis=(0, 2))
     offset_cols = (cols[peak] - q_cols).mean(axis=(0, 2))
+    if gates is not None and len(gates) != p.shape[1]:
+        raise ValueError(f"{len(gates)} gates for {p.shape[1]} heads.")
     return [
         {
             "head": h,
@@ -97,19 +101,23 @@ def locality_metrics(probabilities, grid, queries=None):
             "mass_3x3": float(mass[:, h].mean()),
             "entropy": float(entropy[:, h].mean()),
             "peak_offset": [float(offset_rows[h]), float(offset_cols[h])],
+            **({} if gates is None else {"gate": float(gates[h])}),
         }
         for h in range(p.shape[1])
     ]
 
 
 def format_metrics(per_layer) -> str:
-    """A text table: one row per (layer, head)."""
-    lines = [f"{'layer':>5} {'head':>4} {'distance':>9} {'mass 3x3':>9} {'entropy':>8} {'peak offset':>13}"]
+    """A text table: one row per (layer, head), with a ``gate`` column when the metrics have gates."""
+    gated = any("gate" in m for heads in per_layer for m in heads)
+    lines = [f"{'layer':>5} {'head':>4} {'distance':>9} {'mass 3x3':>9} {'entropy':>8} {'peak offset':>13}"
+             + (f" {'gate':>6}" if gated else "")]
     for layer, heads in enumerate(per_layer):
         for m in heads:
             dy, dx = m["peak_offset"]
+            gate = (f" {m['gate']:>6.3f}" if "gate" in m else f" {'-':>6}") if gated else ""
             lines.append(
                 f"{layer:>5} {m['head']:>4} {m['mean_distance']:>9.3f} {m['mass_3x3']:>9.3f} "
-                f"{m['entropy']:>8.3f} {f'({dy:+.1f}, {dx:+.1f})':>13}"
+                f"{m['entropy']:>8.3f} {f'({dy:+.1f}, {dx:+.1f})':>13}{gate}"
             )
     return "\n".join(lines)

@@ -14,7 +14,8 @@ serves it:
 * its content attention with a position bias (``content_plus_learned_bias``: ``q . k / sqrt(D)``
   plus a position-only term) becomes a `FoldedContentAttention`, which holds the term as a
   constant and one query-key map instead of the query and key maps (`fold_query_key`);
-  other content attention is copied as it is;
+  gated attention (``gated``) becomes a `PrecomputedGatedAttention`, which holds its gated
+  positional probabilities as a constant; other content attention is copied as it is;
 * every `BatchNormalization` that follows a linear `Conv2D` alone (the ResNet's) is folded into it;
 * under a mixed policy (e.g. ``"mixed_bfloat16"``), the model's own `Conv2D` and `Dense` layers
   hold their weights in the compute dtype, rounded once instead of cast on every call.
@@ -35,11 +36,11 @@ from keras import ops
 
 from sa_conv import aggregation, separable
 from sa_conv.attention import MultiHeadSelfAttention2D
-from sa_conv.encodings import get_encoding
+from sa_conv.encodings import GatedPositionalEncoding, get_encoding
 from sa_conv.models import copy_weights
 from sa_conv.transformer import TransformerBlock, exact_gelu
 
-__all__ = ["FoldedContentAttention", "PrecomputedAttention", "ServingTransformerBlock", "fold_query_key",
+__all__ = ["FoldedContentAttention", "PrecomputedAttention", "PrecomputedGatedAttention", "ServingTransformerBlock", "fold_query_key",
            "freeze_for_inference", "is_frozen", "legacy_serving_layer", "separable_pays_with_constants", "serving_attention",
            "summary"]
 
@@ -205,6 +206,81 @@ class FoldedContentAttention(keras.layers.Layer):
         return {**super().get_config(), "num_heads": self.num_heads, "output_dim": self.output_dim}
 
 
+@keras.saving.register_keras_serializable(package="sa_conv")
+class PrecomputedGatedAttention(keras.layers.Layer):
+    """Gated attention (``gated``, `sa_conv.encodings.GatedPositionalEncoding`) with its positional
+    half computed once: ``P_h = (1 - g_h) softmax_k(q_h . k_h / sqrt(d)) + C_h``, where the
+    constant ``C_h = g_h softmax_k(-alpha_h ||delta - Delta_h||^2)`` holds the gate and the
+    positional softmax, and ``1 - g_h`` is a constant per head; then Eq. (6). The query and key
+    maps are the trained ones (``d = D / heads`` channels per head: folding them into one
+    ``D x D`` map per head would cost more than it saves).
+
+    Computed in the ``(batch, query, head, key)`` layout, like `FoldedContentAttention`.
+    Call: ``inputs`` ``(batch, H, W, D)`` on the grid it was built for. Returns
+    ``(batch, H, W, output_dim)`` (and ``(batch, heads, N, N)`` with ``return_attention_scores``).
+    """
+
+    def __init__(self, num_heads, query_dim, output_dim=None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.query_dim = int(query_dim)
+        self.output_dim = None if output_dim is None else int(output_dim)
+
+    def build(self, input_shape):
+        self.grid = _static_grid(self, input_shape)
+        self.input_dim = d = int(input_shape[-1])
+        n, heads = self.grid[0] * self.grid[1], self.num_heads
+        self.query_dense = keras.layers.Dense(heads * self.query_dim, name="query", dtype=self.dtype_policy)
+        self.key_dense = keras.layers.Dense(heads * self.query_dim, name="key", dtype=self.dtype_policy)
+        self.query_dense.build(input_shape)
+        self.key_dense.build(input_shape)
+        self.positional = self.add_weight(name="constant_gated_positional_probabilities", shape=(n, heads, n),
+                                          initializer="zeros", trainable=False, autocast=False)
+        self.content_weights = self.add_weight(name="constant_content_weights", shape=(heads,), initializer="zeros",
+                                               trainable=False, autocast=False)
+        self.value_dense = _value_dense(self, self.output_dim or d)
+        self.value_dense.build(tuple(input_shape[:-1]) + (heads * d,))
+
+    def set_constants(self, encoding, height, width):
+        """``C`` and ``1 - g`` from the trained ``encoding``."""
+        gates = encoding.gates()
+        positional = ops.reshape(gates, (-1, 1, 1)) * encoding.positional_probabilities(height, width)
+        self.positional.assign(ops.cast(ops.transpose(positional, (1, 0, 2)), "float32"))
+        self.content_weights.assign(ops.cast(1.0 - gates, "float32"))
+
+    def probabilities(self, inputs):
+        """``(batch, N, heads, N)`` (query, head, key), float32."""
+        _, height, width, _ = inputs.shape
+        n, heads, d = height * width, self.num_heads, self.query_dim
+        queries = ops.reshape(self.query_dense(inputs), (-1, n, heads, d))
+        keys = ops.reshape(self.key_dense(inputs), (-1, n, heads, d))
+        content = ops.cast(ops.einsum("bqhd,bkhd->bqhk", queries, keys), "float32") / math.sqrt(d)
+        weights = ops.reshape(self.content_weights, (1, 1, -1, 1))
+        return weights * ops.softmax(content, axis=-1) + self.positional[None]
+
+    def call(self, inputs, training=None, return_attention_scores=False):
+        if training:
+            _refuse_training(self)
+        if tuple(inputs.shape[1:3]) != self.grid:
+            raise ValueError(f"{self.name}'s positional probabilities are for a {self.grid} grid, got "
+                             f"{tuple(inputs.shape[1:3])}.")
+        _, height, width, d = inputs.shape
+        probabilities = self.probabilities(inputs)
+        x = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, height * width, d))
+        mixed = ops.einsum("bqhk,bkd->bqhd", ops.cast(probabilities, self.compute_dtype), x)
+        outputs = self.value_dense(ops.reshape(mixed, (-1, height, width, self.num_heads * d)))
+        if not return_attention_scores:
+            return outputs
+        return outputs, ops.transpose(probabilities, (0, 2, 1, 3))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "query_dim": self.query_dim,
+                "output_dim": self.output_dim}
+
+
 def fold_query_key(query_kernel, query_bias, key_kernel, num_heads):
     """The query and key maps of content attention folded into one map for serving.
 
@@ -256,6 +332,8 @@ def _unbuilt_serving_attention(attention: MultiHeadSelfAttention2D) -> keras.lay
                                     **common)
     if _folds_query_key(attention):
         return FoldedContentAttention(**common)
+    if isinstance(attention.position_encoding, GatedPositionalEncoding):
+        return PrecomputedGatedAttention(query_dim=attention.query_key_dim, **common)
     return MultiHeadSelfAttention2D.from_config(attention.get_config())
 
 
@@ -268,6 +346,10 @@ def _set_serving_weights(attention: MultiHeadSelfAttention2D, layer: keras.layer
     if isinstance(layer, PrecomputedAttention):
         layer.set_probabilities(attention.attention_probabilities(
             ops.zeros((1, height, width, attention.input_dim)), factored=layer.factored))
+    elif isinstance(layer, PrecomputedGatedAttention):
+        layer.query_dense.set_weights(attention.query_dense.get_weights())
+        layer.key_dense.set_weights(attention.key_dense.get_weights())
+        layer.set_constants(attention.position_encoding, height, width)
     else:
         query, key = attention.query_dense, attention.key_dense
         kernel, bias = fold_query_key(_float64(query.kernel), _float64(query.bias) if query.use_bias else None,
@@ -422,8 +504,8 @@ def summary(model: keras.Model) -> dict:
     (how many ``attention_output`` and ``query_key`` folds)."""
     blocks = [layer for layer in model.layers if isinstance(layer, ServingTransformerBlock)]
     constants = [("separable" if b.attention.factored else "dense") if isinstance(b.attention, PrecomputedAttention)
-                 else "dense" for b in blocks if isinstance(b.attention, (PrecomputedAttention,
-                                                                          FoldedContentAttention))]
+                 else "dense" for b in blocks if isinstance(b.attention, (PrecomputedAttention, FoldedContentAttention,
+                                                                          PrecomputedGatedAttention))]
     return {"attention_constants": constants,
             "maps_folded": {"attention_output": len(blocks),
                             "query_key": sum(isinstance(b.attention, FoldedContentAttention) for b in blocks)}}

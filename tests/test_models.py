@@ -15,6 +15,10 @@ PAPER_PARAMETERS = {
     "sa_content_plus_learned_bias": 29_601_882,  # the reference's count (content_plus_learned_bias)
     "resnet18": 11_173_962,
 }
+# Presets beyond the paper's table, counted once: they must not drift either.
+OTHER_PARAMETERS = {
+    "sa_gated": 13_992_450,  # the quadratic model plus per-head query and key maps of D / heads channels
+}
 SMALL = [name for name in sa_conv.PRESETS if name.endswith("_small")]
 
 
@@ -32,12 +36,12 @@ def _images(n=2, seed=0):
 
 def test_preset_list():
     assert set(PAPER_PARAMETERS) <= set(sa_conv.preset_names())
-    assert len(SMALL) == 6 and {name[: -len("_small")] for name in SMALL} <= set(sa_conv.preset_names())
+    assert len(SMALL) == 7 and {name[: -len("_small")] for name in SMALL} <= set(sa_conv.preset_names())
 
 
-@pytest.mark.parametrize("name", list(PAPER_PARAMETERS))
+@pytest.mark.parametrize("name", list(PAPER_PARAMETERS) + list(OTHER_PARAMETERS))
 def test_paper_parameter_counts(name):
-    assert _trainable(sa_conv.build_model(name)) == PAPER_PARAMETERS[name]
+    assert _trainable(sa_conv.build_model(name)) == {**PAPER_PARAMETERS, **OTHER_PARAMETERS}[name]
 
 
 def _train_step(model, images, labels, steps=2, optimizer=None):

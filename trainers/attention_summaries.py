@@ -10,13 +10,15 @@ import numpy as np
 import tensorflow as tf
 
 import sa_conv
-from sa_conv import inspection, plotting
+from sa_conv import heads, inspection, plotting
 
 
 class AttentionSummaries(keras.callbacks.Callback):
     """Every ``every`` epochs, writes to ``log_dir`` the attention maps of the query pixel
     (layers x heads, averaged over ``images``) and, for Gaussian (quadratic) encodings, the centers of
-    attention, as image summaries ``attention/maps`` and ``attention/centers``.
+    attention, as image summaries ``attention/maps`` and ``attention/centers``; for gated
+    encodings, each head's gate (its weight on positional attention) as scalars
+    ``attention/gate/block_<i>/head_<h>``.
 
     Args:
       images: uint8 ``(n, H, W, C)`` (the model's input size), e.g. a few validation images.
@@ -55,4 +57,7 @@ class AttentionSummaries(keras.callbacks.Callback):
             for name, fig in self._figures().items():
                 image = tf.io.decode_png(plotting.figure_png(fig), channels=4)
                 tf.summary.image(name, image[None], step=epoch + 1)
+            for block, gates in enumerate(heads.head_gates(self.model)):
+                for head, gate in enumerate(() if gates is None else gates):
+                    tf.summary.scalar(f"attention/gate/block_{block}/head_{head}", gate, step=epoch + 1)
         self._writer.flush()

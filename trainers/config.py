@@ -11,6 +11,7 @@ import dataclasses
 from typing import Optional
 
 from trainers import cli
+from sa_conv.attention_init import ATTENTION_INITS
 from sa_conv.config import PRESET_ALIASES, PRESETS, canonical_preset
 from trainers.data import DATASETS, get_source
 from sa_conv.encodings import get_encoding
@@ -25,6 +26,7 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
 # Fields of sa_conv.ModelConfig that the trainer exposes as flags (None = the preset's value).
 MODEL_OVERRIDES = (
     "encoding", "num_layers", "num_heads", "hidden_size", "mlp_size", "dropout", "attention_dropout",
+    "attention_init", "locality_strength",
 )
 
 _field = cli.config_field
@@ -46,6 +48,13 @@ class TrainConfig:
     mlp_size: Optional[int] = _field(None, "Override the preset's MLP size.")
     dropout: Optional[float] = _field(None, "Override the preset's dropout.")
     attention_dropout: Optional[float] = _field(None, "Override the preset's attention dropout.")
+    attention_init: Optional[str] = _field(
+        None, "How attention starts (default: the preset's; random for all but sa_gated*): random, convolutional "
+        "(each head at one shift of the KxK grid, Theorem 1; position-only encodings and gated) or mimetic "
+        "(content attention's query-key products near a scaled identity).", ATTENTION_INITS)
+    locality_strength: Optional[float] = _field(
+        None, "Locality strength (alpha) of --attention_init=convolutional: how sharply each head starts on its "
+        "shift (default 1, ConViT's).")
     dataset: str = _field(
         "cifar10",
         f"Data source: one of {', '.join(DATASETS)} (tfds:NAME: any tfds image-classification dataset; "

@@ -13,6 +13,8 @@
 * ``sinusoidal``: `SinusoidalRelativeEncoding` (fixed sinusoidal features of each axis offset,
   learned per-head vectors).
 * ``mlp``: `MLPRelativeEncoding` (a small MLP of the continuous offset).
+* ``gated``: `GatedPositionalEncoding` (ConViT's gated positional self-attention: per head, a
+  learned gate mixes content attention and the quadratic encoding's positional attention).
 
 Former encoding names resolve through `ENCODING_ALIASES` (`get_encoding` accepts them), former
 class names through `FORMER_CLASSES`, each with a DeprecationWarning the first time.
@@ -30,6 +32,7 @@ from sa_conv.encodings.content import (  # isort: skip
 )
 from sa_conv.encodings.sinusoidal import SinusoidalRelativeEncoding  # isort: skip
 from sa_conv.encodings.mlp import MLPRelativeEncoding  # isort: skip
+from sa_conv.encodings.gated import GatedPositionalEncoding  # isort: skip
 
 from sa_conv import aliases  # noqa: E402
 
@@ -42,7 +45,7 @@ __getattr__ = aliases.module_getattr(__name__, FORMER_CLASSES, globals())
 
 __all__ = [
     "ContentEncoding", "ContentPlusLearnedBiasEncoding", "ContentWithRelativeKeysEncoding",
-    "ENCODING_ALIASES", "ENCODINGS", "EncodingSpec", "FORMER_CLASSES", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
+    "ENCODING_ALIASES", "ENCODINGS", "EncodingSpec", "FORMER_CLASSES", "GatedPositionalEncoding", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
     "RelativeEncoding", "SinusoidalRelativeEncoding", "axis_offsets", "check_table_bound", "get_encoding", "register_encoding",
     "relative_indices", "relative_offsets", "unregister_encoding",
 ]

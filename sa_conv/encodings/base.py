@@ -83,6 +83,14 @@ class RelativeEncoding(keras.layers.Layer):
       whose logits are computed once per batch).
     * ``gaussian()``: ``(centers (heads, 2), precision (heads, 2, 2))`` for encodings that are
       a Gaussian around a center per head (plots draw them), else None.
+    * ``convolutional_init`` and ``initialize_convolutional(shifts, strength, max_offset)``:
+      whether the encoding can start as Theorem 1's convolution, and setting its weights so that
+      head ``h``'s logits start as ``-strength ||delta - shifts[h]||^2`` for offsets up to
+      ``max_offset`` pixels (`sa_conv.attention_init.ConvolutionalInit`).
+    * ``probabilities(height, width, queries=None, keys=None)``: Eq. (5)'s softmax of `logits`
+      over keys; an encoding that mixes probabilities (the gated one) overrides it instead.
+    * ``gates()``: per-head gates in ``[0, 1]`` of an encoding that mixes two attentions, ``(heads,)``
+      (the locality table and TensorBoard show them), else None.
     * ``no_weight_decay()``: the encoding's variables that take no weight decay (default none;
       what `sa_conv.no_weight_decay` collects for the trainer, as timm's ``no_weight_decay()``).
     * ``from_attention(attention, input_dim, **options)`` (classmethod): the encoding for an
@@ -95,6 +103,7 @@ class RelativeEncoding(keras.layers.Layer):
     """
 
     position_only = True
+    convolutional_init = False
 
     def __init__(self, **kwargs):
         kwargs["dtype"] = "float32"  # logits and softmax in float32, also under mixed precision
@@ -146,6 +155,16 @@ class RelativeEncoding(keras.layers.Layer):
 
     def factor_logits(self, height, width):
         raise ValueError(f"{type(self).__name__} logits do not separate into row and column terms.")
+
+    def probabilities(self, height, width, queries=None, keys=None):
+        """Eq. (5): the softmax over keys of `logits`, float32."""
+        return ops.softmax(self.logits(height, width, queries, keys), axis=-1)
+
+    def initialize_convolutional(self, shifts, strength, max_offset):
+        raise ValueError(f"{type(self).__name__} has no convolutional initialization.")
+
+    def gates(self):
+        return None
 
     def position_logits(self, height, width):
         raise ValueError(f"{type(self).__name__} logits are not content logits plus a position-only term.")

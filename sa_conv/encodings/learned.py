@@ -1,9 +1,11 @@
 """Learned 2-D relative encoding, position only (the paper's "SA learned embedding")."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from sa_conv.encodings.base import RelativeEncoding, check_table_bound, register_encoding, relative_indices
+from sa_conv.attention_init import convolutional_logits
 from sa_conv.initializers import FanInUniform
 
 
@@ -24,6 +26,8 @@ class LearnedRelativeEncoding(RelativeEncoding):
     implementation's (PyTorch's ``Embedding`` and ``Linear``): tables ``N(0, 1)``, keys
     ``U(+-1/sqrt(E))``, which makes the initial logits about 100 times larger.
     """
+
+    convolutional_init = True
 
     def __init__(self, num_heads, max_grid_size, embedding_dim, initializer_range=0.02, seed=None,
                  initialization=None, **kwargs):
@@ -68,6 +72,24 @@ class LearnedRelativeEncoding(RelativeEncoding):
             else:
                 init = keras.initializers.RandomNormal(0.0, self.initializer_range, seed=seed)
             setattr(self, name, self.add_weight(name=name, shape=shape, initializer=init, autocast=False))
+
+    def initialize_convolutional(self, shifts, strength, max_offset=None):
+        """Row and column scores per offset ``e[d] . w_h = -strength (d - shift_h)^2`` for every
+        offset of the tables: the first ``heads`` columns of each table hold the scores and the
+        head keys select them (exact; the other columns keep their initialization and the keys
+        start at zero there). Needs ``embedding_dim >= heads``."""
+        if self.embedding_dim < self.num_heads:
+            raise ValueError(f"The convolutional initialization of {type(self).__name__} writes one table column per "
+                             f"head: embedding_dim {self.embedding_dim} < {self.num_heads} heads. Raise "
+                             f"position_embedding_dim.")
+        offsets = np.arange(-(self.max_grid_size - 1), self.max_grid_size)
+        keys = np.eye(self.embedding_dim, self.num_heads, dtype=np.float32)
+        for axis, (table, head_keys) in enumerate(((self.row_embeddings, self.row_head_keys),
+                                                   (self.col_embeddings, self.col_head_keys))):
+            values = np.array(ops.convert_to_numpy(table))
+            values[:, :self.num_heads] = convolutional_logits(np.asarray(shifts)[:, axis], strength, offsets).T
+            table.assign(values)
+            head_keys.assign(keys)
 
     def factor_logits(self, height, width):
         """``row (heads, H, H)`` and ``col (heads, W, W)`` with ``logit(q, k) = row[qi, ki] +

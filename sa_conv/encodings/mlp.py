@@ -2,6 +2,8 @@
 per head for any offset, so it needs no table and works on grids larger than any seen in
 training. Not separable (the MLP mixes the two axes): attention takes the dense path."""
 
+import math
+
 import keras
 import numpy as np
 from keras import ops
@@ -18,6 +20,8 @@ class MLPRelativeEncoding(RelativeEncoding):
     ``heads`` units; offsets are divided by ``scale`` (default 8 grid pixels) so the first
     layer sees values of order one. Weights: ``kernel_i``, ``bias_i`` per layer.
     """
+
+    convolutional_init = True
 
     def __init__(self, num_heads, hidden_units=32, depth=2, scale=8.0, seed=None, **kwargs):
         super().__init__(**kwargs)
@@ -53,6 +57,67 @@ class MLPRelativeEncoding(RelativeEncoding):
             if i < len(self.kernels) - 1:
                 x = ops.relu(x)
         return x
+
+    def initialize_convolutional(self, shifts, strength, max_offset=None):
+        """A ReLU MLP cannot be a quadratic, but on the integer offsets it can be exact up to a
+        radius: each head's logits start as ``-strength (huber_R(dy - shift_y) + huber_R(dx -
+        shift_x))``, the quadratic within ``R`` pixels of the head's shift on each axis and
+        linear beyond (slope at least ``(2R - 1) strength``; with ``R >= 2`` a head puts less than
+        ``e^(-3 strength)`` on any pixel beyond, relative to its peak).
+
+        Construction: the first layer's units are hinges ``relu(d - k)`` at the integer knots
+        ``k`` of ``[min shift - R, max shift + R]`` and one ``relu(k_min - d)`` per axis, any
+        further hidden layer passes them on (identity), and the output layer sums each head's
+        piecewise-linear interpolation of its target through those knots. ``R`` is the largest
+        the hidden units allow, ``(hidden_units - (spread_y + 1) - (spread_x + 1)) // 4`` for
+        shifts spanning ``spread`` pixels on each axis (6 for 32 units and a 3 x 3 grid); the units left over keep their initialization, with zero
+        weight into the output.
+        """
+        shifts = np.asarray(shifts, np.float64)
+        knots, units = [], 0
+        for axis in range(2):
+            low, high = math.floor(shifts[:, axis].min()), math.ceil(shifts[:, axis].max())
+            knots.append((low, high))
+            units += high - low + 1
+        radius = (self.hidden_units - units) // 4
+        if radius < 1:
+            raise ValueError(f"The convolutional initialization of the mlp encoding needs hidden_units >= {units + 4} "
+                             f"for these shifts, got {self.hidden_units}.")
+        first = [np.array(ops.convert_to_numpy(self.kernels[0])), np.array(ops.convert_to_numpy(self.biases[0]))]
+        out_kernel = np.zeros((self.hidden_units, self.num_heads))
+        out_bias = np.zeros(self.num_heads)
+        unit = 0
+        for axis, (low, high) in enumerate(knots):
+            points = np.arange(low - radius, high + radius + 1)  # the integer knots
+            distance = np.abs(points[None] - shifts[:, axis:axis + 1])  # (heads, knots)
+            target = -strength * np.where(distance <= radius, distance ** 2, radius ** 2 + 2 * radius * (distance - radius))
+            slopes = np.diff(target, axis=1)  # (heads, knots - 1): slope on [k, k + 1]
+            # relu(k_min - d): the left extension, continuing the first slope.
+            first[0][:, unit] = 0.0
+            first[0][axis, unit] = -self.scale
+            first[1][unit] = points[0]
+            out_kernel[unit] = -slopes[:, 0]
+            unit += 1
+            changes = np.concatenate([slopes[:, :1], np.diff(slopes, axis=1)], axis=1)
+            for k, change in zip(points[:-1], changes.T):  # relu(d - k)
+                first[0][:, unit] = 0.0
+                first[0][axis, unit] = self.scale
+                first[1][unit] = -k
+                out_kernel[unit] = change
+                unit += 1
+            out_bias += target[:, 0]
+        used = np.arange(unit)
+        self.kernels[0].assign(first[0].astype(np.float32))
+        self.biases[0].assign(first[1].astype(np.float32))
+        for kernel, bias in zip(self.kernels[1:-1], self.biases[1:-1]):  # identity on the used units
+            values, offsets = np.array(ops.convert_to_numpy(kernel)), np.array(ops.convert_to_numpy(bias))
+            values[:, used] = 0.0
+            values[used, used] = 1.0
+            offsets[used] = 0.0
+            kernel.assign(values)
+            bias.assign(offsets)
+        self.kernels[-1].assign(out_kernel.astype(np.float32))
+        self.biases[-1].assign(out_bias.astype(np.float32))
 
     def logits(self, height, width, queries=None, keys=None):
         dy, dx = relative_offsets(height, width)

@@ -1,5 +1,7 @@
 """Gaussian (quadratic) relative encodings, the paper's Eq. (9) and its full-covariance form."""
 
+import math
+
 import keras
 from keras import ops
 
@@ -30,6 +32,7 @@ class QuadraticEncoding(RelativeEncoding):
     """
 
     COVARIANCES = ("isotropic", "full")
+    convolutional_init = True
 
     def __init__(self, num_heads, covariance="isotropic", center_init_std=2.0, spread_init_std=0.01,
                  seed=None, **kwargs):
@@ -102,6 +105,16 @@ class QuadraticEncoding(RelativeEncoding):
     def set_centers(self, centers):
         """Sets the centers ``Delta_h``, ``(heads, 2)`` as (row, col) offsets."""
         self.centers.assign(ops.convert_to_tensor(centers, "float32"))
+
+    def initialize_convolutional(self, shifts, strength, max_offset=None):
+        """Theorem 1's construction: centers at the ``shifts`` ``(heads, 2)``, ``Sigma_h^-1 =
+        2 strength I`` (``alpha_h = strength``), exact at every offset."""
+        self.set_centers(shifts)
+        root = math.sqrt(2.0 * float(strength))
+        if self.covariance == "isotropic":
+            self.spreads.assign(ops.full((self.num_heads,), root))
+        else:
+            self.spreads.assign(ops.broadcast_to(root * ops.eye(2), (self.num_heads, 2, 2)))
 
     def gaussian(self):
         a, b, c = self.inverse_covariance()

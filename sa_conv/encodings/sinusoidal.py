@@ -7,6 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from sa_conv.attention_init import convolutional_logits
 from sa_conv.encodings.base import RelativeEncoding, axis_offsets, register_encoding
 
 
@@ -27,6 +28,8 @@ class SinusoidalRelativeEncoding(RelativeEncoding):
     Weights: ``row_head_keys``, ``col_head_keys`` ``(feature_dim, heads)``. Position only and
     separable (a row term plus a column term), no bound on the grid size.
     """
+
+    convolutional_init = True
 
     def __init__(self, num_heads, feature_dim, initializer_range=0.02, seed=None, **kwargs):
         super().__init__(**kwargs)
@@ -53,6 +56,17 @@ class SinusoidalRelativeEncoding(RelativeEncoding):
                                                    seed=None if self.seed is None else self.seed + i)
             setattr(self, name, self.add_weight(name=name, shape=(self.feature_dim, self.num_heads),
                                                 initializer=init, autocast=False))
+
+    def initialize_convolutional(self, shifts, strength, max_offset):
+        """Per-head vectors fitted by least squares so that ``u_h . f(d) = -strength (d -
+        shift_h)^2`` for the offsets ``|d| <= max_offset`` (exact when ``feature_dim`` is at least
+        their ``2 max_offset + 1``: the features of distinct offsets are independent). Beyond
+        ``max_offset`` the logits are whatever the sinusoids give: fit the largest grid."""
+        offsets = np.arange(-int(max_offset), int(max_offset) + 1)
+        features = sinusoid_features(offsets, self.feature_dim).astype(np.float64)
+        for axis, head_keys in enumerate((self.row_head_keys, self.col_head_keys)):
+            target = convolutional_logits(np.asarray(shifts)[:, axis], strength, offsets).T  # (offsets, heads)
+            head_keys.assign(np.linalg.lstsq(features, target, rcond=None)[0].astype(np.float32))
 
     def factor_logits(self, height, width):
         """``row (heads, H, H)`` and ``col (heads, W, W)``, indexed ``[head, query, key]``."""

@@ -1,0 +1,254 @@
+"""Test accuracy against the number of training images: attention initializations and encodings
+beside ResNet18, at equal epochs, over seeds.
+
+    .venv/bin/python -m benchmarks.data_efficiency --data_dir=../shared/datasets/cifar10-mini \\
+        [--variants=quadratic,quadratic+convolutional@1,content,gated,resnet18] \\
+        [--datasets=cifar10-mini:100,cifar10-mini:30,cifar10-mini:10,shapes] [--seeds=0,1,2] [--epochs=8]
+
+Every run is one ``sa-conv-train`` process (the trainer's defaults: SGD with momentum, cosine
+decay after warm-up, batch 100, its 10% validation split) on one variant, one dataset and one
+seed; its test accuracy, steps, images per second and wall time go to ``--output`` as soon as it
+ends, so an interrupted benchmark loses at most the run it was in, and a rerun skips the runs the
+report already has (``--rerun`` to measure them again).
+
+Variants (`parse_variant`): ``ENCODING[+INIT[@STRENGTH]]`` for the attention presets
+``sa_ENCODING_small`` (``quadratic``, ``quadratic_full``, ``learned``, ``sinusoidal``, ``mlp``,
+``content_plus_learned_bias`` (short: ``content``), ``gated``), with ``INIT`` one of the
+trainer's ``--attention_init`` values and ``STRENGTH`` its ``--locality_strength``; and
+``resnet18``.
+
+Datasets (`DATASETS`): ``cifar10-mini:PERCENT``, a class-stratified PERCENT% of the training
+images of the CIFAR-10 subset in ``--data_dir`` (the same images for every variant and seed:
+chosen with a fixed seed, each smaller subset inside the larger ones), its test batch as the test
+split; ``shapes``, a folder of PNG images of our making (`write_shapes_folder`: five classes of
+outlined and filled shapes at random places, sizes and colours on cluttered backgrounds; 300
+training and 200 test images).
+
+The summary per variant and dataset has the mean, the sample standard deviation, the range and
+the seeds; ``tools/performance_tables.py`` makes the table of ``docs/attention_init.md`` and the
+plot from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks import harness
+
+SHORT_NAMES = {"content": "content_plus_learned_bias"}
+ATTENTION_ENCODINGS = ("quadratic", "quadratic_full", "learned", "sinusoidal", "mlp", "content_plus_learned_bias",
+                       "content_with_relative_keys", "gated")
+DATASETS = ("cifar10-mini:PERCENT", "shapes")
+SUBSET_SEED = 1234  # which images a percentage keeps: the same for every variant and seed
+SHAPE_CLASSES = ("circle", "square", "triangle", "cross", "ring")
+
+
+def parse_variant(name: str) -> dict:
+    """The trainer flags of variant ``name`` (see the module doc); ValueError naming the forms."""
+    if name == "resnet18":
+        return {"model": "resnet18"}
+    match = re.fullmatch(r"([a-z_]+)(?:\+([a-z]+)(?:@([0-9.]+))?)?", name)
+    encoding = SHORT_NAMES.get(match.group(1), match.group(1)) if match else None
+    if encoding not in ATTENTION_ENCODINGS:
+        raise ValueError(f"Unknown variant {name!r}: write resnet18 or ENCODING[+INIT[@STRENGTH]] with ENCODING one "
+                         f"of {', '.join(ATTENTION_ENCODINGS)} (or content).")
+    flags = {"model": f"sa_{encoding}_small"}
+    if match.group(2):
+        flags["attention_init"] = match.group(2)
+    if match.group(3):
+        flags["locality_strength"] = float(match.group(3))
+    return flags
+
+
+def parse_dataset(name: str) -> tuple[str, float | None]:
+    """``("cifar10-mini", fraction)`` or ``("shapes", None)``; ValueError otherwise."""
+    if name == "shapes":
+        return name, None
+    match = re.fullmatch(r"cifar10-mini:([0-9.]+)", name)
+    if not match or not 0 < float(match.group(1)) <= 100:
+        raise ValueError(f"Unknown dataset {name!r}; choose cifar10-mini:PERCENT (0 < PERCENT <= 100) or shapes.")
+    return "cifar10-mini", float(match.group(1)) / 100
+
+
+def stratified_subset(labels: np.ndarray, fraction: float, seed: int = SUBSET_SEED) -> np.ndarray:
+    """Sorted indices of ``round(fraction * count)`` images of each class (at least one), drawn in
+    one seeded order per class, so a smaller fraction's images are among a larger one's."""
+    rng = np.random.default_rng(seed)
+    keep = []
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        order = members[rng.permutation(len(members))]
+        keep.append(order[:max(1, int(round(fraction * len(members))))])
+    return np.sort(np.concatenate(keep))
+
+
+def write_cifar_subset(data_dir: str, fraction: float, directory: str) -> tuple[str, int]:
+    """Writes ``fraction`` of the training images of the CIFAR-10 files in ``data_dir`` (with
+    all of its test images) to ``directory`` in the same format: ``(path, training images)``."""
+    from trainers import data as data_lib
+
+    data = data_lib.load_cifar10_files(data_dir)
+    keep = stratified_subset(data.train.labels, fraction)
+    subset = data_lib.ImageData(data.train.subset(keep), data.test, data.label_names)
+    return data_lib.write_cifar10_files(directory, subset), len(keep)
+
+
+def _draw_shape(canvas: np.ndarray, kind: str, rng: np.random.Generator) -> None:
+    size = canvas.shape[0]
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    radius = rng.uniform(5, 10)
+    cy, cx = rng.uniform(radius + 1, size - radius - 1, size=2)
+    dy, dx = yy - cy, xx - cx
+    width = rng.uniform(1.5, 3.0)
+    if kind == "circle":
+        mask = dy ** 2 + dx ** 2 <= radius ** 2
+    elif kind == "ring":
+        distance = np.sqrt(dy ** 2 + dx ** 2)
+        mask = np.abs(distance - radius) <= width / 2 + 0.3
+    elif kind == "square":
+        mask = np.maximum(np.abs(dy), np.abs(dx)) <= radius * 0.85
+    elif kind == "triangle":  # apex up, base at the bottom
+        mask = (dy <= radius * 0.8) & (np.abs(dx) <= (dy + radius) * 0.6)
+    else:  # cross
+        mask = ((np.abs(dy) <= width) | (np.abs(dx) <= width)) & (np.maximum(np.abs(dy), np.abs(dx)) <= radius)
+    colour = rng.uniform(0, 255, size=3)
+    canvas[mask] = colour
+
+
+def shapes_image(kind: str, rng: np.random.Generator, size: int = 32) -> np.ndarray:
+    """One ``(size, size, 3)`` uint8 image of shape ``kind`` (`SHAPE_CLASSES`) over a noisy
+    two-colour gradient with two small distractor blobs."""
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    a, b = rng.uniform(0, 255, size=(2, 3))
+    angle = rng.uniform(0, 2 * np.pi)
+    t = (np.cos(angle) * xx + np.sin(angle) * yy)[..., None]
+    canvas = a + (b - a) * (t - t.min()) / (np.ptp(t) + 1e-6)
+    for _ in range(2):  # distractors: small blobs that belong to no class
+        cy, cx = rng.uniform(0, size, size=2)
+        blob = (np.mgrid[0:size, 0:size][0] - cy) ** 2 + (np.mgrid[0:size, 0:size][1] - cx) ** 2 <= rng.uniform(1, 4)
+        canvas[blob] = rng.uniform(0, 255, size=3)
+    _draw_shape(canvas, kind, rng)
+    canvas += rng.normal(0, 12, size=canvas.shape)
+    return np.clip(canvas, 0, 255).astype(np.uint8)
+
+
+def write_shapes_folder(root: str, train_per_class: int = 60, test_per_class: int = 40, seed: int = 0) -> str:
+    """Writes the ``shapes`` folder dataset (``train/`` and ``test/``, one PNG folder per class of
+    `SHAPE_CLASSES`) under ``root``; returns ``root``."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", train_per_class), ("test", test_per_class)):
+        for kind in SHAPE_CLASSES:
+            folder = os.path.join(root, split, kind)
+            os.makedirs(folder, exist_ok=True)
+            for i in range(count):
+                Image.fromarray(shapes_image(kind, rng)).save(os.path.join(folder, f"{i:04d}.png"))
+    return root
+
+
+def run_key(variant: str, dataset: str, seed: int, epochs: int) -> str:
+    return f"{variant}|{dataset}|seed={seed}|epochs={epochs}"
+
+
+def train_once(flags: dict, model_dir: str) -> dict:
+    """One ``sa-conv-train`` run with ``flags``: what its ``results.json`` says, and wall time."""
+    from trainers import process
+
+    start = time.perf_counter()
+    proc = harness.run_module("trainers.train", [f"--{k}={v}" for k, v in {**flags, "model_dir": model_dir}.items()],
+                              env=process.child_environment())
+    if proc.returncode:
+        raise RuntimeError(f"sa-conv-train {flags} failed:\n{proc.stderr[-3000:]}")
+    with open(os.path.join(model_dir, "results.json")) as f:
+        results = json.load(f)
+    return {"test_accuracy": results["test_accuracy"], "best_val_accuracy": results["best_val_accuracy"],
+            "steps": results["steps"], "images_per_second": results["images_per_second"],
+            "wall_seconds": round(time.perf_counter() - start, 1)}
+
+
+def summarize(runs: dict) -> dict:
+    """Per ``variant|dataset|epochs``: the seeds, the mean test accuracy, its sample standard
+    deviation (None for one seed) and range."""
+    groups: dict[str, list] = {}
+    for key, run in runs.items():
+        variant, dataset, seed, epochs = key.split("|")
+        groups.setdefault(f"{variant}|{dataset}|{epochs}", []).append((int(seed.split("=")[1]), run["test_accuracy"]))
+    summary = {}
+    for group, values in sorted(groups.items()):
+        values.sort()
+        accuracies = [a for _, a in values]
+        summary[group] = {"seeds": [s for s, _ in values], "mean": statistics.fmean(accuracies),
+                          "std": statistics.stdev(accuracies) if len(accuracies) > 1 else None,
+                          "min": min(accuracies), "max": max(accuracies)}
+    return summary
+
+
+def read_report(path: str) -> dict:
+    if not os.path.exists(path):
+        return {"runs": {}}
+    with open(path) as f:
+        return json.load(f)
+
+
+def main():
+    parser = harness.arguments(__doc__, "data_efficiency.json")
+    parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),
+                        help="the CIFAR-10 python-format files the cifar10-mini datasets are cut from")
+    parser.add_argument("--variants", default="quadratic,quadratic+convolutional@1,content,gated,resnet18")
+    parser.add_argument("--datasets", default="cifar10-mini:100")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--rerun", action="store_true", help="measure runs the report already has again")
+    parser.add_argument("--note", default=None, help="a note kept in the report (e.g. why fewer seeds)")
+    args = harness.parse(parser)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    for variant in variants:
+        parse_variant(variant)
+    for dataset in datasets:
+        parse_dataset(dataset)
+    report = read_report(args.output)
+    runs = report.setdefault("runs", {})
+    notes = report.setdefault("notes", [])
+    if args.note and args.note not in notes:
+        notes.append(args.note)
+    with tempfile.TemporaryDirectory() as work:
+        prepared = {}
+        for dataset in datasets:
+            kind, fraction = parse_dataset(dataset)
+            if kind == "shapes":
+                prepared[dataset] = {"dataset": "folder:" + write_shapes_folder(os.path.join(work, "shapes"))}
+            else:
+                path, count = write_cifar_subset(args.data_dir, fraction, os.path.join(work, dataset.replace(":", "_")))
+                prepared[dataset] = {"dataset": "cifar10", "data_dir": path}
+                report.setdefault("training_images", {})[dataset] = count
+        plan = [(d, v, s) for d in datasets for v in variants for s in seeds]
+        for index, (dataset, variant, seed) in enumerate(plan, 1):
+            key = run_key(variant, dataset, seed, args.epochs)
+            if key in runs and not args.rerun:
+                continue
+            flags = {**parse_variant(variant), **prepared[dataset], "epochs": args.epochs, "seed": seed}
+            print(f"[{index}/{len(plan)}] {key} ...", file=sys.stderr, flush=True)
+            run = train_once(flags, os.path.join(work, "run"))
+            run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
+            runs[key] = run
+            report["summary"] = summarize(runs)
+            harness.write_report(args.output, {k: v for k, v in report.items() if k not in ("date", "machine")})
+            print(f"    test accuracy {run['test_accuracy']:.4f} in {run['wall_seconds']:.0f} s", file=sys.stderr,
+                  flush=True)
+            shutil.rmtree(os.path.join(work, "run"), ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
