@@ -26,9 +26,9 @@ import time
 from benchmarks import harness
 
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "sa_sinusoidal", "sa_mlp",
-         "resnet18"]
+         "sa_gated", "resnet18"]
 SMALL = ["sa_quadratic_small", "sa_quadratic_full_small", "sa_learned_small", "sa_content_plus_learned_bias_small",
-         "sa_sinusoidal_small", "sa_mlp_small"]
+         "sa_sinusoidal_small", "sa_mlp_small", "sa_gated_small"]
 NO_ATTENTION_DROPOUT = {"attention_dropout": 0.0}
 GRID_32 = {**NO_ATTENTION_DROPOUT, "pooling_width": 1, "max_grid_size": 32}
 DENSE = {"fast_position_attention": False}

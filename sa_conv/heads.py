@@ -120,6 +120,11 @@ def prune_heads(model: keras.Model, heads_by_layer: dict) -> keras.Model:
         if isinstance(layer, TransformerBlock) and layer.name in pruned_names:
             attention = dict(config["attention_config"])
             attention["num_heads"] = layer.attention.num_heads - len(pruned_names[layer.name])
+            trained = layer.attention
+            if not trained.position_only and trained.query_key_dim != trained.input_dim:
+                # A per-head query size derived from the head count (gated: D / heads) stays the trained one.
+                attention["encoding_options"] = {**(attention.get("encoding_options") or {}),
+                                                 "query_dim": trained.query_key_dim}
             config["attention_config"] = attention
         return layer.__class__.from_config(config)
 

@@ -176,9 +176,10 @@ def test_registry_answers_for_the_built_in_encodings():
     traits = {name: (spec.position_only, spec.separable) for name, spec in sa_conv.ENCODINGS.items()}
     assert traits == {"quadratic": (True, True), "quadratic_full": (True, False),
                       "learned": (True, True), "content_with_relative_keys": (False, False),
-                      "content_plus_learned_bias": (False, False), "sinusoidal": (True, True), "mlp": (True, False)}
+                      "content_plus_learned_bias": (False, False), "sinusoidal": (True, True), "mlp": (True, False),
+                      "gated": (False, False)}
     assert [default_jit_compile(sa_conv.get_config("sa_quadratic", encoding=n)) for n in traits] == [
-        False, False, False, True, True, False, False]
+        False, False, False, True, True, False, False, True]
     assert default_jit_compile(sa_conv.get_config("resnet18")) is False
 
 

@@ -142,3 +142,16 @@ def test_the_locality_table_shows_each_head_s_gate():
     assert heads.head_gates(sa_conv.build_model("sa_quadratic_small", num_layers=1)) == [None]
     with pytest.raises(ValueError, match="3 gates for 9 heads"):
         inspection.locality_metrics(probabilities, (4, 4), gates=[0.1, 0.2, 0.3])
+
+
+def test_pruning_a_gated_block_keeps_the_other_heads_and_their_query_size():
+    keras.utils.set_random_seed(0)
+    model = sa_conv.build_model("sa_gated_small", num_layers=1)
+    attention = model.get_layer("block_0").attention
+    pruned = sa_conv.prune_heads(model, {0: [1, 4]})
+    kept = [h for h in range(9) if h not in (1, 4)]
+    served = pruned.get_layer("block_0").attention
+    assert (served.num_heads, served.query_key_dim) == (7, attention.query_key_dim)
+    x = np.random.default_rng(3).normal(size=(1, 16, 16, 64)).astype("float32")
+    full = _np(attention.attention_probabilities(x))
+    np.testing.assert_allclose(_np(served.attention_probabilities(x)), full[:, kept], atol=1e-6)

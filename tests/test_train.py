@@ -190,7 +190,7 @@ def test_xla_step_matches_the_default_step(tmp_path):
 
 def test_xla_is_on_by_default_only_for_content_attention():
     on = {name for name in sa_conv.PRESETS if default_jit_compile(sa_conv.get_config(name))}
-    assert on == {"sa_content_plus_learned_bias", "sa_content_plus_learned_bias_small"}
+    assert on == {"sa_content_plus_learned_bias", "sa_content_plus_learned_bias_small", "sa_gated", "sa_gated_small"}
     assert default_jit_compile(sa_conv.get_config("sa_quadratic_small", encoding="content_with_relative_keys"))
 
 
@@ -296,6 +296,27 @@ def test_config_error_for_model_overrides(tmp_path):
                                         model_dir=str(tmp_path)))
     with pytest.raises(ConfigError, match="hidden_size must be even"):
         train_lib.Trainer(config, strategy=tf.distribute.get_strategy())
+
+
+def test_attention_init_flags_start_the_trained_model_and_are_recorded(tmp_path):
+    from sa_conv.attention_init import grid_shifts
+
+    config = make_config(overrides=dict(model="sa_learned_small", num_layers=1, dataset="synthetic",
+                                        attention_init="convolutional", locality_strength=2.5, model_dir=str(tmp_path)))
+    task = Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+    assert (task.model_config.attention_init, task.model_config.locality_strength) == ("convolutional", 2.5)
+    attention = task.build_model().get_layer("block_0").attention
+    probabilities = attention.attention_probabilities(np.zeros((1, 16, 16, 64), "float32")).numpy()
+    peaks = probabilities[:, 8 * 16 + 8].argmax(-1)  # the center query: each head on its shift
+    np.testing.assert_array_equal(np.stack(np.divmod(peaks, 16), -1) - 8, grid_shifts(9))
+    # The gated presets start convolutional; --attention_init=random overrides it.
+    gated = make_config(overrides=dict(model="sa_gated_small", dataset="synthetic", attention_init="random",
+                                       model_dir=str(tmp_path)))
+    assert Task(gated, strategy=tf.distribute.get_strategy(), log=lambda s: None).model_config.attention_init == "random"
+    wrong = make_config(overrides=dict(model="sa_content_plus_learned_bias_small", dataset="synthetic",
+                                       attention_init="convolutional", model_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match="has none. Use one of quadratic"):
+        train_lib.Trainer(wrong, strategy=tf.distribute.get_strategy())
 
 
 # ------------------------------------------------------------------------------ normalization

@@ -24,7 +24,8 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-FILES = ("README.md", "docs/performance.md", "docs/reference.md", "docs/training.md")
+FILES = ("README.md", "docs/performance.md", "docs/reference.md", "docs/training.md", "docs/attention_init.md")
+PLOTS = {"docs/data_efficiency.png": "plot_data_efficiency"}
 
 from sa_conv.config import PRESET_ALIASES  # presets renamed after a benchmark recorded them
 
@@ -299,7 +300,77 @@ def resolution_transfer():
     return caption + _table(["evaluated at", "test accuracy"], rows)
 
 
+def _efficiency_groups(data):
+    """``{variant: {dataset: summary}}`` of a data-efficiency report at its most common epochs,
+    datasets ordered by training images (the folder dataset last)."""
+    groups = {}
+    for key, summary in data["summary"].items():
+        variant, dataset, epochs = key.split("|")
+        groups.setdefault(epochs, {}).setdefault(variant, {})[dataset] = summary
+    epochs = max(groups, key=lambda e: sum(len(v) for v in groups[e].values()))
+    return epochs, groups[epochs]
+
+
+def _efficiency_datasets(data, variants):
+    sizes = data.get("training_images", {})
+    names = {d for per in variants.values() for d in per}
+    return sorted(names, key=lambda d: (d not in sizes, sizes.get(d, 0), d))
+
+
+def data_efficiency():
+    """Test accuracy per variant and dataset: mean, spread and seeds."""
+    data = _load("data_efficiency")
+    epochs, variants = _efficiency_groups(data)
+    datasets = _efficiency_datasets(data, variants)
+    sizes = data.get("training_images", {})
+
+    def cell(s):
+        if s is None:
+            return "-"
+        spread = "" if s["std"] is None else f" ± {s['std']:.3f}"
+        return f"{s['mean']:.3f}{spread} ({len(s['seeds'])})"
+
+    header = ["variant"] + [f"{d} ({sizes[d]} images)" if d in sizes else d for d in datasets]
+    rows = [[f"`{v}`"] + [cell(per.get(d)) for d in datasets] for v, per in sorted(variants.items())]
+    caption = (f"{data['date']}, {epochs.split('=')[1]} epochs, test accuracy: mean ± sample standard deviation "
+               f"(seeds).\n\n")
+    return caption + _table(header, rows)
+
+
+def plot_data_efficiency(path):
+    """The curve: mean test accuracy against training images on the cifar10-mini subsets, one
+    line per variant, bars from the lowest to the highest seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = _load("data_efficiency")
+    epochs, variants = _efficiency_groups(data)
+    sizes = data.get("training_images", {})
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for variant, per in sorted(variants.items()):
+        points = sorted((sizes[d], s) for d, s in per.items() if d in sizes)
+        if not points:
+            continue
+        x = [p[0] for p in points]
+        mean = [p[1]["mean"] for p in points]
+        low = [p[1]["mean"] - p[1]["min"] for p in points]
+        high = [p[1]["max"] - p[1]["mean"] for p in points]
+        axis.errorbar(x, mean, yerr=[low, high], marker="o", capsize=3, label=variant)
+    axis.set_xscale("log")
+    axis.set_xlabel("training images (cifar10-mini subsets)")
+    axis.set_ylabel("test accuracy")
+    axis.set_title(f"Data efficiency, {epochs.split('=')[1]} epochs ({data['date']})")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(figure)
+
+
 TABLES = {
+    "data_efficiency": ("data_efficiency", data_efficiency),
     "vs_reference_summary": ("vs_reference", vs_reference_summary),
     "vs_reference": ("vs_reference", vs_reference_full),
     "throughput": ("throughput", throughput),
@@ -346,6 +417,10 @@ def main(argv=None):
             stale.append(name)
             if not args.check:
                 path.write_text(new)
+    if not args.check:
+        for name, make in PLOTS.items():
+            if (RESULTS / "data_efficiency.json").exists():
+                globals()[make](ROOT / name)
     if args.check and stale:
         print(f"Stale tables in {', '.join(stale)}: run tools/performance_tables.py", file=sys.stderr)
         return 1
