@@ -42,6 +42,9 @@ CASES.update({
     "sa_quadratic_32x32_fast": ("sa_quadratic", GRID_32, 8, False),
     "sa_quadratic_32x32_dense": ("sa_quadratic", {**GRID_32, **DENSE}, 8, False),
     "keras_mha_paper": ("keras_mha", {}, 100, False),
+    # Content and gated attention without XLA (their trainer default is XLA on).
+    "sa_content_plus_learned_bias_small_no_xla": ("sa_content_plus_learned_bias_small", {}, 100, False),
+    "sa_gated_small_no_xla": ("sa_gated_small", {}, 100, False),
 })
 # The same steps compiled with XLA (--jit_compile): "<case>_xla".
 XLA_TWINS = ["sa_quadratic", "resnet18", "sa_quadratic_small", "sa_quadratic_noattndrop_fast",
@@ -54,6 +57,8 @@ GROUPS = {
     "fast_vs_dense_32": ["sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense"],
     "baseline": ["keras_mha_paper", "sa_quadratic"],
     "xla": [f"{name}_xla" for name in XLA_TWINS],
+    "gated": ["sa_content_plus_learned_bias_small", "sa_gated_small", "sa_quadratic_small",
+              "sa_content_plus_learned_bias_small_no_xla", "sa_gated_small_no_xla"],
 }
 # (label, numerator case, denominator case): ratios of training images/s in the same run.
 RATIOS = [
@@ -65,6 +70,8 @@ RATIOS = [
     ("sa_quadratic_xla_over_default_train", "sa_quadratic_xla", "sa_quadratic"),
     ("resnet18_xla_over_default_train", "resnet18_xla", "resnet18"),
     ("sa_quadratic_small_xla_over_default_train", "sa_quadratic_small_xla", "sa_quadratic_small"),
+    ("sa_gated_small_over_content_train", "sa_gated_small", "sa_content_plus_learned_bias_small"),
+    ("sa_gated_small_xla_over_no_xla_train", "sa_gated_small", "sa_gated_small_no_xla"),
 ]
 
 

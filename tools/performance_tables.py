@@ -375,6 +375,7 @@ TABLES = {
     "vs_reference": ("vs_reference", vs_reference_full),
     "throughput": ("throughput", throughput),
     "throughput_encodings": ("throughput_encodings", lambda: throughput("throughput_encodings")),
+    "throughput_gated": ("throughput_gated", lambda: throughput("throughput_gated")),
     "throughput_ratios": ("throughput", throughput_ratios),
     "remat": ("remat_allocator", remat),
     "malloc": ("malloc", malloc),
