@@ -54,7 +54,7 @@ def _train_step(model, images, labels, steps=2, optimizer=None):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(PAPER_PARAMETERS))
+@pytest.mark.parametrize("name", list(PAPER_PARAMETERS) + list(OTHER_PARAMETERS))
 def test_paper_presets_run_a_forward_and_training_step(name):
     model = sa_conv.build_model(name)
     images, labels = _images(2), np.array([3, 7])
