@@ -136,7 +136,7 @@ class MimeticInit(AttentionInit):
         for dense, kernels in ((layer.query_dense, queries), (layer.key_dense, keys)):
             dense.kernel.assign(ops.cast(np.concatenate(kernels, axis=1), dense.kernel.dtype))
             if dense.use_bias:
-                dense.bias.assign(ops.zeros_like(dense.bias))
+                dense.bias.assign(np.zeros(dense.bias.shape, np.float32))
 
 
 def get_attention_init(name: str = "random", locality_strength: float = 1.0, locality_distance: float = 1.0,

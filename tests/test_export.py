@@ -213,6 +213,27 @@ def test_tflite_format_is_verified(real_images, tmp_path):
     assert probabilities.shape == (1, 10)
 
 
+def test_gated_model_exports_to_every_format_with_its_positional_half_as_a_constant(real_images, tmp_path):
+    """The gated encoding's serving copy (`PrecomputedGatedAttention`) through SavedModel, TFLite
+    and ONNX, each verified against the Keras model by the export itself and read back here."""
+    import onnxruntime
+
+    model = _trained("sa_gated_small", real_images, tmp_path / "m.keras", num_layers=2)
+    version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
+                                formats=["saved_model", "tflite", "onnx"], tf_serving_files=False, log=lambda s: None)
+    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    assert max(meta["verification"]["max_abs_error"].values()) <= 1e-4
+    variables = {v.name for v in tf.saved_model.load(version).variables}
+    assert any("constant_gated_positional_probabilities" in name for name in variables)
+    want = tf.nn.softmax(model(real_images[:3].astype(np.float32))).numpy()
+    served = tf.saved_model.load(version).signatures["serving_default"](images=tf.constant(real_images[:3]))
+    np.testing.assert_allclose(served["probabilities"].numpy(), want, atol=1e-5)
+    session = onnxruntime.InferenceSession(os.path.join(version, "assets.extra", "model.onnx"),
+                                           providers=["CPUExecutionProvider"])
+    logits = session.run(None, {session.get_inputs()[0].name: real_images[:3].astype(np.float32)})[0]
+    np.testing.assert_allclose(tf.nn.softmax(logits).numpy(), want, atol=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,overrides", [("sa_quadratic_small", {"num_layers": 1}), ("resnet18", {})])
 def test_onnx_format_is_verified_with_onnx_runtime(preset, overrides, real_images, tmp_path):
