@@ -42,10 +42,12 @@ setup(
         "search": TRAIN + SEARCH,  # sa-conv-tune
         "plots": PLOTS,  # sa_conv.plotting, sa-conv-visualize
         "onnx": ["tf2onnx", "onnxruntime"],
+        # The serving benchmark's OpenVINO side (it reads the exported ONNX file).
+        "openvino": ["openvino"],
         # Reading the reference implementation's PyTorch checkpoints and YAML configs.
         "reference": ["torch", "pyyaml"],
         "all": TRAIN + SEARCH + PLOTS,
-        "test": ["pytest", "pytest-xdist", "pytest-random-order", "hypothesis", "tf2onnx", "onnxruntime"],
+        "test": ["pytest", "pytest-xdist", "pytest-random-order", "hypothesis", "tf2onnx", "onnxruntime", "openvino"],
     },
     entry_points={
         "console_scripts": [

@@ -203,11 +203,14 @@ def cpu() -> dict:
 def matmul_peaks(framework: str = "tensorflow", size: int = 2048, repeats: int = 5) -> dict:
     """GFLOP/s of a ``size``-square matmul in float32 and bfloat16 (best of ``repeats``), with
     ``framework`` (``"tensorflow"`` or ``"torch"``) in this process: the peak a side's achieved
-    FLOP rate is a fraction of. ``"onnxruntime"``: float32 and int8 (`_onnxruntime_peaks`)."""
+    FLOP rate is a fraction of. ``"onnxruntime"``: float32 and int8 (`_onnxruntime_peaks`);
+    ``"openvino"``: float32 (`_openvino_peaks`)."""
     flop = 2 * size ** 3
     peaks = {}
     if framework == "onnxruntime":
         return _onnxruntime_peaks(size, repeats)
+    if framework == "openvino":
+        return _openvino_peaks(size, repeats)
     if framework == "torch":
         import torch
 
@@ -250,6 +253,24 @@ def _onnxruntime_peaks(size: int, repeats: int) -> dict:
              else rng.integers(0, 256, (size, size)).astype(np.uint8))
         peaks[name] = 2 * size ** 3 / fastest(lambda: session.run(None, {"a": a}), repeats) / 1e9
     return peaks
+
+
+def _openvino_peaks(size: int, repeats: int) -> dict:
+    """OpenVINO's float32 GFLOP/s of a ``size``-square matmul (a constant right factor, as a
+    model's weights) on its CPU plugin, all cores, at float32 inference precision."""
+    import numpy as np
+    import openvino
+    from openvino import opset13 as ops
+
+    rng = np.random.default_rng(0)
+    a = ops.parameter([size, size], np.float32)
+    model = openvino.Model([ops.matmul(a, ops.constant(rng.standard_normal((size, size)).astype(np.float32)),
+                                       False, False)], [a])
+    compiled = openvino.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": os.cpu_count(),
+                                                            "INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+    x = rng.standard_normal((size, size)).astype(np.float32)
+    return {"float32": 2 * size ** 3 / fastest(lambda: request.infer({0: x}), repeats) / 1e9}
 
 
 def machine(peaks: dict | None = None) -> dict:

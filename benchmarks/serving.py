@@ -19,7 +19,10 @@ as ``--precision=int8`` does (``export.export_onnx_int8``) and starts one child 
   warm-up records, against the steady call (`first_call`);
 * ``tflite``: the TFLite file in LiteRT's interpreter (its default XNNPACK delegate);
 * ``onnx``, ``onnx_int8``: the ONNX file and its dynamic int8 quantization in ONNX Runtime,
-  with ONNX Runtime's own float32 and int8 (``MatMulInteger``) peaks.
+  with ONNX Runtime's own float32 and int8 (``MatMulInteger``) peaks;
+* ``openvino``: the same ONNX file in OpenVINO's CPU plugin (its default precision for the CPU:
+  bfloat16 where the CPU has it, float32 otherwise; recorded), with OpenVINO's own float32
+  matmul peak. Optional: without ``pip install openvino`` the side is recorded as skipped.
 
 * ``reference`` (with ``--reference_dir``, a clone of ``epfml/attention-cnn``, and
   ``--reference_python``, an interpreter with torch): the reference's ``BertImage`` of the same
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import tempfile
@@ -43,9 +47,13 @@ import tempfile
 from benchmarks import harness
 
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
-SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16", "tflite", "onnx", "onnx_int8")
+SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16", "tflite", "onnx", "onnx_int8",
+         "openvino")
 # The exported file each runtime side reads, in the float32 export's assets.extra.
-RUNTIME_FILES = {"tflite": "model.tflite", "onnx": "model.onnx", "onnx_int8": "model_int8.onnx"}  # export.INT8_FILE
+RUNTIME_FILES = {"tflite": "model.tflite", "onnx": "model.onnx", "onnx_int8": "model_int8.onnx",  # export.INT8_FILE
+                 "openvino": "model.onnx"}
+# Sides whose runtime is not a dependency of sa-conv: {side: the module it needs}.
+OPTIONAL_RUNTIMES = {"openvino": "openvino"}
 BATCHES = (1, 100)
 
 
@@ -87,8 +95,9 @@ def child(args):
         x = x if args.side in RUNTIME_FILES else tf.constant(x)
         steps = args.steps if batch == 1 else max(2, args.steps // 5)
         result[f"images_per_second_batch{batch}"] = batch / harness.fastest(lambda: run(x), steps)
-    # ONNX Runtime's own float32 and int8 peaks for its sides (LiteRT's: TensorFlow's float32).
-    framework = "onnxruntime" if args.side.startswith("onnx") else "tensorflow"
+    # ONNX Runtime's and OpenVINO's own peaks for their sides (LiteRT's: TensorFlow's float32).
+    framework = ("onnxruntime" if args.side.startswith("onnx") else "openvino" if args.side == "openvino"
+                 else "tensorflow")
     result["matmul_gflops"] = harness.matmul_peaks(framework, args.matmul_size)
     harness.print_result(result)
 
@@ -135,6 +144,17 @@ def runtime(side, path, result):
         shape = tuple(runner.get_input_details()["images"]["shape"][1:])
         result["runtime"] = f"tflite {tf.__version__}"
         return (lambda x: runner(images=x)["probabilities"]), shape
+    if side == "openvino":
+        import openvino
+
+        core = openvino.Core()
+        compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": threads})
+        request = compiled.create_infer_request()
+        result["runtime"] = f"openvino {openvino.__version__}"
+        result["inference_precision"] = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        shape = tuple(int(d.get_length()) for d in compiled.input(0).get_partial_shape()[1:])  # batch is dynamic
+        output = compiled.output(0)
+        return (lambda x: request.infer({0: x.astype(np.float32)})[output]), shape
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -211,6 +231,9 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
         export_lib.MIN_TOP1_AGREEMENT = minimum
     sides = {}
     for side in SIDES:
+        if side in OPTIONAL_RUNTIMES and importlib.util.find_spec(OPTIONAL_RUNTIMES[side]) is None:
+            sides[side] = {"skipped": f"{OPTIONAL_RUNTIMES[side]} is not installed (pip install {OPTIONAL_RUNTIMES[side]})"}
+            continue
         sides[side] = _child(side, exports.get(side, path), steps, matmul_size)
     if reference_dir:
         sides["reference"] = _child("reference", json.dumps(config.to_dict()), steps, matmul_size, reference_python,
@@ -218,7 +241,8 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     # Each side's own arithmetic: the served copy folds maps (`flops.forward_flops` frozen), the
     # reference aggregates densely and maps twice (as the model as trained with the dense path).
     forwards = {"in_process_live": flops.forward_flops(config), "reference": flops.forward_flops(config, fast=False)}
-    for side, run in sides.items():  # the reference computes in float32
+    measured = {side: run for side, run in sides.items() if "skipped" not in run}
+    for side, run in measured.items():  # the reference computes in float32
         precision = "bfloat16" if side.endswith("bfloat16") else "int8" if side.endswith("int8") else "float32"
         peak = run["matmul_gflops"][precision]
         forward = forwards.get(side, flops.forward_flops(config, frozen=True))
@@ -233,11 +257,15 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
                          "tflite_over_saved_model": ("tflite", "saved_model"),
                          "onnx_over_saved_model": ("onnx", "saved_model"),
                          "onnx_int8_over_saved_model": ("onnx_int8", "saved_model"),
-                         "onnx_int8_over_onnx": ("onnx_int8", "onnx")}.items():
+                         "onnx_int8_over_onnx": ("onnx_int8", "onnx"),
+                         "openvino_over_saved_model": ("openvino", "saved_model"),
+                         "openvino_over_onnx": ("openvino", "onnx")}.items():
+        if a not in measured or b not in measured:
+            continue
         ratios[name] = {f"batch{n}": sides[a][f"images_per_second_batch{n}"] / sides[b][f"images_per_second_batch{n}"]
                         for n in BATCHES}
     if "reference" in sides:
-        for side in SIDES:
+        for side in measured:
             ratios[f"{side}_over_reference"] = {
                 f"batch{n}": sides[side][f"images_per_second_batch{n}"] / sides["reference"][f"images_per_second_batch{n}"]
                 for n in BATCHES}

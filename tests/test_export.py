@@ -504,3 +504,25 @@ def test_agreement_images_from_npy_and_npz_and_clear_errors(tmp_path):
         export_lib.read_images(str(tmp_path / "c.npy"), (32, 32, 3))
     with pytest.raises(export_lib.ExportError, match="cannot read"):
         export_lib.read_images(str(tmp_path / "missing.npz"), (32, 32, 3))
+
+
+def test_every_runtime_side_of_the_serving_benchmark_reads_the_exported_files(real_images, tmp_path):
+    """What `benchmarks/serving.py` times is what the export wrote, in each runtime: LiteRT's
+    probabilities, and ONNX Runtime's and OpenVINO's logits of the same ONNX file, equal to the
+    Keras model's."""
+    from benchmarks import serving as serving_benchmark
+
+    model = _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
+    version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
+                                formats=["saved_model", "tflite", "onnx"], tf_serving_files=False, log=lambda s: None)
+    images = real_images[:2]
+    logits = model(images.astype(np.float32)).numpy()
+    for side, file in serving_benchmark.RUNTIME_FILES.items():
+        if side == "onnx_int8":
+            continue  # quantized: its agreement is the int8 export tests'
+        record = {}
+        run, shape = serving_benchmark.runtime(side, os.path.join(version, "assets.extra", file), record)
+        assert shape == (32, 32, 3) and record["runtime"].split()[0] in ("tflite", "onnxruntime", "openvino")
+        out = np.asarray(run(images))
+        want = tf.nn.softmax(logits).numpy() if side == "tflite" else logits
+        np.testing.assert_allclose(out, want, atol=1e-4, err_msg=side)

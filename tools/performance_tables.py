@@ -166,7 +166,8 @@ def training_accuracy(name="vs_reference_training"):
 SERVING_SIDES = {"in_process_live": "in-process, as trained", "in_process": "in-process, frozen",
                  "saved_model": "SavedModel", "saved_model_bfloat16": "SavedModel, bfloat16",
                  "tflite": "TFLite (LiteRT, XNNPACK)", "onnx": "ONNX (ONNX Runtime)",
-                 "onnx_int8": "ONNX int8 (ONNX Runtime)", "reference": "reference (PyTorch)"}
+                 "onnx_int8": "ONNX int8 (ONNX Runtime)", "openvino": "ONNX (OpenVINO)",
+                 "reference": "reference (PyTorch)"}
 
 
 def serving():
@@ -174,6 +175,9 @@ def serving():
     rows = []
     for preset, entry in data["presets"].items():
         for side, run in entry["sides"].items():
+            if "skipped" in run:
+                rows.append([_preset(preset), SERVING_SIDES.get(side, side), f"skipped: {run['skipped']}", "", "", ""])
+                continue
             rows.append([_preset(preset), SERVING_SIDES.get(side, side), _num(run["images_per_second_batch1"]),
                          _num(run["images_per_second_batch100"]), _ratio(run["fraction_of_matmul_peak_batch1"]),
                          _ratio(run["fraction_of_matmul_peak_batch100"])])
@@ -188,6 +192,7 @@ SERVING_RATIOS = {"saved_model_over_in_process": "SavedModel / in-process", "in_
                   "bfloat16_over_float32_export": "bfloat16 / float32 export",
                   "tflite_over_saved_model": "TFLite / SavedModel", "onnx_over_saved_model": "ONNX / SavedModel",
                   "onnx_int8_over_saved_model": "int8 ONNX / SavedModel",
+                  "openvino_over_saved_model": "OpenVINO / SavedModel",
                   "in_process_over_reference": "in-process / reference",
                   "saved_model_over_reference": "SavedModel / reference",
                   "saved_model_bfloat16_over_reference": "bfloat16 SavedModel / reference"}
