@@ -15,7 +15,7 @@ Variants (`parse_variant`): ``ENCODING[+INIT[@STRENGTH]]`` for the attention pre
 ``sa_ENCODING_small`` (``quadratic``, ``quadratic_full``, ``learned``, ``sinusoidal``, ``mlp``,
 ``content_plus_learned_bias`` (short: ``content``), ``gated``), with ``INIT`` one of the
 trainer's ``--attention_init`` values and ``STRENGTH`` its ``--locality_strength``; and
-``resnet18``.
+``resnet18``; ``@STRENGTH/DISTANCE`` also sets ``--locality_distance``.
 
 Datasets (`DATASETS`): ``cifar10-mini:PERCENT``, a class-stratified PERCENT% of the training
 images of the CIFAR-10 subset in ``--data_dir`` (the same images for every variant and seed:
@@ -56,7 +56,7 @@ def parse_variant(name: str) -> dict:
     """The trainer flags of variant ``name`` (see the module doc); ValueError naming the forms."""
     if name == "resnet18":
         return {"model": "resnet18"}
-    match = re.fullmatch(r"([a-z_]+)(?:\+([a-z]+)(?:@([0-9.]+))?)?", name)
+    match = re.fullmatch(r"([a-z_]+)(?:\+([a-z]+)(?:@([0-9.]+)(?:/([0-9.]+))?)?)?", name)
     encoding = SHORT_NAMES.get(match.group(1), match.group(1)) if match else None
     if encoding not in ATTENTION_ENCODINGS:
         raise ValueError(f"Unknown variant {name!r}: write resnet18 or ENCODING[+INIT[@STRENGTH]] with ENCODING one "
@@ -66,6 +66,8 @@ def parse_variant(name: str) -> dict:
         flags["attention_init"] = match.group(2)
     if match.group(3):
         flags["locality_strength"] = float(match.group(3))
+    if match.group(4):
+        flags["locality_distance"] = float(match.group(4))
     return flags
 
 

@@ -42,6 +42,8 @@ class ModelConfig:
         ``K x K`` grid, Theorem 1's construction; position-only encodings and ``gated``) or
         ``"mimetic"`` (content attention's query-key products near a scaled identity).
       locality_strength: ``alpha`` of the convolutional initialization.
+      locality_distance: spacing in grid pixels of the convolutional initialization's shifts
+        (1: the 3x3 neighbourhood; 2: every other pixel, a wider start).
       fast_position_attention: when to use the exact separable attention path of quadratic
         (isotropic) and learned encodings: "auto" (grids of 8x8 and up, where it pays), True
         or False (see `MultiHeadSelfAttention2D`).
@@ -78,6 +80,7 @@ class ModelConfig:
     spread_init_std: float = 0.01
     attention_init: str = "random"
     locality_strength: float = 1.0
+    locality_distance: float = 1.0
     fast_position_attention: object = "auto"
     encoding_options: Optional[dict] = None
     remat: bool = False
@@ -122,8 +125,10 @@ class ModelConfig:
             raise ValueError(f"attention_init must be one of {', '.join(ATTENTION_INITS)}, got {self.attention_init!r}.")
         if not self.locality_strength > 0:
             raise ValueError(f"locality_strength must be positive, got {self.locality_strength}.")
+        if not self.locality_distance > 0:
+            raise ValueError(f"locality_distance must be positive, got {self.locality_distance}.")
         if self.architecture == "attention":
-            get_attention_init(self.attention_init, self.locality_strength).check(spec)
+            get_attention_init(self.attention_init, self.locality_strength, self.locality_distance).check(spec)
         if self.fast_position_attention not in ("auto", True, False):
             raise ValueError(
                 f"fast_position_attention must be 'auto', True or False, got {self.fast_position_attention!r}."

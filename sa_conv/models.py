@@ -55,7 +55,8 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier",
         initialization=config.initialization,
     )
     if config.attention_init != "random":  # only then: the configs of existing models stay as they were
-        attention_config.update(attention_init=config.attention_init, locality_strength=config.locality_strength)
+        attention_config.update(attention_init=config.attention_init, locality_strength=config.locality_strength,
+                                locality_distance=config.locality_distance)
     for i in range(config.num_layers):
         x = TransformerBlock(
             config.mlp_size,

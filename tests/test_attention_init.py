@@ -114,6 +114,12 @@ def test_locality_strength_sets_how_sharply_heads_start():
 def test_locality_distance_spaces_the_grid():
     layer, _ = _layer("quadratic", attention_init="convolutional", locality_distance=2.0)
     np.testing.assert_array_equal(_np(layer.position_encoding.centers), grid_shifts(9, 2.0))
+    config = sa_conv.get_config("sa_quadratic_small", attention_init="convolutional", locality_distance=3.0,
+                                num_layers=1)
+    centers = sa_conv.build_model(config).get_layer("block_0").attention.position_encoding.centers
+    np.testing.assert_array_equal(_np(centers), grid_shifts(9, 3.0))
+    with pytest.raises(ValueError, match="locality_distance must be positive"):
+        sa_conv.get_config("sa_quadratic_small", attention_init="convolutional", locality_distance=0)
 
 
 def test_random_initialization_is_unchanged_by_the_new_options():

@@ -26,7 +26,7 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
 # Fields of sa_conv.ModelConfig that the trainer exposes as flags (None = the preset's value).
 MODEL_OVERRIDES = (
     "encoding", "num_layers", "num_heads", "hidden_size", "mlp_size", "dropout", "attention_dropout",
-    "attention_init", "locality_strength",
+    "attention_init", "locality_strength", "locality_distance",
 )
 
 _field = cli.config_field
@@ -55,6 +55,9 @@ class TrainConfig:
     locality_strength: Optional[float] = _field(
         None, "Locality strength (alpha) of --attention_init=convolutional: how sharply each head starts on its "
         "shift (default 1, ConViT's).")
+    locality_distance: Optional[float] = _field(
+        None, "Spacing in grid pixels of --attention_init=convolutional's shifts (default 1: the 3x3 neighbourhood; "
+        "2 starts the heads twice as far apart).")
     dataset: str = _field(
         "cifar10",
         f"Data source: one of {', '.join(DATASETS)} (tfds:NAME: any tfds image-classification dataset; "
