@@ -6,7 +6,7 @@ import dataclasses
 from typing import Optional
 
 from sa_conv.aliases import FormerNames
-from sa_conv.attention_init import ATTENTION_INITS, get_attention_init
+from sa_conv.attention_init import get_attention_init
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS
 
@@ -121,14 +121,13 @@ class ModelConfig:
             raise ValueError(f"remat must be True or False, got {self.remat!r}.")
         if self.initialization not in INITIALIZATIONS:
             raise ValueError(f"initialization must be one of {INITIALIZATIONS}, got {self.initialization!r}.")
-        if self.attention_init not in ATTENTION_INITS:
-            raise ValueError(f"attention_init must be one of {', '.join(ATTENTION_INITS)}, got {self.attention_init!r}.")
-        if not self.locality_strength > 0:
-            raise ValueError(f"locality_strength must be positive, got {self.locality_strength}.")
-        if not self.locality_distance > 0:
-            raise ValueError(f"locality_distance must be positive, got {self.locality_distance}.")
+        # Strength and distance are checked whatever the initialization: a config keeps them.
+        for name in ("locality_strength", "locality_distance"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+        initializer = get_attention_init(self.attention_init, self.locality_strength, self.locality_distance)
         if self.architecture == "attention":
-            get_attention_init(self.attention_init, self.locality_strength, self.locality_distance).check(spec)
+            initializer.check(spec)
         if self.fast_position_attention not in ("auto", True, False):
             raise ValueError(
                 f"fast_position_attention must be 'auto', True or False, got {self.fast_position_attention!r}."

@@ -147,6 +147,20 @@ class PrecomputedAttention(keras.layers.Layer):
                 "encoding": self.encoding, "fast_position_attention": self.fast_position_attention}
 
 
+def _attend_query_major(layer, inputs, probabilities, return_attention_scores=False):
+    """Eq. (6) of a serving layer whose probabilities are ``(batch, query, heads, key)`` (the
+    layout in which the sum needs no transpose): ``layer.value_dense`` of the heads' weighted
+    sums, ``(batch, H, W, output_dim)``, and with ``return_attention_scores`` the probabilities as
+    ``(batch, heads, N, N)``."""
+    _, height, width, d = inputs.shape
+    x = ops.reshape(ops.cast(inputs, layer.compute_dtype), (-1, height * width, d))
+    mixed = ops.einsum("bqhk,bkd->bqhd", ops.cast(probabilities, layer.compute_dtype), x)
+    outputs = layer.value_dense(ops.reshape(mixed, (-1, height, width, layer.num_heads * d)))
+    if not return_attention_scores:
+        return outputs
+    return outputs, ops.transpose(probabilities, (0, 2, 1, 3))
+
+
 @keras.saving.register_keras_serializable(package="sa_conv")
 class FoldedContentAttention(keras.layers.Layer):
     """Content attention whose logits are ``q . k / sqrt(D)`` plus a position-only term, served
@@ -190,14 +204,8 @@ class FoldedContentAttention(keras.layers.Layer):
     def call(self, inputs, training=None, return_attention_scores=False):
         if training:
             _refuse_training(self)
-        _, height, width, d = inputs.shape
         probabilities = ops.softmax(self.logits(inputs), axis=-1)  # (batch, query, heads, key)
-        x = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, height * width, d))
-        mixed = ops.einsum("bqhk,bkd->bqhd", ops.cast(probabilities, self.compute_dtype), x)
-        outputs = self.value_dense(ops.reshape(mixed, (-1, height, width, self.num_heads * d)))
-        if not return_attention_scores:
-            return outputs
-        return outputs, ops.transpose(probabilities, (0, 2, 1, 3))
+        return _attend_query_major(self, inputs, probabilities, return_attention_scores)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
@@ -264,14 +272,7 @@ class PrecomputedGatedAttention(keras.layers.Layer):
         if tuple(inputs.shape[1:3]) != self.grid:
             raise ValueError(f"{self.name}'s positional probabilities are for a {self.grid} grid, got "
                              f"{tuple(inputs.shape[1:3])}.")
-        _, height, width, d = inputs.shape
-        probabilities = self.probabilities(inputs)
-        x = ops.reshape(ops.cast(inputs, self.compute_dtype), (-1, height * width, d))
-        mixed = ops.einsum("bqhk,bkd->bqhd", ops.cast(probabilities, self.compute_dtype), x)
-        outputs = self.value_dense(ops.reshape(mixed, (-1, height, width, self.num_heads * d)))
-        if not return_attention_scores:
-            return outputs
-        return outputs, ops.transpose(probabilities, (0, 2, 1, 3))
+        return _attend_query_major(self, inputs, self.probabilities(inputs), return_attention_scores)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
