@@ -204,13 +204,15 @@ def matmul_peaks(framework: str = "tensorflow", size: int = 2048, repeats: int =
     """GFLOP/s of a ``size``-square matmul in float32 and bfloat16 (best of ``repeats``), with
     ``framework`` (``"tensorflow"`` or ``"torch"``) in this process: the peak a side's achieved
     FLOP rate is a fraction of. ``"onnxruntime"``: float32 and int8 (`_onnxruntime_peaks`);
-    ``"openvino"``: float32 (`_openvino_peaks`)."""
+    ``"openvino"``: float32 (`_openvino_peaks`); ``"tflite"``: float32 and int8 (`_tflite_peaks`)."""
     flop = 2 * size ** 3
     peaks = {}
     if framework == "onnxruntime":
         return _onnxruntime_peaks(size, repeats)
     if framework == "openvino":
         return _openvino_peaks(size, repeats)
+    if framework == "tflite":
+        return _tflite_peaks(size, repeats)
     if framework == "torch":
         import torch
 
@@ -252,6 +254,39 @@ def _onnxruntime_peaks(size: int, repeats: int) -> dict:
         a = (rng.standard_normal((size, size)).astype(np.float32) if name == "float32"
              else rng.integers(0, 256, (size, size)).astype(np.uint8))
         peaks[name] = 2 * size ** 3 / fastest(lambda: session.run(None, {"a": a}), repeats) / 1e9
+    return peaks
+
+
+def _tflite_peaks(size: int, repeats: int) -> dict:
+    """The TFLite interpreter's GFLOP/s (XNNPACK, all cores) of a ``size``-square matmul by a
+    constant (``FULLY_CONNECTED``, as a model's weights): float32, and int8 weights and activations
+    as its full-integer quantization computes (calibrated on the input it times)."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    weights = tf.constant(rng.standard_normal((size, size)).astype(np.float32))
+    x = rng.standard_normal((size, size)).astype(np.float32)
+    function = tf.function(lambda a: tf.matmul(a, weights), input_signature=[tf.TensorSpec((size, size), tf.float32)])
+    peaks = {}
+    for name in ("float32", "int8"):
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()], function)
+        if name == "int8":
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            converter.representative_dataset = lambda: iter([[x]])
+            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+            converter.inference_input_type = converter.inference_output_type = tf.int8
+        interpreter = tf.lite.Interpreter(model_content=converter.convert(), num_threads=os.cpu_count())
+        interpreter.allocate_tensors()
+        (source,), (target,) = interpreter.get_input_details(), interpreter.get_output_details()
+        interpreter.set_tensor(source["index"], x.astype(source["dtype"]) if name == "float32"
+                               else rng.integers(-128, 128, (size, size)).astype(np.int8))
+
+        def run():
+            interpreter.invoke()
+            return interpreter.get_tensor(target["index"])
+
+        peaks[name] = 2 * size ** 3 / fastest(run, repeats) / 1e9
     return peaks
 
 

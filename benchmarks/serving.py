@@ -10,14 +10,16 @@ as a fraction of the matching matmul peak measured in the same process.
 For each preset (random weights: speed does not depend on their values) the parent writes the
 model, exports it (``export.export``: the frozen copy, `sa_conv.freeze_for_inference`, float32
 with its TFLite and ONNX files, and ``--precision=bfloat16``), quantizes the ONNX file to int8
-as ``--precision=int8`` does (``export.export_onnx_int8``) and starts one child per side:
+and the TFLite file to int8 as ``--precision=int8`` does (`export.int8`; the TFLite file calibrated on
+random images) and starts one child per side:
 
 * ``in_process_live``: the Keras model as trained, ``model(x, training=False)`` in a tf.function;
 * ``in_process``: its frozen copy (what the export serves);
 * ``saved_model``, ``saved_model_bfloat16``: ``serving_default`` of each export, reloaded; the
   float32 one also times its first batch-1 call after replaying the export's TensorFlow Serving
   warm-up records, against the steady call (`first_call`);
-* ``tflite``: the TFLite file in LiteRT's interpreter (its default XNNPACK delegate);
+* ``tflite``, ``tflite_int8``: the TFLite file and its full-integer quantization in LiteRT's
+  interpreter (its default XNNPACK delegate), with LiteRT's own float32 and int8 peaks;
 * ``onnx``, ``onnx_int8``: the ONNX file and its dynamic int8 quantization in ONNX Runtime,
   with ONNX Runtime's own float32 and int8 (``MatMulInteger``) peaks;
 * ``openvino``: the same ONNX file in OpenVINO's CPU plugin (its default precision for the CPU:
@@ -47,11 +49,19 @@ import tempfile
 from benchmarks import harness
 
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
-SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16", "tflite", "onnx", "onnx_int8",
-         "openvino")
+SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16", "tflite", "tflite_int8", "onnx",
+         "onnx_int8", "openvino")
 # The exported file each runtime side reads, in the float32 export's assets.extra.
-RUNTIME_FILES = {"tflite": "model.tflite", "onnx": "model.onnx", "onnx_int8": "model_int8.onnx",  # export.INT8_FILE
-                 "openvino": "model.onnx"}
+# (The int8 files' names are export.int8's; imported in the functions, after the process is configured.)
+RUNTIME_SIDES = ("tflite", "tflite_int8", "onnx", "onnx_int8", "openvino")
+
+
+def runtime_files() -> dict:
+    """``{side: the file it reads}`` for the `RUNTIME_SIDES`."""
+    from export import int8
+
+    return {"tflite": "model.tflite", "tflite_int8": int8.TFLiteFullInteger.file, "onnx": "model.onnx",
+            "onnx_int8": int8.OnnxDynamicInt8.file, "openvino": "model.onnx"}
 # Sides whose runtime is not a dependency of sa-conv: {side: the module it needs}.
 OPTIONAL_RUNTIMES = {"openvino": "openvino"}
 BATCHES = (1, 100)
@@ -66,7 +76,7 @@ def child(args):
 
     result = {"side": args.side}
     rng = np.random.default_rng(0)
-    if args.side in RUNTIME_FILES:
+    if args.side in RUNTIME_SIDES:
         run, shape = runtime(args.side, args.path, result)
     elif args.side.startswith("saved_model"):
         loaded = tf.saved_model.load(args.path)
@@ -92,12 +102,12 @@ def child(args):
             return fn(x).numpy()
     for batch in BATCHES:
         x = rng.integers(0, 256, (batch,) + shape).astype(np.uint8)
-        x = x if args.side in RUNTIME_FILES else tf.constant(x)
+        x = x if args.side in RUNTIME_SIDES else tf.constant(x)
         steps = args.steps if batch == 1 else max(2, args.steps // 5)
         result[f"images_per_second_batch{batch}"] = batch / harness.fastest(lambda: run(x), steps)
     # ONNX Runtime's and OpenVINO's own peaks for their sides (LiteRT's: TensorFlow's float32).
     framework = ("onnxruntime" if args.side.startswith("onnx") else "openvino" if args.side == "openvino"
-                 else "tensorflow")
+                 else "tflite" if args.side.startswith("tflite") else "tensorflow")
     result["matmul_gflops"] = harness.matmul_peaks(framework, args.matmul_size)
     harness.print_result(result)
 
@@ -136,7 +146,7 @@ def runtime(side, path, result):
 
     threads = os.cpu_count()
     result["file_megabytes"] = os.path.getsize(path) / 2**20
-    if side == "tflite":
+    if side.startswith("tflite"):
         import tensorflow as tf
 
         interpreter = tf.lite.Interpreter(model_path=path, num_threads=threads)
@@ -205,9 +215,12 @@ def _child(side, path, steps, matmul_size, python=None, reference_dir=None):
 
 
 def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=None, matmul_size=2048):
+    import numpy as np
+
     import sa_conv
     from benchmarks import flops
-    from export.export import export, export_onnx_int8
+    from export import int8
+    from export.export import export
 
     config = sa_conv.get_config(preset)
     model = sa_conv.build_model(config, name=preset)
@@ -216,9 +229,12 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     exports = {"saved_model": export(model_path=path, export_dir=os.path.join(workdir, "f32"),
                                      formats=("saved_model", "tflite", "onnx"), log=lambda s: None)}
     extra = os.path.join(exports["saved_model"], "assets.extra")
-    # The int8 file the export writes for --precision=int8 (its probability products float32).
-    export_onnx_int8(sa_conv.freeze_for_inference(model), extra)
-    exports.update({side: os.path.join(extra, name) for side, name in RUNTIME_FILES.items()})
+    # The int8 files the export writes for --precision=int8 (see export.int8).
+    calibration = np.random.default_rng(1).integers(0, 256, (int8.CALIBRATION_IMAGES, *model.inputs[0].shape[1:]),
+                                                    dtype=np.uint8)
+    for route in int8.ROUTES.values():
+        route.write(exports["saved_model"], sa_conv.freeze_for_inference(model), calibration)
+    exports.update({side: os.path.join(extra, name) for side, name in runtime_files().items()})
     # Random weights decide nothing of speed, but the agreement check needs a trained model's
     # margins: it is measured by the export tests, not here.
     from export import export as export_lib
@@ -256,6 +272,8 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
                          "bfloat16_over_float32_export": ("saved_model_bfloat16", "saved_model"),
                          "tflite_over_saved_model": ("tflite", "saved_model"),
                          "onnx_over_saved_model": ("onnx", "saved_model"),
+                         "tflite_int8_over_saved_model": ("tflite_int8", "saved_model"),
+                         "tflite_int8_over_tflite": ("tflite_int8", "tflite"),
                          "onnx_int8_over_saved_model": ("onnx_int8", "saved_model"),
                          "onnx_int8_over_onnx": ("onnx_int8", "onnx"),
                          "openvino_over_saved_model": ("openvino", "saved_model"),

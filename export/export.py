@@ -4,7 +4,8 @@
 Layout (TensorFlow Serving's): ``export_dir/<model_name>/<version>/saved_model.pb`` and
 ``variables/``, with ``assets.extra/metadata.json`` (class names, preset, parameter count, the
 training results) and, when asked, ``assets.extra/model.tflite`` and ``assets.extra/model.onnx``
-(each checked against the Keras model before success is reported).
+(each checked against the Keras model before success is reported); with ``--precision=int8``,
+their int8 versions beside them (`export.int8`).
 
 Signatures:
 
@@ -48,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 import sa_conv
-from export import tf_serving
+from export import int8, onnx_files, tf_serving
 from trainers import cli, files, image_files
 from trainers import data as data_lib
 from sa_conv.errors import SaConvError
@@ -183,10 +184,11 @@ def build_archive(model: keras.Model, class_names, max_image_pixels: int = DEFAU
 # ------------------------------------------------------------------------------ verification
 
 
-def verification_images(results: dict, image_shape, count: int = 16) -> tuple[np.ndarray, str]:
-    """Real images from the dataset the model was trained on when it is on local files here (the
-    official python files, or a folder dataset), at the model's input size as its evaluation saw
-    them, else generated ones of the model's input shape; and a word saying which."""
+def verification_images(results: dict, image_shape, count: int = 16, split: str = "test") -> tuple[np.ndarray, str]:
+    """Real images of ``split`` (``test`` or ``train``) of the dataset the model was trained on
+    when it is on local files here (the official python files, or a folder dataset), at the model's
+    input size as its evaluation saw them, else generated ones of the model's input shape; and a
+    word saying which."""
     config = results.get("train_config", {})
     dataset = config.get("dataset")
     if dataset:
@@ -197,9 +199,9 @@ def verification_images(results: dict, image_shape, count: int = 16) -> tuple[np
                 fmt is not None and config.get("data_dir") and fmt.find(config["data_dir"]))
             if local:  # never a download
                 loaded = source.load(config.get("data_dir"), config.get("seed", 0), image_size=config.get("image_size"))
-                test = data_lib.head(loaded.test, count, int(image_shape[0]))
-                if test.shape[1:] == tuple(image_shape):
-                    return test, "test images"
+                images = data_lib.head(getattr(loaded, split), count, int(image_shape[0]))
+                if images.shape[1:] == tuple(image_shape):
+                    return images, f"{split} images"
         except data_lib.DatasetError:
             pass
     generated = data_lib.make_synthetic(num_train=1, num_test=count, seed=0, image_shape=tuple(image_shape))
@@ -246,6 +248,7 @@ def export_onnx(model: keras.Model, target: str, images: np.ndarray, expected: n
     except ImportError:
         raise ExportError("--formats=onnx needs tf2onnx and onnxruntime: pip install -e '.[onnx]'.") from None
     model.export(target, format="onnx", verbose=False)
+    onnx_files.fold_constant_shapes(target)
     session = onnxruntime.InferenceSession(target, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     logits = np.concatenate([session.run(None, {name: images[i: i + 1].astype(np.float32)})[0]
@@ -296,49 +299,6 @@ def write_tf_serving_files(version_dir: str, loaded, model_name: str, images: np
 
 
 MIN_TOP1_AGREEMENT = 0.99
-INT8_FILE = "model_int8.onnx"
-# --precision=int8: the route benchmarks/serving.py measured fastest here. TensorFlow's own int8
-# matmul (what Keras's quantize("int8") runs in a SavedModel) ran slower than float32 on these
-# CPUs; ONNX Runtime's dynamic quantization of the ONNX file ran faster, in a file about a
-# quarter the size. The SavedModel stays float32.
-INT8_ROUTE = ("onnxruntime dynamic quantization of the ONNX file (int8 weights per tensor, uint8 activations "
-              "quantized per call); precomputed attention probabilities kept float32")
-
-
-def onnx_runner(path: str):
-    """``images (uint8) -> logits`` of an ONNX file in ONNX Runtime, on all cores."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count()
-    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda images: np.concatenate([session.run(None, {name: images[i: i + 64].astype(np.float32)})[0]
-                                          for i in range(0, len(images), 64)])
-
-
-def export_onnx_int8(serving, extra: str) -> dict:
-    """Writes ``extra/INT8_FILE``, ONNX Runtime's dynamic int8 quantization of ``extra/model.onnx``
-    (the float32 file of ``serving``), leaving float32 the products that read a precomputed
-    attention probability constant (values in [0, 1] whose small entries a per-tensor int8 scale
-    would round to zero). Returns the route and the sizes for ``metadata.json``."""
-    import onnx
-    from onnx import numpy_helper
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    source, target = os.path.join(extra, "model.onnx"), os.path.join(extra, INT8_FILE)
-    constants = [np.sort(np.asarray(w.numpy()).ravel()) for w in serving.weights if "probabilities" in w.path]
-    graph = onnx.load(source).graph
-    kept = set()
-    for initializer in graph.initializer:
-        values = np.sort(numpy_helper.to_array(initializer).ravel())
-        if any(values.shape == c.shape and np.array_equal(values, c) for c in constants):
-            kept.add(initializer.name)
-    float32_nodes = sorted(n.name for n in graph.node if kept & set(n.input))
-    quantize_dynamic(source, target, weight_type=QuantType.QInt8, nodes_to_exclude=float32_nodes)
-    return {"route": INT8_ROUTE, "file": os.path.join("assets.extra", INT8_FILE),
-            "megabytes": os.path.getsize(target) / 2**20, "float32_megabytes": os.path.getsize(source) / 2**20,
-            "float32_nodes": float32_nodes}
 
 
 def read_images(path: str, image_shape) -> np.ndarray:
@@ -417,7 +377,7 @@ def export(
     except ValueError as exc:
         raise ExportError(f"--precision: {exc.args[0].replace('got', 'or int8, got')}") from None
     if dtype == "int8" and "onnx" not in formats:
-        formats += ("onnx",)  # the int8 route starts from the float32 ONNX file
+        formats += ("onnx",)  # the int8 ONNX file starts from the float32 one; see export.int8
     if dtype == "bfloat16" and set(formats) - {"saved_model"}:
         raise ExportError("--precision=bfloat16 writes a SavedModel only; export TFLite and ONNX in float32.")
     path, results = resolve_model(model_dir, model_path)
@@ -464,7 +424,7 @@ def export(
                                    for i in range(0, len(batch), max_batch_size)])
 
         precision_record = {"dtype": dtype, "why": dtype_reason}
-        if dtype != "bfloat16":  # int8: the SavedModel stays float32 (see INT8_ROUTE)
+        if dtype != "bfloat16":  # int8: the SavedModel stays float32 (see export.int8)
             tolerance = probability_tolerance("float32", None)
             checks = {"saved_model": _verify("The SavedModel", expected, served(images), tolerance)}
         else:  # against the bfloat16 Keras model it was written from, then top-1 against float32
@@ -483,9 +443,17 @@ def export(
         if "onnx" in formats:
             checks["onnx"] = export_onnx(serving, os.path.join(extra, "model.onnx"), images, expected)
         if dtype == "int8":
-            precision_record.update(export_onnx_int8(serving, extra))
-            precision_record.update(top1_agreement(model, onnx_runner(os.path.join(extra, INT8_FILE)), results,
-                                                   agreement_images, model.inputs[0].shape[1:], "int8 ONNX file"))
+            calibration, calibration_source = verification_images(
+                results, model.inputs[0].shape[1:], int8.CALIBRATION_IMAGES, "train")
+            precision_record.update(saved_model=int8.SAVED_MODEL_INT8, files={})
+            for fmt, route in int8.ROUTES.items():
+                if fmt in formats:
+                    record = route.write(tmp, serving, calibration)
+                    if "calibration_images" in record:
+                        record["calibration_images"] = f"{len(calibration)} {calibration_source}"
+                    record.update(top1_agreement(model, route.runner(os.path.join(tmp, record["file"])), results,
+                                                 agreement_images, model.inputs[0].shape[1:], route.name))
+                    precision_record["files"][fmt] = record
         metadata = {
             "model_name": model_name,
             "version": version,
@@ -525,9 +493,16 @@ def export(
     log(f"Exported {model_name} version {version} to {target} "
         f"(signatures: {', '.join(metadata['signatures'])}; checked on {len(images)} {source}: "
         + ", ".join(f"{k} max error {v:.2g}" for k, v in checks.items())
-        + (f"; {dtype} top-1 agrees with float32 on {precision_record['top1_agreement']:.2%} of "
-           f"{precision_record['agreement_images']}" if dtype != "float32" else "") + ")")
+        + "".join(f"; {what} top-1 agrees with float32 on {record['top1_agreement']:.2%} of {record['agreement_images']}"
+                  for what, record in _agreements(dtype, precision_record)) + ")")
     return target
+
+
+def _agreements(dtype: str, record: dict):
+    """``(what, record with its top-1 agreement)`` of each low-precision file the export checked."""
+    if dtype == "bfloat16":
+        return [("bfloat16", record)]
+    return [(int8.ROUTES[fmt].name, file) for fmt, file in record.get("files", {}).items()]
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -550,11 +525,12 @@ class ExportConfig:
     precision: str = _field(
         "float32", "bfloat16: compute in bfloat16 (float32 weights, softmax and encodings), checked to pick the "
         "float32 model's class on >= 99% of held-out images; auto: bfloat16 on CPUs with AVX512_BF16/AMX and GPUs "
-        "of compute capability 8.0+, else float32; int8: an int8 ONNX file beside the float32 SavedModel "
-        "(assets.extra/model_int8.onnx, ONNX Runtime's dynamic quantization), checked the same way.",
+        "of compute capability 8.0+, else float32; int8: int8 files beside the float32 SavedModel "
+        "(assets.extra/model_int8.onnx, ONNX Runtime's dynamic quantization; with --formats=...,tflite also "
+        "model_int8.tflite, full-integer, calibrated on the run's training images), each checked the same way.",
         precision_lib.CHOICES + ("int8",))
     agreement_images: Optional[str] = _field(
-        None, "A .npy/.npz file of uint8 images for the bfloat16 agreement check; default: the run's own "
+        None, "A .npy/.npz file of uint8 images for the bfloat16 and int8 agreement checks; default: the run's own "
         "test images when its dataset is on local files, else generated ones.")
     image_size: Optional[int] = _field(
         None, "Serve another input size than training's (offset-function encodings as they are, learned offset "

@@ -49,6 +49,31 @@ def real_images(tiny_cifar):
     return tiny_cifar[1].test.images[:16]
 
 
+@pytest.fixture(scope="session")
+def made_once(tmp_path_factory):
+    """``made_once(key, make)``: a directory that ``make(directory)`` filled, made once per test
+    run however many xdist workers ask for it (the first to ask makes it under a file lock, the
+    others wait and read it): for results that several tests read, such as a paper-size model.
+    (``--dist=loadgroup`` would keep such tests on one worker, but does not group under pytest
+    9.2: pytest-dev/pytest-xdist#1386.)"""
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root  # shared by the workers
+
+    def get(key, make):
+        directory = root / f"made-once-{key}"
+        with open(root / f"made-once-{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (directory / ".done").exists():
+                directory.mkdir(exist_ok=True)
+                make(directory)
+                (directory / ".done").touch()
+        return directory
+
+    return get
+
+
 def gradients(loss_fn, x, variables):
     """Gradients of the scalar ``loss_fn(x)`` with respect to the input ``x`` and ``variables``
     (Keras variables), as numpy arrays, on whichever Keras backend runs."""

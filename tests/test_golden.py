@@ -24,13 +24,17 @@ def _paper_size(preset):
     return not preset.endswith("_small") and preset != "resnet18"
 
 
-@pytest.fixture(scope="module", params=golden.presets())
-def recorded(request):
+@pytest.fixture(params=golden.presets())
+def recorded(request, made_once):
+    """``(preset, the fixture's arrays, what it computes now)``; computed once per test run, however
+    a random order interleaves the four tests of a preset with others and spreads them over
+    workers (a module-scoped fixture recomputed it after each interruption: up to 4x a paper model)."""
     preset = request.param
     if _paper_size(preset) and request.config.getoption("--fast"):
         pytest.skip("paper-size presets run in the full suite")
     want = dict(np.load(golden.FIXTURES / f"{preset}.npz"))
-    return preset, want, golden.record(preset)
+    directory = made_once(f"golden-{preset}", lambda d: np.savez(d / "got.npz", **golden.record(preset)))
+    return preset, want, dict(np.load(directory / "got.npz"))
 
 
 def test_the_same_arrays_are_recorded(recorded):

@@ -165,7 +165,8 @@ def training_accuracy(name="vs_reference_training"):
 
 SERVING_SIDES = {"in_process_live": "in-process, as trained", "in_process": "in-process, frozen",
                  "saved_model": "SavedModel", "saved_model_bfloat16": "SavedModel, bfloat16",
-                 "tflite": "TFLite (LiteRT, XNNPACK)", "onnx": "ONNX (ONNX Runtime)",
+                 "tflite": "TFLite (LiteRT, XNNPACK)", "tflite_int8": "TFLite int8 (LiteRT, XNNPACK)",
+                 "onnx": "ONNX (ONNX Runtime)",
                  "onnx_int8": "ONNX int8 (ONNX Runtime)", "openvino": "ONNX (OpenVINO)",
                  "reference": "reference (PyTorch)"}
 
@@ -192,6 +193,7 @@ SERVING_RATIOS = {"saved_model_over_in_process": "SavedModel / in-process", "in_
                   "bfloat16_over_float32_export": "bfloat16 / float32 export",
                   "tflite_over_saved_model": "TFLite / SavedModel", "onnx_over_saved_model": "ONNX / SavedModel",
                   "onnx_int8_over_saved_model": "int8 ONNX / SavedModel",
+                  "tflite_int8_over_saved_model": "int8 TFLite / SavedModel",
                   "openvino_over_saved_model": "OpenVINO / SavedModel",
                   "in_process_over_reference": "in-process / reference",
                   "saved_model_over_reference": "SavedModel / reference",

@@ -1,0 +1,127 @@
+"""int8 files beside the float32 SavedModel (``sa-conv-export --precision=int8``): one route per
+format, chosen once in `ROUTES`.
+
+* ``onnx`` (`OnnxDynamicInt8`, always written): ONNX Runtime's dynamic quantization of the
+  float32 ONNX file, ``assets.extra/model_int8.onnx``: int8 weights per tensor, uint8 activations
+  quantized per call.
+* ``tflite`` (`TFLiteFullInteger`, with ``--formats=...,tflite``): the TFLite converter's
+  full-integer quantization, ``assets.extra/model_int8.tflite``: int8 weights and activations,
+  their ranges calibrated on training images of the run (`CALIBRATION_IMAGES` of them), float32
+  kept only where an op has no int8 kernel; uint8 images in, probabilities out, as the float32
+  file.
+* The SavedModel stays float32 (`SAVED_MODEL_INT8`): TensorFlow's own int8 matmul, which Keras's
+  ``quantize("int8")`` runs inside a SavedModel, measured slower than float32 on these CPUs
+  (``benchmarks/serving.py``).
+
+Products with precomputed attention probabilities (values in [0, 1], a (heads, N, N) constant
+per block) stay float32 in the ONNX route: a per-tensor int8 scale would round their small
+entries to zero. Each file must pick the float32 model's class on `export.MIN_TOP1_AGREEMENT` of
+held-out images, as the export checks."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from export.onnx_files import large_float32_constants, store_float16
+
+CALIBRATION_IMAGES = 100  # ranges of a full-integer file: enough to cover a dataset's activations
+SAVED_MODEL_INT8 = ("float32: TensorFlow's int8 matmul (Keras's quantize('int8') in a SavedModel) measured "
+                    "slower than float32 on these CPUs")
+
+
+def onnx_runner(path: str):
+    """``images (uint8) -> logits`` of an ONNX file in ONNX Runtime, on all cores."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count()
+    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda images: np.concatenate([session.run(None, {name: images[i: i + 64].astype(np.float32)})[0]
+                                          for i in range(0, len(images), 64)])
+
+
+def tflite_runner(path: str):
+    """``images (uint8) -> probabilities`` of a TFLite file's ``serving_default`` in the TFLite
+    interpreter (XNNPACK), one image a call as a phone would."""
+    import tensorflow as tf
+
+    runner = tf.lite.Interpreter(model_path=path, num_threads=os.cpu_count()).get_signature_runner("serving_default")
+    return lambda images: np.concatenate([runner(images=images[i: i + 1])["probabilities"]
+                                          for i in range(len(images))])
+
+
+class OnnxDynamicInt8:
+    """ONNX Runtime's dynamic quantization of ``assets.extra/model.onnx``."""
+
+    format = "onnx"
+    name = "int8 ONNX file"
+    file = "model_int8.onnx"
+    route = ("onnxruntime dynamic quantization of the ONNX file (int8 weights per tensor, uint8 activations "
+             "quantized per call); precomputed attention probabilities computed in float32; large float32 "
+             "constants stored float16")
+    runner = staticmethod(onnx_runner)
+
+    def write(self, version_dir: str, serving, calibration: np.ndarray) -> dict:
+        """Writes the file; returns what ``metadata.json`` records of it. The products that read
+        a precomputed probability constant of ``serving`` stay float32, and the large constants
+        left float32 are stored float16 (`store_float16`): otherwise they are most of the file's
+        bytes, and float16 keeps their entries to 2**-11 relative. ``calibration`` is unused: the
+        ranges of activations are measured per call."""
+        import onnx
+        from onnx import numpy_helper
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        extra = os.path.join(version_dir, "assets.extra")
+        source, target = os.path.join(extra, "model.onnx"), os.path.join(extra, self.file)
+        constants = [np.sort(np.asarray(w.numpy()).ravel()) for w in serving.weights if "probabilities" in w.path]
+        graph = onnx.load(source).graph
+        kept = set()
+        for initializer in graph.initializer:
+            values = np.sort(numpy_helper.to_array(initializer).ravel())
+            if any(values.shape == c.shape and np.array_equal(values, c) for c in constants):
+                kept.add(initializer.name)
+        float32_nodes = sorted(n.name for n in graph.node if kept & set(n.input))
+        quantize_dynamic(source, target, weight_type=QuantType.QInt8, nodes_to_exclude=float32_nodes)
+        # What the quantizer left float32 and is large: the probability constants, and constants
+        # no product reads as a weight (a content encoding's (heads, N, N) position logits).
+        halved = large_float32_constants(target)
+        store_float16(target, halved)
+        return {"route": self.route, "file": os.path.join("assets.extra", self.file),
+                "megabytes": os.path.getsize(target) / 2**20, "float32_megabytes": os.path.getsize(source) / 2**20,
+                "float32_nodes": float32_nodes, "float16_constants": halved}
+
+
+class TFLiteFullInteger:
+    """The TFLite converter's full-integer quantization of the SavedModel's ``serving_default``."""
+
+    format = "tflite"
+    name = "int8 TFLite file"
+    file = "model_int8.tflite"
+    route = ("TFLite full-integer quantization (int8 weights per channel and activations, ranges calibrated on "
+             "training images of the run; float32 only where an op has no int8 kernel)")
+    runner = staticmethod(tflite_runner)
+
+    def write(self, version_dir: str, serving, calibration: np.ndarray) -> dict:
+        """Converts the SavedModel in ``version_dir`` with ``calibration`` (uint8 images) as the
+        representative dataset; returns what ``metadata.json`` records of the file."""
+        import tensorflow as tf
+
+        extra = os.path.join(version_dir, "assets.extra")
+        converter = tf.lite.TFLiteConverter.from_saved_model(version_dir, signature_keys=["serving_default"])
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: ({"images": calibration[i: i + 1]} for i in range(len(calibration)))
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
+        target = os.path.join(extra, self.file)
+        with open(target, "wb") as f:
+            f.write(converter.convert())
+        float32 = os.path.join(extra, "model.tflite")
+        return {"route": self.route, "file": os.path.join("assets.extra", self.file),
+                "megabytes": os.path.getsize(target) / 2**20,
+                "float32_megabytes": os.path.getsize(float32) / 2**20 if os.path.exists(float32) else None,
+                "calibration_images": len(calibration)}
+
+
+ROUTES = {route.format: route for route in (OnnxDynamicInt8(), TFLiteFullInteger())}
