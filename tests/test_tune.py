@@ -239,6 +239,9 @@ def test_tuner_files_are_written_atomically(tmp_path, monkeypatch):
     ({"name": "num_layers", "type": "int", "min": 1, "max": 2.5}, "max must be an integer, got 2.5"),
     ({"name": "dropout", "type": "float", "min": 0.0, "max": True}, "max must be a number, got True"),
     ({"name": "dropout", "type": "float", "min": 0.0, "max": 0.3, "step": "0.1"}, "step must be a number"),
+    # A choice's values that are not a list reached list() as a TypeError (found the same way).
+    ({"name": "num_layers", "type": "choice", "values": 1}, "'values' must be a list, got 1"),
+    ({"name": "encoding", "type": "choice", "values": "quadratic"}, "'values' must be a list, got 'quadratic'"),
 ])
 def test_range_bounds_of_the_wrong_type_are_named(entry, message):
     """Found by tests/test_fuzz.py (hypothesis): a string bound reached the comparison as a TypeError."""

@@ -186,6 +186,8 @@ def validate_search_space(space: dict) -> None:
         missing = [key for key in required if key not in entry]
         if missing:
             raise ConfigError(f"{where}: a {kind} needs {missing}.")
+        if kind == "choice" and not isinstance(entry["values"], list):
+            raise ConfigError(f"{where}: 'values' must be a list, got {entry['values']!r}.")
         if kind == "choice" and not entry["values"]:
             raise ConfigError(f"{where}: 'values' is empty.")
         if kind in ("int", "float"):
