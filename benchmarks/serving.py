@@ -105,7 +105,7 @@ def child(args):
         x = x if args.side in RUNTIME_SIDES else tf.constant(x)
         steps = args.steps if batch == 1 else max(2, args.steps // 5)
         result[f"images_per_second_batch{batch}"] = batch / harness.fastest(lambda: run(x), steps)
-    # ONNX Runtime's and OpenVINO's own peaks for their sides (LiteRT's: TensorFlow's float32).
+    # ONNX Runtime's, OpenVINO's and LiteRT's own peaks for their sides.
     framework = ("onnxruntime" if args.side.startswith("onnx") else "openvino" if args.side == "openvino"
                  else "tflite" if args.side.startswith("tflite") else "tensorflow")
     result["matmul_gflops"] = harness.matmul_peaks(framework, args.matmul_size)
@@ -232,8 +232,9 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     # The int8 files the export writes for --precision=int8 (see export.int8).
     calibration = np.random.default_rng(1).integers(0, 256, (int8.CALIBRATION_IMAGES, *model.inputs[0].shape[1:]),
                                                     dtype=np.uint8)
+    frozen = sa_conv.freeze_for_inference(model)
     for route in int8.ROUTES.values():
-        route.write(exports["saved_model"], sa_conv.freeze_for_inference(model), calibration)
+        route.write(exports["saved_model"], frozen, calibration)
     exports.update({side: os.path.join(extra, name) for side, name in runtime_files().items()})
     # Random weights decide nothing of speed, but the agreement check needs a trained model's
     # margins: it is measured by the export tests, not here.

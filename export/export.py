@@ -49,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 import sa_conv
-from export import int8, onnx_files, tf_serving
+from export import int8, onnx_files, runtimes, tf_serving
 from trainers import cli, files, image_files
 from trainers import data as data_lib
 from sa_conv.errors import SaConvError
@@ -244,28 +244,21 @@ def export_onnx(model: keras.Model, target: str, images: np.ndarray, expected: n
     """Writes ``model`` as ONNX (Keras's exporter, through tf2onnx: ``pip install .[onnx]``) and
     checks it with ONNX Runtime against the Keras model's probabilities."""
     try:
-        import onnxruntime
+        import onnxruntime  # noqa: F401  (only to name the extra when it is missing)
     except ImportError:
         raise ExportError("--formats=onnx needs tf2onnx and onnxruntime: pip install -e '.[onnx]'.") from None
     model.export(target, format="onnx", verbose=False)
     onnx_files.fold_constant_shapes(target)
-    session = onnxruntime.InferenceSession(target, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    logits = np.concatenate([session.run(None, {name: images[i: i + 1].astype(np.float32)})[0]
-                             for i in range(len(images))])
+    logits = runtimes.onnx_runner(target)(images)
     return _verify("The ONNX model", expected, tf.nn.softmax(logits).numpy(), 1e-4)
 
 
 def export_tflite(saved_model_dir: str, target: str, images: np.ndarray, expected: np.ndarray) -> float:
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=["serving_default"])
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
-    blob = converter.convert()
     with open(target, "wb") as f:
-        f.write(blob)
-    interpreter = tf.lite.Interpreter(model_content=blob)
-    runner = interpreter.get_signature_runner("serving_default")
-    got = np.concatenate([runner(images=images[i: i + 1])["probabilities"] for i in range(len(images))])
-    return _verify("The TFLite model", expected, got, 1e-4)
+        f.write(converter.convert())
+    return _verify("The TFLite model", expected, runtimes.tflite_runner(target)(images), 1e-4)
 
 
 def write_tf_serving_files(version_dir: str, loaded, model_name: str, images: np.ndarray, max_batch_size: int,

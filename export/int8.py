@@ -24,33 +24,12 @@ import os
 
 import numpy as np
 
-from export.onnx_files import large_float32_constants, store_float16
+from export.onnx_files import store_float16
+from export.runtimes import onnx_runner, tflite_runner
 
 CALIBRATION_IMAGES = 100  # ranges of a full-integer file: enough to cover a dataset's activations
 SAVED_MODEL_INT8 = ("float32: TensorFlow's int8 matmul (Keras's quantize('int8') in a SavedModel) measured "
                     "slower than float32 on these CPUs")
-
-
-def onnx_runner(path: str):
-    """``images (uint8) -> logits`` of an ONNX file in ONNX Runtime, on all cores."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count()
-    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda images: np.concatenate([session.run(None, {name: images[i: i + 64].astype(np.float32)})[0]
-                                          for i in range(0, len(images), 64)])
-
-
-def tflite_runner(path: str):
-    """``images (uint8) -> probabilities`` of a TFLite file's ``serving_default`` in the TFLite
-    interpreter (XNNPACK), one image a call as a phone would."""
-    import tensorflow as tf
-
-    runner = tf.lite.Interpreter(model_path=path, num_threads=os.cpu_count()).get_signature_runner("serving_default")
-    return lambda images: np.concatenate([runner(images=images[i: i + 1])["probabilities"]
-                                          for i in range(len(images))])
 
 
 class OnnxDynamicInt8:
@@ -77,9 +56,12 @@ class OnnxDynamicInt8:
         extra = os.path.join(version_dir, "assets.extra")
         source, target = os.path.join(extra, "model.onnx"), os.path.join(extra, self.file)
         constants = [np.sort(np.asarray(w.numpy()).ravel()) for w in serving.weights if "probabilities" in w.path]
+        sizes = {c.size for c in constants}
         graph = onnx.load(source).graph
         kept = set()
         for initializer in graph.initializer:
+            if int(np.prod(initializer.dims)) not in sizes:
+                continue  # (sorting every weight to compare would cost more than the quantization)
             values = np.sort(numpy_helper.to_array(initializer).ravel())
             if any(values.shape == c.shape and np.array_equal(values, c) for c in constants):
                 kept.add(initializer.name)
@@ -87,8 +69,7 @@ class OnnxDynamicInt8:
         quantize_dynamic(source, target, weight_type=QuantType.QInt8, nodes_to_exclude=float32_nodes)
         # What the quantizer left float32 and is large: the probability constants, and constants
         # no product reads as a weight (a content encoding's (heads, N, N) position logits).
-        halved = large_float32_constants(target)
-        store_float16(target, halved)
+        halved = store_float16(target)
         return {"route": self.route, "file": os.path.join("assets.extra", self.file),
                 "megabytes": os.path.getsize(target) / 2**20, "float32_megabytes": os.path.getsize(source) / 2**20,
                 "float32_nodes": float32_nodes, "float16_constants": halved}

@@ -34,42 +34,36 @@ def fold_constant_shapes(path: str) -> list[str]:
     return dropped
 
 
-def store_float16(path: str, names) -> None:
-    """Rewrites the ONNX file ``path`` so that its float32 initializers ``names`` are stored as
-    float16, each read through a ``Cast`` to float32 under its old name: the graph computes what
-    it computed, on values rounded to float16, in half the bytes (ONNX Runtime folds the casts
-    when it loads the file)."""
+FLOAT16_MAX = 65504.0
+
+
+def store_float16(path: str, names=None, min_elements: int = 2**12) -> list[str]:
+    """Rewrites the ONNX file ``path`` so that its float32 initializers ``names`` (None: those with
+    at least ``min_elements`` entries, all finite and inside float16's range, the ones that matter
+    to the file's size) are stored as float16, each read through a ``Cast`` to float32 under its
+    old name: the graph computes what it computed, on values rounded to float16, in half the bytes
+    (ONNX Runtime folds the casts when it loads the file). Returns the names stored so."""
     import onnx
     from onnx import numpy_helper
+
+    def chosen(initializer, values):
+        if names is not None:
+            return initializer.name in names
+        return (values.size >= min_elements and np.isfinite(values).all()
+                and np.abs(values).max() < FLOAT16_MAX)
 
     model = onnx.load(path)
     graph, casts = model.graph, []
     for initializer in graph.initializer:
-        if initializer.name in names and initializer.data_type == onnx.TensorProto.FLOAT:
+        if initializer.data_type != onnx.TensorProto.FLOAT:
+            continue
+        values = numpy_helper.to_array(initializer)
+        if chosen(initializer, values):
             name = initializer.name
-            initializer.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(initializer).astype(np.float16),
-                                                         f"{name}_float16"))
+            initializer.CopyFrom(numpy_helper.from_array(values.astype(np.float16), f"{name}_float16"))
             casts.append(onnx.helper.make_node("Cast", [f"{name}_float16"], [name], to=onnx.TensorProto.FLOAT,
                                                name=f"{name}_to_float32"))
     for i, cast in enumerate(casts):
         graph.node.insert(i, cast)
     onnx.save(model, path)
-
-
-FLOAT16_MAX = 65504.0
-
-
-def large_float32_constants(path: str, min_elements: int = 2**12) -> list[str]:
-    """The float32 initializers of the ONNX file ``path`` with at least ``min_elements`` entries,
-    all finite and inside float16's range: what `store_float16` can halve that matters to the
-    file's size."""
-    import onnx
-    from onnx import numpy_helper
-
-    names = []
-    for initializer in onnx.load(path).graph.initializer:
-        if initializer.data_type == onnx.TensorProto.FLOAT and int(np.prod(initializer.dims)) >= min_elements:
-            values = numpy_helper.to_array(initializer)
-            if np.isfinite(values).all() and np.abs(values).max() < FLOAT16_MAX:
-                names.append(initializer.name)
-    return sorted(names)
+    return sorted(cast.output[0] for cast in casts)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import sa_conv
 from export import export as export_lib
-from export import int8, onnx_files
+from export import int8, onnx_files, runtimes
 from tests import image_formats
 from tests.conftest import PROJECT_ROOT
 from trainers import data as data_lib
@@ -356,7 +356,7 @@ def test_int8_export_writes_a_quantized_onnx_file_that_picks_float32s_classes(co
     assert record["megabytes"] < record["float32_megabytes"] / 2
     ops = {node.op_type for node in onnx.load(os.path.join(version, record["file"])).graph.node}
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops  # int8 products, activations quantized per call
-    logits = int8.onnx_runner(os.path.join(version, record["file"]))(held_out)
+    logits = runtimes.onnx_runner(os.path.join(version, record["file"]))(held_out)
     assert np.mean(logits.argmax(-1) == model.predict(held_out, verbose=0).argmax(-1)) >= 0.99
     # The SavedModel itself stays float32 and is checked as float32 exports are.
     assert meta["verification"]["max_abs_error"]["saved_model"] <= 1e-5
@@ -381,7 +381,7 @@ def test_int8_tflite_is_full_integer_calibrated_on_the_runs_training_images(conf
     int8_tensors = [t for t in tensors if t["dtype"] == np.int8]
     assert len(int8_tensors) > len(tensors) / 2  # weights and activations, not weights only
     assert any(t["quantization_parameters"]["scales"].size for t in int8_tensors)
-    probabilities = int8.tflite_runner(os.path.join(version, record["file"]))(held_out[:40])
+    probabilities = runtimes.tflite_runner(os.path.join(version, record["file"]))(held_out[:40])
     # Probabilities are int8 with a 1/256 step: ten of them sum to 1 within a few steps.
     np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=10 / 256)
     agree = np.mean(probabilities.argmax(-1) == model.predict(held_out[:40], verbose=0).argmax(-1))
@@ -448,8 +448,8 @@ def test_int8_keeps_precomputed_probabilities_float32(tmp_path):
     onnx_files.store_float16(str(half), record["float16_constants"])
     assert os.path.getsize(half) < os.path.getsize(os.path.join(version, "assets.extra", "model.onnx"))
     images = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
-    float32 = int8.onnx_runner(os.path.join(version, "assets.extra", "model.onnx"))(images)
-    stored_half = int8.onnx_runner(str(half))(images)
+    float32 = runtimes.onnx_runner(os.path.join(version, "assets.extra", "model.onnx"))(images)
+    stored_half = runtimes.onnx_runner(str(half))(images)
     assert 0 < np.abs(stored_half - float32).max() < 2e-3 * np.abs(float32).max()
 
 
