@@ -200,6 +200,25 @@ def cpu() -> dict:
     return record
 
 
+def cpu_class(record: dict | None = None) -> str:
+    """What decides which format serves fastest, as a short name: the CPU's model and its widest
+    matrix units, e.g. ``"AMD EPYC, AVX-512 VNNI BF16"``, ``"AMD EPYC, AVX2"``,
+    ``"Intel Xeon, AMX"``. ``record``: a `cpu` record (``features``) or `trainers.process`'s
+    (``extensions``); this machine's by default."""
+    record = cpu() if record is None else record
+    features = set(record.get("features", record.get("extensions", ())))
+    if features & {"amx_tile", "amx_bf16", "amx_int8"}:
+        units = "AMX"
+    elif "avx512f" in features:
+        units = " ".join(["AVX-512"] + [name for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"))
+                                        if flag in features])
+    elif "avx2" in features:
+        units = "AVX2" + (" VNNI" if "avx_vnni" in features else "")
+    else:
+        units = "no AVX2"
+    return f"{record.get('model', 'unknown CPU')}, {units}"
+
+
 def matmul_peaks(framework: str = "tensorflow", size: int = 2048, repeats: int = 5) -> dict:
     """GFLOP/s of a ``size``-square matmul in float32 and bfloat16 (best of ``repeats``), with
     ``framework`` (``"tensorflow"`` or ``"torch"``) in this process: the peak a side's achieved

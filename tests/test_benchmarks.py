@@ -168,3 +168,37 @@ def test_benchmarks_share_one_harness_and_change_nothing_on_import():
             assert "sys.path" not in ast.unparse(node) or isinstance(node, ast.FunctionDef), path.name
             if isinstance(node, ast.If):
                 assert ast.unparse(node.test) == "__name__ == '__main__'", path.name
+
+
+@pytest.mark.parametrize("features, units", [
+    (["avx2", "fma"], "AVX2"),
+    (["avx2", "avx_vnni"], "AVX2 VNNI"),
+    (["avx2", "avx512f", "avx512_vnni", "avx512_bf16"], "AVX-512 VNNI BF16"),
+    (["avx2", "avx512f"], "AVX-512"),
+    (["avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_int8"], "AMX"),
+    ([], "no AVX2"),
+])
+def test_cpu_class_names_the_widest_matrix_units(features, units):
+    assert harness.cpu_class({"model": "Some CPU", "features": features}) == f"Some CPU, {units}"
+    # trainers.process's record spells the list "extensions"
+    assert harness.cpu_class({"model": "Some CPU", "extensions": features}) == f"Some CPU, {units}"
+
+
+def test_serving_runs_of_other_cpus_stay_and_a_merge_keeps_unmeasured_presets(tmp_path, monkeypatch):
+    from benchmarks import serving
+
+    path = str(tmp_path / "serving.json")
+    monkeypatch.setattr(harness, "cpu", lambda: {"model": "CPU A", "features": ["avx2"]})
+    serving.write_run(path, {"process": {}, "presets": {"p1": {"x": 1}, "p2": {"x": 2}}})
+    monkeypatch.setattr(harness, "cpu", lambda: {"model": "CPU B", "features": ["avx2", "avx512f"]})
+    serving.write_run(path, {"process": {}, "presets": {"p1": {"x": 3}}})
+    serving.write_run(path, {"process": {}, "presets": {"p2": {"x": 4}}}, merge=True)
+    with open(path) as f:
+        runs = json.load(f)["runs"]
+    assert set(runs) == {"CPU A, AVX2", "CPU B, AVX-512"}
+    assert runs["CPU A, AVX2"]["presets"] == {"p1": {"x": 1}, "p2": {"x": 2}}
+    assert runs["CPU B, AVX-512"]["presets"] == {"p1": {"x": 3}, "p2": {"x": 4}}
+    assert runs["CPU B, AVX-512"]["machine"]["cpu"]["model"] == "CPU B"
+    serving.write_run(path, {"process": {}, "presets": {"p2": {"x": 5}}})  # no merge: this class's run replaced
+    with open(path) as f:
+        assert json.load(f)["runs"]["CPU B, AVX-512"]["presets"] == {"p2": {"x": 5}}

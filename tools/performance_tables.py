@@ -171,22 +171,32 @@ SERVING_SIDES = {"in_process_live": "in-process, as trained", "in_process": "in-
                  "reference": "reference (PyTorch)"}
 
 
-def serving():
-    data = _load("serving")
+def _serving_runs():
+    """``[(CPU class, run)]`` of the serving report (`benchmarks.serving.write_run`), by date."""
+    return sorted(_load("serving")["runs"].items(), key=lambda item: item[1]["date"])
+
+
+def _serving_table(run):
     rows = []
-    for preset, entry in data["presets"].items():
-        for side, run in entry["sides"].items():
-            if "skipped" in run:
-                rows.append([_preset(preset), SERVING_SIDES.get(side, side), f"skipped: {run['skipped']}", "", "", ""])
+    for preset, entry in run["presets"].items():
+        for side, result in entry["sides"].items():
+            if "skipped" in result:
+                rows.append([_preset(preset), SERVING_SIDES.get(side, side), f"skipped: {result['skipped']}", "", "", ""])
                 continue
-            rows.append([_preset(preset), SERVING_SIDES.get(side, side), _num(run["images_per_second_batch1"]),
-                         _num(run["images_per_second_batch100"]), _ratio(run["fraction_of_matmul_peak_batch1"]),
-                         _ratio(run["fraction_of_matmul_peak_batch100"])])
-    first = next(iter(data["presets"].values()))["sides"]["in_process"]["matmul_gflops"]
-    caption = (f"{data['date']}, each side in its own process; matmul peak about {_num(first['float32'])} GFLOP/s "
-               f"float32 and {_num(first['bfloat16'])} bfloat16 (each side's own measurement is in the JSON).\n\n")
+            rows.append([_preset(preset), SERVING_SIDES.get(side, side), _num(result["images_per_second_batch1"]),
+                         _num(result["images_per_second_batch100"]), _ratio(result["fraction_of_matmul_peak_batch1"]),
+                         _ratio(result["fraction_of_matmul_peak_batch100"])])
+    peaks = next(iter(run["presets"].values()))["sides"]["in_process"]["matmul_gflops"]
+    caption = (f"each side in its own process; TensorFlow's matmul peak about {_num(peaks['float32'])} GFLOP/s "
+               f"float32 and {_num(peaks['bfloat16'])} bfloat16 (each side's own measurement, and the ONNX Runtime "
+               f"and LiteRT int8 peaks the int8 sides are a fraction of, are in the JSON).\n\n")
     return caption + _table(["preset", "side", "img/s, batch 1", "img/s, batch 100", "fraction of peak, b=1",
                              "fraction of peak, b=100"], rows)
+
+
+def serving():
+    """One table per CPU class, oldest first."""
+    return "\n\n".join(f"**{cpu}**, {run['date']}: " + _serving_table(run) for cpu, run in _serving_runs())
 
 
 SERVING_RATIOS = {"saved_model_over_in_process": "SavedModel / in-process", "in_process_over_live": "frozen / as trained",
@@ -201,28 +211,60 @@ SERVING_RATIOS = {"saved_model_over_in_process": "SavedModel / in-process", "in_
 
 
 def serving_ratios():
-    """Ratios of images/s, ``batch 1 / batch 100``."""
-    data = _load("serving")
-    names = [n for n in SERVING_RATIOS if all(n in e["ratios"] for e in data["presets"].values())]
-    rows = [[_preset(preset)] + [f"{_ratio(e['ratios'][n]['batch1'])} / {_ratio(e['ratios'][n]['batch100'])}"
-                                 for n in names]
-            for preset, e in data["presets"].items()]
-    return "Each cell: batch 1 / batch 100.\n\n" + _table(["preset"] + [SERVING_RATIOS[n] for n in names], rows)
+    """Ratios of images/s, ``batch 1 / batch 100``, one table per CPU class."""
+    tables = []
+    for cpu, run in _serving_runs():
+        presets = run["presets"]
+        names = [n for n in SERVING_RATIOS if all(n in e["ratios"] for e in presets.values())]
+        rows = [[_preset(preset)] + [f"{_ratio(e['ratios'][n]['batch1'])} / {_ratio(e['ratios'][n]['batch100'])}"
+                                     for n in names]
+                for preset, e in presets.items()]
+        tables.append(f"**{cpu}**, {run['date']}; each cell: batch 1 / batch 100.\n\n"
+                      + _table(["preset"] + [SERVING_RATIOS[n] for n in names], rows))
+    return "\n\n".join(tables)
+
+
+# The exported forms a server loads, with the runtime that serves each (the in-process sides and
+# the reference are not served).
+SERVED_SIDES = ("saved_model", "saved_model_bfloat16", "tflite", "tflite_int8", "onnx", "onnx_int8", "openvino")
+
+
+def serving_choice():
+    """Which exported form to serve with on which CPU: per CPU class and preset, the fastest
+    served side at each batch size, its images/s over the float32 SavedModel's, and the sides
+    that run was able to time."""
+    rows = []
+    for cpu, run in _serving_runs():
+        for preset, entry in run["presets"].items():
+            sides = {s: r for s, r in entry["sides"].items() if s in SERVED_SIDES and "skipped" not in r}
+            base = sides["saved_model"]
+            cells = []
+            for batch in (1, 100):
+                key = f"images_per_second_batch{batch}"
+                best = max(sides, key=lambda s: sides[s][key])
+                cells.append(f"{SERVING_SIDES[best]}: {_ratio(sides[best][key] / base[key])}x")
+            rows.append([cpu, _preset(preset)] + cells + [str(len(sides))])
+    return ("The fastest exported form per CPU class and preset, as images/s over the float32 SavedModel's "
+            "(generated from the runs above).\n\n"
+            + _table(["CPU", "preset", "batch 1", "batch 100", "forms timed"], rows))
 
 
 def serving_summary():
-    """README: the exported model against the reference, float32 and bfloat16."""
-    data = _load("serving")
+    """README: the exported model against the reference, float32 and bfloat16 (the latest run
+    with a reference side)."""
+    runs = [(cpu, run) for cpu, run in _serving_runs()
+            if any("saved_model_over_reference" in e["ratios"] for e in run["presets"].values())]
+    cpu, run = runs[-1]
     rows = []
-    for preset, entry in data["presets"].items():
+    for preset, entry in run["presets"].items():
         r = entry["ratios"]
         if "saved_model_over_reference" not in r:
             continue
         rows.append([_preset(preset)] + [_ratio(r[name][batch]) for name in
                                          ("saved_model_over_reference", "saved_model_bfloat16_over_reference")
                                          for batch in ("batch1", "batch100")])
-    return _table(["preset", "SavedModel b=1", "SavedModel b=100", "bfloat16 SavedModel b=1",
-                   "bfloat16 SavedModel b=100"], rows)
+    return f"{cpu}, {run['date']}.\n\n" + _table(["preset", "SavedModel b=1", "SavedModel b=100",
+                                                   "bfloat16 SavedModel b=1", "bfloat16 SavedModel b=100"], rows)
 
 
 def serving_aggregation():
@@ -392,6 +434,7 @@ TABLES = {
     "against_commit": ("against_commit", against_commit),
     "serving_ratios": ("serving", serving_ratios),
     "serving_summary": ("serving", serving_summary),
+    "serving_choice": ("serving", serving_choice),
     "serving_aggregation": ("serving_aggregation", serving_aggregation),
     "scaling": ("scaling", scaling),
     "resolution_transfer": ("resolution_transfer", resolution_transfer),
