@@ -21,7 +21,8 @@ module in an interpreter without Keras.
 * `machine`: the machine record (CPU, its vector and matrix units, the kernels TensorFlow runs
   with, the interpreter) and `matmul_peaks`: the float32 and bfloat16 matmul GFLOP/s measured
   in the calling process, with TensorFlow or torch.
-* `write_report`: the JSON, atomically, ``--merge`` keeping the entries not measured again.
+* `write_report`: the JSON, atomically, ``--merge`` keeping the entries not measured again
+  (and a report per `cpu_class` in one file, ``section``).
 """
 
 from __future__ import annotations
@@ -338,14 +339,24 @@ def machine(peaks: dict | None = None) -> dict:
     return record
 
 
-def write_report(path: str, report: dict, merge: bool = False, entries: str = "presets") -> dict:
+def write_report(path: str, report: dict, merge: bool = False, entries: str = "presets",
+                 section: str | None = None) -> dict:
     """Writes ``report`` as JSON to ``path`` atomically, with today's date and the `machine`
     record unless it has them. With ``merge``, the ``entries`` mapping of the report already at
-    ``path`` keeps what this run did not measure again. Returns what was written."""
+    ``path`` keeps what this run did not measure again. With ``section`` (such as `cpu_class`'s
+    name), the report is one entry of the file's ``runs`` mapping and the others stay; ``merge``
+    then reads that entry. Returns what was written."""
     report = {"date": datetime.date.today().isoformat(), "machine": machine(), **report}
-    if merge and os.path.exists(path):
+    written = {}
+    if (merge or section) and os.path.exists(path):
         with open(path) as f:
-            earlier = json.load(f)
+            written = json.load(f)
+    earlier = written.get("runs", {}).get(section, {}) if section else written
+    if merge:
         report[entries] = {**earlier.get(entries, {}), **report.get(entries, {})}
-    files.write_json(path, report)
-    return report
+    if section:
+        written.setdefault("runs", {})[section] = report
+    else:
+        written = report
+    files.write_json(path, written)
+    return written

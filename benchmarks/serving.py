@@ -47,7 +47,6 @@ import os
 import tempfile
 
 from benchmarks import harness
-from trainers import files  # standard library only
 
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
 SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16", "tflite", "tflite_int8", "onnx",
@@ -348,28 +347,10 @@ def main():
             record["presets"][preset] = measure_preset(preset, args.steps, workdir, args.reference_dir,
                                                        args.reference_python, args.matmul_size)
             print(preset, json.dumps(record["presets"][preset]["ratios"]), flush=True)
-            # Each preset as soon as it is measured: an interrupted run keeps the ones it finished.
-            write_run(args.output, record, merge=True if len(record["presets"]) > 1 else args.merge)
-
-
-def write_run(path: str, record: dict, merge: bool = False) -> dict:
-    """Writes ``record`` (``process`` and ``presets``) into the report at ``path`` under this
-    machine's CPU class (`harness.cpu_class`), with the date and the `harness.machine` record:
-    which format serves fastest depends on the CPU's matrix units, so runs on other classes stay
-    beside it. With ``merge``, this class's presets that ``record`` does not have stay too.
-    Returns the report."""
-    report = {"runs": {}}
-    if os.path.exists(path):
-        with open(path) as f:
-            report = json.load(f)
-    run = {"date": datetime.date.today().isoformat(), "machine": harness.machine(), **record}
-    key = harness.cpu_class(run["machine"]["cpu"])
-    if merge:
-        run["presets"] = {**report["runs"].get(key, {}).get("presets", {}), **run["presets"]}
-    report["runs"][key] = run
-    files.write_json(path, report)
-    return report
-
+            # After every preset (an interrupted run keeps the ones it finished), under this CPU's
+            # class: which format serves fastest depends on the CPU's matrix units, so the runs of
+            # other classes stay beside it.
+            harness.write_report(args.output, record, merge=args.merge, section=harness.cpu_class())
 
 if __name__ == "__main__":
     main()

@@ -184,21 +184,25 @@ def test_cpu_class_names_the_widest_matrix_units(features, units):
     assert harness.cpu_class({"model": "Some CPU", "extensions": features}) == f"Some CPU, {units}"
 
 
-def test_serving_runs_of_other_cpus_stay_and_a_merge_keeps_unmeasured_presets(tmp_path, monkeypatch):
-    from benchmarks import serving
-
+def test_runs_of_other_cpus_stay_and_a_merge_keeps_unmeasured_presets(tmp_path, monkeypatch):
+    """The serving report's layout: one run per `cpu_class` (``section``)."""
     path = str(tmp_path / "serving.json")
+
+    def write(record, merge=False):
+        return harness.write_report(path, record, merge=merge, section=harness.cpu_class())
+
     monkeypatch.setattr(harness, "cpu", lambda: {"model": "CPU A", "features": ["avx2"]})
-    serving.write_run(path, {"process": {}, "presets": {"p1": {"x": 1}, "p2": {"x": 2}}})
+    write({"process": {}, "presets": {"p1": {"x": 1}, "p2": {"x": 2}}})
     monkeypatch.setattr(harness, "cpu", lambda: {"model": "CPU B", "features": ["avx2", "avx512f"]})
-    serving.write_run(path, {"process": {}, "presets": {"p1": {"x": 3}}})
-    serving.write_run(path, {"process": {}, "presets": {"p2": {"x": 4}}}, merge=True)
+    write({"process": {}, "presets": {"p1": {"x": 3}}})
+    written = write({"process": {}, "presets": {"p2": {"x": 4}}}, merge=True)
     with open(path) as f:
         runs = json.load(f)["runs"]
+    assert written == {"runs": runs}
     assert set(runs) == {"CPU A, AVX2", "CPU B, AVX-512"}
     assert runs["CPU A, AVX2"]["presets"] == {"p1": {"x": 1}, "p2": {"x": 2}}
     assert runs["CPU B, AVX-512"]["presets"] == {"p1": {"x": 3}, "p2": {"x": 4}}
     assert runs["CPU B, AVX-512"]["machine"]["cpu"]["model"] == "CPU B"
-    serving.write_run(path, {"process": {}, "presets": {"p2": {"x": 5}}})  # no merge: this class's run replaced
+    write({"process": {}, "presets": {"p2": {"x": 5}}})  # no merge: this class's run replaced
     with open(path) as f:
         assert json.load(f)["runs"]["CPU B, AVX-512"]["presets"] == {"p2": {"x": 5}}

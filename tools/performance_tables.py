@@ -172,7 +172,8 @@ SERVING_SIDES = {"in_process_live": "in-process, as trained", "in_process": "in-
 
 
 def _serving_runs():
-    """``[(CPU class, run)]`` of the serving report (`benchmarks.serving.write_run`), by date."""
+    """``[(CPU class, run)]`` of the serving report (one run per `harness.cpu_class`: the
+    ``section`` of `harness.write_report`), by date."""
     return sorted(_load("serving")["runs"].items(), key=lambda item: item[1]["date"])
 
 
