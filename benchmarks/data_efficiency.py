@@ -25,8 +25,10 @@ outlined and filled shapes at random places, sizes and colours on cluttered back
 training and 200 test images).
 
 The summary per variant and dataset has the mean, the sample standard deviation, the range and
-the seeds; ``tools/performance_tables.py`` makes the table of ``docs/attention_init.md`` and the
-plot from it.
+the seeds; `targets` checks the targets the benchmark was built for on it (gated against content
+and the other small presets, convolutional against random starts); ``tools/performance_tables.py``
+makes the tables of ``docs/attention_init.md`` (one per number of epochs, and the targets) and the
+plot from them. `measure` is the benchmark without its command line.
 """
 
 from __future__ import annotations
@@ -104,7 +106,9 @@ def write_cifar_subset(data_dir: str, fraction: float, directory: str) -> tuple[
     return data_lib.write_cifar10_files(directory, subset), len(keep)
 
 
-def _draw_shape(canvas: np.ndarray, kind: str, rng: np.random.Generator) -> None:
+def draw_shape(canvas: np.ndarray, kind: str, rng: np.random.Generator) -> None:
+    """Paints one shape of class ``kind`` (`SHAPE_CLASSES`) in one colour into the ``(size, size,
+    3)`` float ``canvas``, at a random place, radius (5-10 pixels) and stroke width."""
     size = canvas.shape[0]
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
     radius = rng.uniform(5, 10)
@@ -138,7 +142,7 @@ def shapes_image(kind: str, rng: np.random.Generator, size: int = 32) -> np.ndar
         cy, cx = rng.uniform(0, size, size=2)
         blob = (np.mgrid[0:size, 0:size][0] - cy) ** 2 + (np.mgrid[0:size, 0:size][1] - cx) ** 2 <= rng.uniform(1, 4)
         canvas[blob] = rng.uniform(0, 255, size=3)
-    _draw_shape(canvas, kind, rng)
+    draw_shape(canvas, kind, rng)
     canvas += rng.normal(0, 12, size=canvas.shape)
     return np.clip(canvas, 0, 255).astype(np.uint8)
 
@@ -195,11 +199,101 @@ def summarize(runs: dict) -> dict:
     return summary
 
 
+POSITION_ONLY = ("quadratic", "quadratic_full", "learned", "sinusoidal", "mlp")
+EXISTING_SMALL = POSITION_ONLY + ("content",)  # the small attention presets the gated one is held against
+GATED_MARGIN = 0.03  # the issue's: gated at least 3 points above content attention
+
+
+def targets(summary: dict, sizes: dict | None = None) -> list[dict]:
+    """The issue's targets, checked on a `summarize` result wherever both sides were measured (a
+    dataset at a number of epochs): ``gated`` against ``content`` plus `GATED_MARGIN`; ``gated``
+    against the best random-initialized `EXISTING_SMALL` preset; for each `POSITION_ONLY` encoding,
+    its convolutional variant with the best mean (its best measured strength) against its random
+    one. Each row: the target, dataset, epochs, both variants with mean and seed count, the
+    difference of means, what it needs, whether it is met and the larger of the two sides' sample
+    standard deviations (``spread``; None with one seed each); in that order of targets, then by
+    epochs and by ``sizes`` (``{dataset: training images}``, the report's; unlisted ones last)."""
+    by_place: dict[tuple, dict] = {}
+    for key, entry in summary.items():
+        variant, dataset, epochs = key.split("|")
+        by_place.setdefault((dataset, int(epochs.split("=")[1])), {})[variant] = entry
+
+    def row(target, place, variant, against, needed):
+        ours, theirs = by_place[place][variant], by_place[place][against]
+        difference = ours["mean"] - theirs["mean"]
+        spreads = [e["std"] for e in (ours, theirs) if e["std"] is not None]
+        return {"target": target, "dataset": place[0], "epochs": place[1], "variant": variant, "mean": ours["mean"],
+                "seeds": len(ours["seeds"]), "against": against, "against_mean": theirs["mean"],
+                "against_seeds": len(theirs["seeds"]), "difference": difference, "needed": needed,
+                "met": difference >= needed - 1e-9, "spread": max(spreads) if spreads else None}
+
+    rows = []
+    for place, variants in sorted(by_place.items()):
+        if "gated" in variants and "content" in variants:
+            rows.append(row(f"gated >= content + {GATED_MARGIN:g}", place, "gated", "content", GATED_MARGIN))
+        others = [v for v in EXISTING_SMALL if v in variants]
+        if "gated" in variants and others:
+            best = max(others, key=lambda v: variants[v]["mean"])
+            rows.append(row("gated >= every small preset", place, "gated", best, 0.0))
+        for encoding in POSITION_ONLY:
+            started = [v for v in variants if v.startswith(f"{encoding}+convolutional")]
+            if encoding in variants and started:
+                best = max(started, key=lambda v: variants[v]["mean"])
+                rows.append(row("convolutional >= random", place, best, encoding, 0.0))
+    order = {"gated >= content": 0, "gated >= every": 1, "convolutional": 2}
+    sizes = sizes or {}
+    return sorted(rows, key=lambda r: (next(i for p, i in order.items() if r["target"].startswith(p)), r["epochs"],
+                                       r["dataset"] not in sizes, sizes.get(r["dataset"], 0), r["dataset"]))
+
+
 def read_report(path: str) -> dict:
     if not os.path.exists(path):
         return {"runs": {}}
     with open(path) as f:
         return json.load(f)
+
+
+def measure(output: str, data_dir: str, variants, datasets, seeds, epochs: int = 8, rerun: bool = False,
+            note: str | None = None, train=train_once) -> dict:
+    """Trains every (dataset, variant, seed) of the plan that the report at ``output`` does not
+    have yet (all of them with ``rerun``) through ``train(flags, model_dir)`` (`train_once`), and
+    writes the report after each run, with its summary; returns the report. ValueError before any
+    run for a variant or dataset that `parse_variant` or `parse_dataset` refuses."""
+    for variant in variants:
+        parse_variant(variant)
+    for dataset in datasets:
+        parse_dataset(dataset)
+    report = read_report(output)
+    runs = report.setdefault("runs", {})
+    notes = report.setdefault("notes", [])
+    if note and note not in notes:
+        notes.append(note)
+    with tempfile.TemporaryDirectory() as work:
+        prepared = {}
+        for dataset in datasets:
+            kind, fraction = parse_dataset(dataset)
+            if kind == "shapes":
+                prepared[dataset] = {"dataset": "folder:" + write_shapes_folder(os.path.join(work, "shapes"))}
+            else:
+                path, count = write_cifar_subset(data_dir, fraction, os.path.join(work, dataset.replace(":", "_")))
+                prepared[dataset] = {"dataset": "cifar10", "data_dir": path}
+                report.setdefault("training_images", {})[dataset] = count
+        plan = [(d, v, s) for d in datasets for v in variants for s in seeds]
+        for index, (dataset, variant, seed) in enumerate(plan, 1):
+            key = run_key(variant, dataset, seed, epochs)
+            if key in runs and not rerun:
+                continue
+            flags = {**parse_variant(variant), **prepared[dataset], "epochs": epochs, "seed": seed}
+            print(f"[{index}/{len(plan)}] {key} ...", file=sys.stderr, flush=True)
+            run = train(flags, os.path.join(work, "run"))
+            run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
+            runs[key] = run
+            report["summary"] = summarize(runs)
+            harness.write_report(output, {k: v for k, v in report.items() if k not in ("date", "machine")})
+            print(f"    test accuracy {run['test_accuracy']:.4f} in {run['wall_seconds']:.0f} s", file=sys.stderr,
+                  flush=True)
+            shutil.rmtree(os.path.join(work, "run"), ignore_errors=True)
+    return report
 
 
 def main():
@@ -213,43 +307,12 @@ def main():
     parser.add_argument("--rerun", action="store_true", help="measure runs the report already has again")
     parser.add_argument("--note", default=None, help="a note kept in the report (e.g. why fewer seeds)")
     args = harness.parse(parser)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    for variant in variants:
-        parse_variant(variant)
-    for dataset in datasets:
-        parse_dataset(dataset)
-    report = read_report(args.output)
-    runs = report.setdefault("runs", {})
-    notes = report.setdefault("notes", [])
-    if args.note and args.note not in notes:
-        notes.append(args.note)
-    with tempfile.TemporaryDirectory() as work:
-        prepared = {}
-        for dataset in datasets:
-            kind, fraction = parse_dataset(dataset)
-            if kind == "shapes":
-                prepared[dataset] = {"dataset": "folder:" + write_shapes_folder(os.path.join(work, "shapes"))}
-            else:
-                path, count = write_cifar_subset(args.data_dir, fraction, os.path.join(work, dataset.replace(":", "_")))
-                prepared[dataset] = {"dataset": "cifar10", "data_dir": path}
-                report.setdefault("training_images", {})[dataset] = count
-        plan = [(d, v, s) for d in datasets for v in variants for s in seeds]
-        for index, (dataset, variant, seed) in enumerate(plan, 1):
-            key = run_key(variant, dataset, seed, args.epochs)
-            if key in runs and not args.rerun:
-                continue
-            flags = {**parse_variant(variant), **prepared[dataset], "epochs": args.epochs, "seed": seed}
-            print(f"[{index}/{len(plan)}] {key} ...", file=sys.stderr, flush=True)
-            run = train_once(flags, os.path.join(work, "run"))
-            run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
-            runs[key] = run
-            report["summary"] = summarize(runs)
-            harness.write_report(args.output, {k: v for k, v in report.items() if k not in ("date", "machine")})
-            print(f"    test accuracy {run['test_accuracy']:.4f} in {run['wall_seconds']:.0f} s", file=sys.stderr,
-                  flush=True)
-            shutil.rmtree(os.path.join(work, "run"), ignore_errors=True)
+
+    def items(text):
+        return [item.strip() for item in text.split(",") if item.strip()]
+
+    measure(args.output, args.data_dir, items(args.variants), items(args.datasets), [int(s) for s in items(args.seeds)],
+            epochs=args.epochs, rerun=args.rerun, note=args.note)
 
 
 if __name__ == "__main__":

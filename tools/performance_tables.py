@@ -351,14 +351,13 @@ def resolution_transfer():
 
 
 def _efficiency_groups(data):
-    """``{variant: {dataset: summary}}`` of a data-efficiency report at its most common epochs,
-    datasets ordered by training images (the folder dataset last)."""
+    """``(main epochs, {epochs: {variant: {dataset: summary}}})`` of a data-efficiency report; the
+    main epochs are those with the most measured cells."""
     groups = {}
     for key, summary in data["summary"].items():
         variant, dataset, epochs = key.split("|")
         groups.setdefault(epochs, {}).setdefault(variant, {})[dataset] = summary
-    epochs = max(groups, key=lambda e: sum(len(v) for v in groups[e].values()))
-    return epochs, groups[epochs]
+    return max(groups, key=lambda e: sum(len(v) for v in groups[e].values())), groups
 
 
 def _efficiency_datasets(data, variants):
@@ -367,24 +366,55 @@ def _efficiency_datasets(data, variants):
     return sorted(names, key=lambda d: (d not in sizes, sizes.get(d, 0), d))
 
 
-def data_efficiency():
-    """Test accuracy per variant and dataset: mean, spread and seeds."""
-    data = _load("data_efficiency")
-    epochs, variants = _efficiency_groups(data)
-    datasets = _efficiency_datasets(data, variants)
+def _accuracy(s):
+    if s is None:
+        return "-"
+    spread = "" if s["std"] is None else f" ± {s['std']:.3f}"
+    return f"{s['mean']:.3f}{spread} ({len(s['seeds'])})"
+
+
+def _efficiency_table(data, variants):
     sizes = data.get("training_images", {})
-
-    def cell(s):
-        if s is None:
-            return "-"
-        spread = "" if s["std"] is None else f" ± {s['std']:.3f}"
-        return f"{s['mean']:.3f}{spread} ({len(s['seeds'])})"
-
+    datasets = _efficiency_datasets(data, variants)
     header = ["variant"] + [f"{d} ({sizes[d]} images)" if d in sizes else d for d in datasets]
-    rows = [[f"`{v}`"] + [cell(per.get(d)) for d in datasets] for v, per in sorted(variants.items())]
+    rows = [[f"`{v}`"] + [_accuracy(per.get(d)) for d in datasets] for v, per in sorted(variants.items())]
+    return _table(header, rows)
+
+
+def data_efficiency():
+    """Test accuracy per variant and dataset at the report's main epochs: mean, spread and seeds."""
+    data = _load("data_efficiency")
+    epochs, groups = _efficiency_groups(data)
     caption = (f"{data['date']}, {epochs.split('=')[1]} epochs, test accuracy: mean ± sample standard deviation "
                f"(seeds).\n\n")
-    return caption + _table(header, rows)
+    return caption + _efficiency_table(data, groups[epochs])
+
+
+def data_efficiency_longer():
+    """The same for every other number of epochs the report has, one table each."""
+    data = _load("data_efficiency")
+    main_epochs, groups = _efficiency_groups(data)
+    others = sorted((e for e in groups if e != main_epochs), key=lambda e: int(e.split("=")[1]))
+    if not others:
+        return "No run at another number of epochs yet.\n"
+    return "\n".join(f"{e.split('=')[1]} epochs, test accuracy (seeds).\n\n" + _efficiency_table(data, groups[e])
+                     for e in others)
+
+
+def data_efficiency_targets():
+    """Issue 36's targets checked on every dataset and budget where both sides were measured
+    (`benchmarks.data_efficiency.targets`)."""
+    from benchmarks import data_efficiency as benchmark
+
+    data = _load("data_efficiency")
+    rows = [[r["target"], f"{r['dataset']}, {r['epochs']} epochs", f"`{r['variant']}` {r['mean']:.3f} ({r['seeds']})",
+             f"`{r['against']}` {r['against_mean']:.3f} ({r['against_seeds']})", f"{r['difference']:+.3f}",
+             f"{r['needed']:+.2f}", "yes" if r["met"] else "no", "-" if r["spread"] is None else f"{r['spread']:.3f}"]
+            for r in benchmark.targets(data["summary"], data.get("training_images"))]
+    caption = ("Means over the seeds in brackets; a target is met when the difference is at least what it needs; "
+               "spread: the larger sample standard deviation of the two sides (- with one seed each).\n\n")
+    return caption + _table(["target", "data, budget", "variant", "against", "difference", "needs", "met", "spread"],
+                            rows)
 
 
 def plot_data_efficiency(path):
@@ -396,7 +426,8 @@ def plot_data_efficiency(path):
     import matplotlib.pyplot as plt
 
     data = _load("data_efficiency")
-    epochs, variants = _efficiency_groups(data)
+    epochs, groups = _efficiency_groups(data)
+    variants = groups[epochs]
     sizes = data.get("training_images", {})
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for variant, per in sorted(variants.items()):
@@ -421,6 +452,8 @@ def plot_data_efficiency(path):
 
 TABLES = {
     "data_efficiency": ("data_efficiency", data_efficiency),
+    "data_efficiency_longer": ("data_efficiency", data_efficiency_longer),
+    "data_efficiency_targets": ("data_efficiency", data_efficiency_targets),
     "vs_reference_summary": ("vs_reference", vs_reference_summary),
     "vs_reference": ("vs_reference", vs_reference_full),
     "throughput": ("throughput", throughput),
@@ -481,4 +514,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # run as a file: the benchmarks package beside tools/
     sys.exit(main())

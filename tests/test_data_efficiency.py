@@ -1,0 +1,188 @@
+"""The data-efficiency benchmark (`benchmarks.data_efficiency`): its variant and dataset names,
+the subsets and the folder dataset it trains on, its resumable plan and the targets it checks.
+Training itself is the trainer's (tested in test_train); here ``measure`` is given a train
+function that answers from the flags, so the plan's bookkeeping is what is tested."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from benchmarks import data_efficiency as de
+
+
+def test_variant_names_become_trainer_flags():
+    assert de.parse_variant("resnet18") == {"model": "resnet18"}
+    assert de.parse_variant("quadratic") == {"model": "sa_quadratic_small"}
+    assert de.parse_variant("content") == {"model": "sa_content_plus_learned_bias_small"}
+    assert de.parse_variant("learned+convolutional@0.1") == {
+        "model": "sa_learned_small", "attention_init": "convolutional", "locality_strength": 0.1}
+    assert de.parse_variant("quadratic+convolutional@0.1/2") == {
+        "model": "sa_quadratic_small", "attention_init": "convolutional", "locality_strength": 0.1,
+        "locality_distance": 2.0}
+    assert de.parse_variant("content+mimetic") == {"model": "sa_content_plus_learned_bias_small",
+                                                   "attention_init": "mimetic"}
+    for bad in ("conv", "quadratic+", "quadratic@1", "Quadratic"):
+        with pytest.raises(ValueError, match="ENCODING"):
+            de.parse_variant(bad)
+
+
+def test_dataset_names():
+    assert de.parse_dataset("shapes") == ("shapes", None)
+    assert de.parse_dataset("cifar10-mini:30") == ("cifar10-mini", 0.3)
+    assert de.parse_dataset("cifar10-mini:100") == ("cifar10-mini", 1.0)
+    for bad in ("cifar10-mini:0", "cifar10-mini:101", "cifar10", "mnist"):
+        with pytest.raises(ValueError, match="cifar10-mini:PERCENT"):
+            de.parse_dataset(bad)
+
+
+def test_subsets_are_stratified_and_nested():
+    labels = np.repeat(np.arange(5), [10, 20, 30, 40, 50])
+    small, large = de.stratified_subset(labels, 0.1), de.stratified_subset(labels, 0.3)
+    assert np.bincount(labels[small]).tolist() == [1, 2, 3, 4, 5]
+    assert np.bincount(labels[large]).tolist() == [3, 6, 9, 12, 15]
+    assert set(small) <= set(large)  # a smaller percentage's images are among a larger one's
+    assert np.array_equal(small, de.stratified_subset(labels, 0.1))
+    assert not np.array_equal(small, de.stratified_subset(labels, 0.1, seed=de.SUBSET_SEED + 1))
+    assert np.bincount(labels[de.stratified_subset(labels, 0.01)]).tolist() == [1] * 5  # at least one a class
+
+
+def test_a_cifar_subset_is_written_in_the_official_format(tiny_cifar, tmp_path):
+    from trainers import data as data_lib
+
+    path, generated = tiny_cifar
+    written, kept = de.write_cifar_subset(path, 0.3, str(tmp_path / "subset"))
+    subset = data_lib.load_cifar10_files(written)
+    keep = de.stratified_subset(generated.train.labels, 0.3)
+    assert kept == len(keep) == len(subset.train.labels)
+    np.testing.assert_array_equal(subset.train.images, generated.train.images[keep])
+    np.testing.assert_array_equal(subset.train.labels, generated.train.labels[keep])
+    np.testing.assert_array_equal(subset.test.images, generated.test.images)  # the whole test split
+
+
+def test_the_shapes_folder(tmp_path):
+    root = de.write_shapes_folder(str(tmp_path / "a"), train_per_class=3, test_per_class=2, seed=5)
+    for split, count in (("train", 3), ("test", 2)):
+        assert sorted(os.listdir(os.path.join(root, split))) == sorted(de.SHAPE_CLASSES)
+        for kind in de.SHAPE_CLASSES:
+            assert len(os.listdir(os.path.join(root, split, kind))) == count
+    image = np.asarray(Image.open(os.path.join(root, "train", "ring", "0000.png")))
+    assert image.shape == (32, 32, 3) and image.dtype == np.uint8 and image.std() > 10
+    again = de.write_shapes_folder(str(tmp_path / "b"), train_per_class=3, test_per_class=2, seed=5)
+    assert np.array_equal(image, np.asarray(Image.open(os.path.join(again, "train", "ring", "0000.png"))))
+
+
+def test_a_shape_is_drawn_where_its_class_says():
+    """The class is in the picture: a filled square covers its centre, a ring leaves it empty."""
+    rng = np.random.default_rng(0)
+    for kind, centre_covered in (("square", True), ("circle", True), ("ring", False)):
+        canvas = np.zeros((32, 32, 3))
+        de.draw_shape(canvas, kind, np.random.default_rng(rng.integers(1 << 30)))
+        drawn = canvas.any(axis=-1)
+        ys, xs = np.nonzero(drawn)
+        centre = drawn[int(round(ys.mean())), int(round(xs.mean()))]
+        assert 10 < drawn.sum() < 32 * 32 / 2 and centre == centre_covered, kind
+
+
+def test_summary_over_seeds():
+    runs = {de.run_key("quadratic", "shapes", seed, 8): {"test_accuracy": acc}
+            for seed, acc in ((2, 0.30), (0, 0.20), (1, 0.25))}
+    runs[de.run_key("quadratic", "shapes", 0, 30)] = {"test_accuracy": 0.4}
+    summary = de.summarize(runs)
+    assert set(summary) == {"quadratic|shapes|epochs=8", "quadratic|shapes|epochs=30"}
+    entry = summary["quadratic|shapes|epochs=8"]
+    assert entry["seeds"] == [0, 1, 2] and entry["min"] == 0.20 and entry["max"] == 0.30
+    assert entry["mean"] == pytest.approx(0.25) and entry["std"] == pytest.approx(0.05)
+    assert summary["quadratic|shapes|epochs=30"]["std"] is None
+
+
+def _entry(*accuracies):
+    return de.summarize({de.run_key("v", "d", s, 8): {"test_accuracy": a} for s, a in enumerate(accuracies)})["v|d|epochs=8"]
+
+
+def test_targets_take_the_best_strength_and_the_best_existing_preset():
+    place = "cifar10-mini:100|epochs=8"
+    summary = {f"content|{place}": _entry(0.30, 0.32), f"gated|{place}": _entry(0.34, 0.36),
+               f"quadratic|{place}": _entry(0.36), f"learned|{place}": _entry(0.33),
+               f"quadratic+convolutional@1|{place}": _entry(0.30),
+               f"quadratic+convolutional@0.1|{place}": _entry(0.37, 0.35),
+               f"learned+convolutional@0.1|{place}": _entry(0.32),
+               "quadratic|shapes|epochs=8": _entry(0.2),  # no convolutional twin there: no row
+               "content+mimetic|shapes|epochs=8": _entry(0.5)}  # not a random-initialized preset
+    rows = {(r["target"], r["against"]): r for r in de.targets(summary)}
+    assert len(rows) == 4
+    margin = rows[("gated >= content + 0.03", "content")]
+    assert margin["difference"] == pytest.approx(0.04) and margin["met"] and margin["needed"] == de.GATED_MARGIN
+    assert margin["spread"] == pytest.approx(np.std([0.30, 0.32], ddof=1))
+    best = rows[("gated >= every small preset", "quadratic")]  # the best of content, quadratic, learned
+    assert best["difference"] == pytest.approx(-0.01) and not best["met"]
+    quadratic = rows[("convolutional >= random", "quadratic")]
+    assert quadratic["variant"] == "quadratic+convolutional@0.1" and quadratic["met"] and quadratic["seeds"] == 2
+    learned = rows[("convolutional >= random", "learned")]
+    assert learned["difference"] == pytest.approx(-0.01) and not learned["met"] and learned["spread"] is None
+
+
+def test_targets_compare_only_within_a_dataset_and_budget():
+    summary = {"gated|a|epochs=8": _entry(0.5), "content|b|epochs=8": _entry(0.1),
+               "gated|a|epochs=30": _entry(0.5), "content|a|epochs=30": _entry(0.46)}
+    rows = de.targets(summary)
+    assert [(r["dataset"], r["epochs"], r["target"]) for r in rows] == [
+        ("a", 30, "gated >= content + 0.03"), ("a", 30, "gated >= every small preset")]
+    assert rows[0]["met"]  # +0.04
+    ordered = de.targets({**summary, "gated|b|epochs=30": _entry(0.1), "content|b|epochs=30": _entry(0.1)},
+                         sizes={"a": 500, "b": 50})
+    assert [r["dataset"] for r in ordered if r["target"].startswith("gated >= content")] == ["b", "a"]
+
+
+def _fake_train(accuracy_of, calls, fail_at=None):
+    """A train function for `measure`: the accuracy a flag set is given, its calls recorded; the
+    ``fail_at``-th call raises, as an interrupted run would."""
+    def train(flags, model_dir):
+        calls.append(dict(flags))
+        if len(calls) == fail_at:
+            raise KeyboardInterrupt
+        return {"test_accuracy": accuracy_of(flags), "best_val_accuracy": 0.0, "steps": 1,
+                "images_per_second": 1.0, "wall_seconds": 0.0}
+    return train
+
+
+def test_measure_writes_each_run_keeps_it_when_interrupted_and_skips_it_next_time(tiny_cifar, tmp_path):
+    path, generated = tiny_cifar
+    output = str(tmp_path / "report.json")
+    accuracy = lambda flags: 0.1 * (flags["seed"] + 1) + (0.05 if "attention_init" in flags else 0.0)
+    plan = dict(variants=["quadratic", "quadratic+convolutional@0.1"], datasets=["cifar10-mini:30"], seeds=[0, 1])
+    calls = []
+    with pytest.raises(KeyboardInterrupt):
+        de.measure(output, path, **plan, train=_fake_train(accuracy, calls, fail_at=3))
+    with open(output) as f:
+        kept = json.load(f)
+    assert sorted(kept["runs"]) == ["quadratic|cifar10-mini:30|seed=0|epochs=8", "quadratic|cifar10-mini:30|seed=1|epochs=8"]
+    assert kept["training_images"]["cifar10-mini:30"] == len(de.stratified_subset(generated.train.labels, 0.3))
+    assert kept["summary"]["quadratic|cifar10-mini:30|epochs=8"]["mean"] == pytest.approx(0.15)
+    assert calls[0]["model"] == "sa_quadratic_small" and calls[0]["dataset"] == "cifar10" and calls[0]["epochs"] == 8
+
+    calls.clear()
+    report = de.measure(output, path, **plan, note="why", train=_fake_train(accuracy, calls))
+    assert [(c.get("attention_init"), c["seed"]) for c in calls] == [("convolutional", 0), ("convolutional", 1)]
+    assert calls[0]["locality_strength"] == 0.1
+    assert report["notes"] == ["why"] and len(report["runs"]) == 4
+    assert "data_dir" not in report["runs"]["quadratic|cifar10-mini:30|seed=0|epochs=8"]["flags"]
+    with open(output) as f:
+        assert json.load(f)["summary"]["quadratic+convolutional@0.1|cifar10-mini:30|epochs=8"]["mean"] == pytest.approx(0.2)
+
+    calls.clear()
+    de.measure(output, path, **plan, rerun=True, train=_fake_train(accuracy, calls))
+    assert len(calls) == 4
+
+
+def test_measure_refuses_a_bad_plan_before_training(tmp_path):
+    calls = []
+    with pytest.raises(ValueError, match="Unknown variant"):
+        de.measure(str(tmp_path / "r.json"), "unused", ["quadratic", "quadratik"], ["shapes"], [0],
+                   train=_fake_train(lambda f: 0.0, calls))
+    with pytest.raises(ValueError, match="Unknown dataset"):
+        de.measure(str(tmp_path / "r.json"), "unused", ["quadratic"], ["shapes", "cifar100"], [0],
+                   train=_fake_train(lambda f: 0.0, calls))
+    assert calls == [] and not (tmp_path / "r.json").exists()
