@@ -215,7 +215,7 @@ def verification_images(results: dict, image_shape, count: int = 16, split: str 
 # few roundings of the logits' scale that grow with depth (measured up to 1.2e-3 on probabilities
 # for the paper presets, against a fixed 1e-3 that refused them); 2**-6 of the logits' scale leaves
 # room for that and not for a changed computation, which moves them by tenths. The user's own
-# criterion, top-1 agreement with float32 (`top1_agreement`), is checked besides.
+# criterion, top-1 agreement with float32 (`Top1Agreement`), is checked besides.
 FLOAT32_TOLERANCE = 1e-5
 BFLOAT16_LOGIT_TOLERANCE = 2 ** -6
 
@@ -312,25 +312,39 @@ def read_images(path: str, image_shape) -> np.ndarray:
     return np.clip(array, 0, 255).astype(np.uint8)
 
 
-def top1_agreement(model, served, results: dict, agreement_images: str | None, image_shape,
-                   what: str = "bfloat16 export") -> dict:
-    """Checks that the exported low-precision model ``what`` (``served``: images -> probabilities or logits) picks the
-    float32 ``model``'s class on at least `MIN_TOP1_AGREEMENT` of held-out images: those of
-    ``agreement_images``, else up to 1,000 test images of the run's own dataset (local files),
-    else generated ones. Raises ExportError below it."""
-    if agreement_images:
-        images, source = read_images(agreement_images, image_shape), f"images of {agreement_images}"
-    else:
-        images, source = verification_images(results, image_shape, count=1000)
-    want = np.argmax(model.predict(images, verbose=0), axis=-1)
-    got = np.argmax(served(images), axis=-1)
-    agreement = float(np.mean(want == got))
-    described = f"{len(images)} {source}"
-    if agreement < MIN_TOP1_AGREEMENT:
-        raise ExportError(
-            f"The {what} picks the float32 model's class on {agreement:.2%} of {described}, below "
-            f"{MIN_TOP1_AGREEMENT:.0%}: export in float32 (--precision=float32).")
-    return {"top1_agreement": agreement, "agreement_images": described}
+class Top1Agreement:
+    """The check that an exported low-precision file picks the float32 ``model``'s class on at
+    least `MIN_TOP1_AGREEMENT` of held-out images: those of ``agreement_images``, else up to 1,000
+    test images of the run's own dataset (local files), else generated ones. The float32 classes
+    are computed on the first check and kept for the export's other low-precision files (on a
+    paper content model here, each pass of 1,000 images through Keras takes minutes)."""
+
+    def __init__(self, model, results: dict, agreement_images: str | None, image_shape):
+        self.model, self.results, self.agreement_images, self.image_shape = model, results, agreement_images, image_shape
+        self._reference = None
+
+    def reference(self) -> tuple[np.ndarray, np.ndarray, str]:
+        """``(images (N, H, W, C) uint8, float32 classes (N,), a description of the images)``."""
+        if self._reference is None:
+            if self.agreement_images:
+                images = read_images(self.agreement_images, self.image_shape)
+                source = f"images of {self.agreement_images}"
+            else:
+                images, source = verification_images(self.results, self.image_shape, count=1000)
+            classes = np.argmax(self.model.predict(images, verbose=0), axis=-1)
+            self._reference = images, classes, f"{len(images)} {source}"
+        return self._reference
+
+    def __call__(self, served, what: str) -> dict:
+        """``{"top1_agreement", "agreement_images"}`` of ``served`` (images -> probabilities or
+        logits), the low-precision file ``what``; ExportError below `MIN_TOP1_AGREEMENT`."""
+        images, want, described = self.reference()
+        agreement = float(np.mean(want == np.argmax(served(images), axis=-1)))
+        if agreement < MIN_TOP1_AGREEMENT:
+            raise ExportError(
+                f"The {what} picks the float32 model's class on {agreement:.2%} of {described}, below "
+                f"{MIN_TOP1_AGREEMENT:.0%}: export in float32 (--precision=float32).")
+        return {"top1_agreement": agreement, "agreement_images": described}
 
 
 # ------------------------------------------------------------------------------ export
@@ -417,6 +431,7 @@ def export(
                                    for i in range(0, len(batch), max_batch_size)])
 
         precision_record = {"dtype": dtype, "why": dtype_reason}
+        agreement = Top1Agreement(model, results, agreement_images, model.inputs[0].shape[1:])
         if dtype != "bfloat16":  # int8: the SavedModel stays float32 (see export.int8)
             tolerance = probability_tolerance("float32", None)
             checks = {"saved_model": _verify("The SavedModel", expected, served(images), tolerance)}
@@ -425,8 +440,7 @@ def export(
             tolerance = probability_tolerance(dtype, own_logits)
             checks = {"saved_model": _verify("The bfloat16 SavedModel", tf.nn.softmax(own_logits).numpy(),
                                              served(images), tolerance)}
-            precision_record.update(top1_agreement(model, served, results, agreement_images,
-                                                   model.inputs[0].shape[1:], "bfloat16 export"))
+            precision_record.update(agreement(served, "bfloat16 export"))
         extra = os.path.join(tmp, "assets.extra")
         os.makedirs(extra, exist_ok=True)
         serving_files = (write_tf_serving_files(tmp, loaded, model_name, images, max_batch_size, log)
@@ -444,8 +458,7 @@ def export(
                     record = route.write(tmp, serving, calibration)
                     if "calibration_images" in record:
                         record["calibration_images"] = f"{len(calibration)} {calibration_source}"
-                    record.update(top1_agreement(model, route.runner(os.path.join(tmp, record["file"])), results,
-                                                 agreement_images, model.inputs[0].shape[1:], route.name))
+                    record.update(agreement(route.runner(os.path.join(tmp, record["file"])), route.name))
                     precision_record["files"][fmt] = record
         metadata = {
             "model_name": model_name,

@@ -495,6 +495,33 @@ def test_int8_refuses_below_the_agreement(confident_model, tmp_path, monkeypatch
     assert list((tmp_path / "refused").glob("*/*")) == []
 
 
+def test_top1_agreement_runs_the_float32_model_once_for_every_file(tmp_path):
+    """An export checks each low-precision file against the float32 classes of the same held-out
+    images; the float32 model runs over them once, and a file that picks another class on more
+    than 1% of them is refused."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
+                              keras.layers.Dense(5)])
+    images = np.random.default_rng(0).integers(0, 256, (200, 4, 4, 3), dtype=np.uint8)
+    np.save(tmp_path / "held_out.npy", images)
+    calls = []
+    predict = model.predict
+    model.predict = lambda x, **kw: calls.append(len(x)) or predict(x, **kw)
+    agreement = export_lib.Top1Agreement(model, {}, str(tmp_path / "held_out.npy"), (4, 4, 3))
+    logits = predict(images, verbose=0)
+    assert agreement(lambda x: logits, "int8 ONNX file") == {
+        "top1_agreement": 1.0, "agreement_images": f"200 images of {tmp_path / 'held_out.npy'}"}
+    one_off = logits.copy()
+    one_off[0] = -one_off[0]  # the first image's class changes: 199 of 200 agree
+    assert agreement(lambda x: one_off, "int8 TFLite file")["top1_agreement"] == 0.995
+    three_off = one_off.copy()
+    three_off[1:3] = -three_off[1:3]
+    with pytest.raises(export_lib.ExportError, match=r"int8 TFLite file picks .* on 98\.50% of 200 images.*"
+                                                     r"--precision=float32"):
+        agreement(lambda x: three_off, "int8 TFLite file")
+    assert calls == [200]
+
+
 def test_the_tolerance_follows_the_precision_and_the_logits_scale():
     assert export_lib.probability_tolerance("float32", None) == 1e-5
     assert export_lib.probability_tolerance("bfloat16", np.array([[4.0, -1.0], [0.5, 2.0]])) == 2 ** -5
