@@ -429,8 +429,9 @@ def plot_data_efficiency(path):
     epochs, groups = _efficiency_groups(data)
     variants = groups[epochs]
     sizes = data.get("training_images", {})
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for variant, per in sorted(variants.items()):
+    figure, axis = plt.subplots(figsize=(9, 4.8))
+    colours, markers = plt.get_cmap("tab20").colors, "osD^vPX<>"
+    for index, (variant, per) in enumerate(sorted(variants.items())):
         points = sorted((sizes[d], s) for d, s in per.items() if d in sizes)
         if not points:
             continue
@@ -438,13 +439,15 @@ def plot_data_efficiency(path):
         mean = [p[1]["mean"] for p in points]
         low = [p[1]["mean"] - p[1]["min"] for p in points]
         high = [p[1]["max"] - p[1]["mean"] for p in points]
-        axis.errorbar(x, mean, yerr=[low, high], marker="o", capsize=3, label=variant)
+        # one colour and marker a variant (more variants than a default cycle's ten colours)
+        axis.errorbar(x, mean, yerr=[low, high], marker=markers[index % len(markers)], capsize=3, label=variant,
+                      color=colours[index % len(colours)])
     axis.set_xscale("log")
     axis.set_xlabel("training images (cifar10-mini subsets)")
     axis.set_ylabel("test accuracy")
     axis.set_title(f"Data efficiency, {epochs.split('=')[1]} epochs ({data['date']})")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=7, ncol=2)
+    axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     figure.tight_layout()
     figure.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(figure)
