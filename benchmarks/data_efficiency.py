@@ -2,7 +2,7 @@
 beside ResNet18, at equal epochs, over seeds.
 
     .venv/bin/python -m benchmarks.data_efficiency --data_dir=../shared/datasets/cifar10-mini \\
-        [--variants=quadratic,quadratic+convolutional@1,content,gated,resnet18] \\
+        [--variants=quadratic,quadratic+convolutional@0.1,content,gated,resnet18] \\
         [--datasets=cifar10-mini:100,cifar10-mini:30,cifar10-mini:10,shapes] [--seeds=0,1,2] [--epochs=8]
 
 Every run is one ``sa-conv-train`` process (the trainer's defaults: SGD with momentum, cosine
@@ -300,7 +300,7 @@ def main():
     parser = harness.arguments(__doc__, "data_efficiency.json")
     parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),
                         help="the CIFAR-10 python-format files the cifar10-mini datasets are cut from")
-    parser.add_argument("--variants", default="quadratic,quadratic+convolutional@1,content,gated,resnet18")
+    parser.add_argument("--variants", default="quadratic,quadratic+convolutional@0.1,content,gated,resnet18")
     parser.add_argument("--datasets", default="cifar10-mini:100")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--epochs", type=int, default=8)
