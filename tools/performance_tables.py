@@ -361,6 +361,7 @@ def _efficiency_groups(data):
 
 
 def _efficiency_datasets(data, variants):
+    """The datasets of ``variants`` ordered by training images, the folder dataset last."""
     sizes = data.get("training_images", {})
     names = {d for per in variants.values() for d in per}
     return sorted(names, key=lambda d: (d not in sizes, sizes.get(d, 0), d))
@@ -402,8 +403,8 @@ def data_efficiency_longer():
 
 
 def data_efficiency_targets():
-    """Issue 36's targets checked on every dataset and budget where both sides were measured
-    (`benchmarks.data_efficiency.targets`)."""
+    """The targets the benchmark was built to check, on every dataset and budget where both sides
+    were measured (`benchmarks.data_efficiency.targets`)."""
     from benchmarks import data_efficiency as benchmark
 
     data = _load("data_efficiency")
