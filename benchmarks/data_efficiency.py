@@ -182,6 +182,12 @@ def train_once(flags: dict, model_dir: str) -> dict:
             "wall_seconds": round(time.perf_counter() - start, 1)}
 
 
+def split_summary_key(key: str) -> tuple[str, str, int]:
+    """``(variant, dataset, epochs)`` of a `summarize` key ``variant|dataset|epochs=E``."""
+    variant, dataset, epochs = key.split("|")
+    return variant, dataset, int(epochs.split("=")[1])
+
+
 def summarize(runs: dict) -> dict:
     """Per ``variant|dataset|epochs``: the seeds, the mean test accuracy, its sample standard
     deviation (None for one seed) and range."""
@@ -202,6 +208,7 @@ def summarize(runs: dict) -> dict:
 POSITION_ONLY = ("quadratic", "quadratic_full", "learned", "sinusoidal", "mlp")
 EXISTING_SMALL = POSITION_ONLY + ("content",)  # the small attention presets the gated one is held against
 GATED_MARGIN = 0.03  # the issue's: gated at least 3 points above content attention
+TARGETS = (f"gated >= content + {GATED_MARGIN:g}", "gated >= every small preset", "convolutional >= random")
 
 
 def targets(summary: dict, sizes: dict | None = None) -> list[dict]:
@@ -209,14 +216,14 @@ def targets(summary: dict, sizes: dict | None = None) -> list[dict]:
     dataset at a number of epochs): ``gated`` against ``content`` plus `GATED_MARGIN`; ``gated``
     against the best random-initialized `EXISTING_SMALL` preset; for each `POSITION_ONLY` encoding,
     its convolutional variant with the best mean (its best measured strength) against its random
-    one. Each row: the target, dataset, epochs, both variants with mean and seed count, the
+    one (`TARGETS`, in that order). Each row: the target, dataset, epochs, both variants with mean and seed count, the
     difference of means, what it needs, whether it is met and the larger of the two sides' sample
     standard deviations (``spread``; None with one seed each); in that order of targets, then by
     epochs and by ``sizes`` (``{dataset: training images}``, the report's; unlisted ones last)."""
     by_place: dict[tuple, dict] = {}
     for key, entry in summary.items():
-        variant, dataset, epochs = key.split("|")
-        by_place.setdefault((dataset, int(epochs.split("=")[1])), {})[variant] = entry
+        variant, dataset, epochs = split_summary_key(key)
+        by_place.setdefault((dataset, epochs), {})[variant] = entry
 
     def row(target, place, variant, against, needed):
         ours, theirs = by_place[place][variant], by_place[place][against]
@@ -230,20 +237,19 @@ def targets(summary: dict, sizes: dict | None = None) -> list[dict]:
     rows = []
     for place, variants in sorted(by_place.items()):
         if "gated" in variants and "content" in variants:
-            rows.append(row(f"gated >= content + {GATED_MARGIN:g}", place, "gated", "content", GATED_MARGIN))
+            rows.append(row(TARGETS[0], place, "gated", "content", GATED_MARGIN))
         others = [v for v in EXISTING_SMALL if v in variants]
         if "gated" in variants and others:
             best = max(others, key=lambda v: variants[v]["mean"])
-            rows.append(row("gated >= every small preset", place, "gated", best, 0.0))
+            rows.append(row(TARGETS[1], place, "gated", best, 0.0))
         for encoding in POSITION_ONLY:
             started = [v for v in variants if v.startswith(f"{encoding}+convolutional")]
             if encoding in variants and started:
                 best = max(started, key=lambda v: variants[v]["mean"])
-                rows.append(row("convolutional >= random", place, best, encoding, 0.0))
-    order = {"gated >= content": 0, "gated >= every": 1, "convolutional": 2}
+                rows.append(row(TARGETS[2], place, best, encoding, 0.0))
     sizes = sizes or {}
-    return sorted(rows, key=lambda r: (next(i for p, i in order.items() if r["target"].startswith(p)), r["epochs"],
-                                       r["dataset"] not in sizes, sizes.get(r["dataset"], 0), r["dataset"]))
+    return sorted(rows, key=lambda r: (TARGETS.index(r["target"]), r["epochs"], r["dataset"] not in sizes,
+                                       sizes.get(r["dataset"], 0), r["dataset"]))
 
 
 def read_report(path: str) -> dict:

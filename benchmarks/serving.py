@@ -352,5 +352,6 @@ def main():
             # other classes stay beside it.
             harness.write_report(args.output, record, merge=args.merge, section=harness.cpu_class())
 
+
 if __name__ == "__main__":
     main()

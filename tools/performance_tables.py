@@ -353,9 +353,11 @@ def resolution_transfer():
 def _efficiency_groups(data):
     """``(main epochs, {epochs: {variant: {dataset: summary}}})`` of a data-efficiency report; the
     main epochs are those with the most measured cells."""
+    from benchmarks import data_efficiency as benchmark
+
     groups = {}
     for key, summary in data["summary"].items():
-        variant, dataset, epochs = key.split("|")
+        variant, dataset, epochs = benchmark.split_summary_key(key)
         groups.setdefault(epochs, {}).setdefault(variant, {})[dataset] = summary
     return max(groups, key=lambda e: sum(len(v) for v in groups[e].values())), groups
 
@@ -386,7 +388,7 @@ def data_efficiency():
     """Test accuracy per variant and dataset at the report's main epochs: mean, spread and seeds."""
     data = _load("data_efficiency")
     epochs, groups = _efficiency_groups(data)
-    caption = (f"{data['date']}, {epochs.split('=')[1]} epochs, test accuracy: mean ± sample standard deviation "
+    caption = (f"{data['date']}, {epochs} epochs, test accuracy: mean ± sample standard deviation "
                f"(seeds).\n\n")
     return caption + _efficiency_table(data, groups[epochs])
 
@@ -395,10 +397,10 @@ def data_efficiency_longer():
     """The same for every other number of epochs the report has, one table each."""
     data = _load("data_efficiency")
     main_epochs, groups = _efficiency_groups(data)
-    others = sorted((e for e in groups if e != main_epochs), key=lambda e: int(e.split("=")[1]))
+    others = sorted(e for e in groups if e != main_epochs)
     if not others:
         return "No run at another number of epochs yet.\n"
-    return "\n".join(f"{e.split('=')[1]} epochs, test accuracy (seeds).\n\n" + _efficiency_table(data, groups[e])
+    return "\n".join(f"{e} epochs, test accuracy (seeds).\n\n" + _efficiency_table(data, groups[e])
                      for e in others)
 
 
@@ -446,7 +448,7 @@ def plot_data_efficiency(path):
     axis.set_xscale("log")
     axis.set_xlabel("training images (cifar10-mini subsets)")
     axis.set_ylabel("test accuracy")
-    axis.set_title(f"Data efficiency, {epochs.split('=')[1]} epochs ({data['date']})")
+    axis.set_title(f"Data efficiency, {epochs} epochs ({data['date']})")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     figure.tight_layout()
