@@ -137,11 +137,13 @@ def first_call(path, loaded, run, shape, rng, steady_calls=5) -> dict:
             "first_over_steady_batch1": first / steady}
 
 
-def runtime(side, path, result):
+def runtime(side, path, result, float32=False):
     """``(run, image shape)`` of an exported file in its own runtime: the TFLite interpreter
     (LiteRT, its default XNNPACK delegate), which takes the serving signature's uint8 pixels, or ONNX
     Runtime, which takes the Keras model's float32 input (the same pixels as floats: the
-    normalization is inside the model), on all cores."""
+    normalization is inside the model), on all cores. A runtime that picks its precision by
+    itself (OpenVINO: bfloat16 on CPUs with AVX512_BF16 or AMX) keeps its default, which is what
+    a user serving the file gets, unless ``float32``: for comparing with float32 results."""
     import numpy as np
 
     threads = os.cpu_count()
@@ -158,7 +160,8 @@ def runtime(side, path, result):
         import openvino
 
         core = openvino.Core()
-        compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": threads})
+        config = {"INFERENCE_NUM_THREADS": threads, **({"INFERENCE_PRECISION_HINT": "f32"} if float32 else {})}
+        compiled = core.compile_model(core.read_model(path), "CPU", config)
         request = compiled.create_infer_request()
         result["runtime"] = f"openvino {openvino.__version__}"
         result["inference_precision"] = str(compiled.get_property("INFERENCE_PRECISION_HINT"))

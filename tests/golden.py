@@ -77,7 +77,9 @@ def _value(variable) -> np.ndarray:
     return rng.normal(0.0, 1.0 / np.sqrt(fan_in), shape).astype(np.float32)
 
 
-def build(preset: str, **overrides) -> keras.Model:
+def build(preset: str, change=None, **overrides) -> keras.Model:
+    """The preset with every variable at its fixed value (`_value`); ``change(model)``, if given,
+    then alters it (a deliberate break, to show that a comparison notices one)."""
     # Keras numbers auto-named layers and seed generators per process ("seed_generator_3"): afresh,
     # the variables' paths, and so their values, do not depend on what the process built before.
     keras.backend.clear_session()
@@ -85,6 +87,8 @@ def build(preset: str, **overrides) -> keras.Model:
     model = sa_conv.build_model(preset, **overrides)
     for variable in model.variables:
         variable.assign(_value(variable))
+    if change is not None:
+        change(model)
     return model
 
 
@@ -115,27 +119,40 @@ def sketch(path: str, gradient: np.ndarray) -> np.ndarray:
     return np.concatenate([sketch_vectors(path, g.size) @ g, [np.linalg.norm(g), g.size]])
 
 
-def record(preset: str) -> dict[str, np.ndarray]:
-    images, labels = inputs()
-    model = build(preset)
+def inference(preset: str, model) -> dict[str, np.ndarray]:
+    """``logits`` and (attention presets) block 0's ``attention`` of `inputs`."""
+    images, _ = inputs()
     out = {"logits": ops.convert_to_numpy(model(images, training=False))}
-    attention = sa_conv.get_config(preset).architecture == "attention"
-    if attention:
+    if sa_conv.get_config(preset).architecture == "attention":
         probs = ops.convert_to_numpy(sa_conv.attention_probabilities(model, images[:2])[0])
         out["attention"] = probs[:, :, ::51, :]
+    return out
+
+
+def serving(model) -> dict[str, np.ndarray]:
+    """``frozen`` and ``bfloat16``: the logits of the float32 and bfloat16 serving copies."""
+    images, _ = inputs()
+    out = {"frozen": ops.convert_to_numpy(sa_conv.freeze_for_inference(model)(images, training=False))}
+    mixed = sa_conv.freeze_for_inference(sa_conv.with_dtype_policy(model, "mixed_bfloat16"))
+    out["bfloat16"] = ops.convert_to_numpy(mixed(images, training=False)).astype(np.float32)
+    return out
+
+
+def record(preset: str, change=None) -> dict[str, np.ndarray]:
+    images, labels = inputs()
+    model = build(preset, change)
+    out = inference(preset, model)
+    attention = sa_conv.get_config(preset).architecture == "attention"
     variants = VARIANTS if attention else {"plain": (False, 0.0)}
     for variant, (remat, rate) in variants.items():
         overrides = dict(remat=remat, attention_dropout=rate) if attention else {}
-        grads = _gradients(build(preset, **overrides), images[:GRAD_BATCH], labels[:GRAD_BATCH])
+        grads = _gradients(build(preset, change, **overrides), images[:GRAD_BATCH], labels[:GRAD_BATCH])
         for path, g in grads.items():
             if g.size <= WHOLE:
                 out[f"grad/{variant}/{path}"] = g
             else:
                 out[f"sketch/{variant}/{path}"] = sketch(path, g)
-    out["frozen"] = ops.convert_to_numpy(sa_conv.freeze_for_inference(model)(images, training=False))
-    mixed = sa_conv.freeze_for_inference(sa_conv.with_dtype_policy(model, "mixed_bfloat16"))
-    out["bfloat16"] = ops.convert_to_numpy(mixed(images, training=False)).astype(np.float32)
-    return out
+    return {**out, **serving(model)}
 
 
 def main(argv=None):

@@ -10,6 +10,7 @@ import sa_conv
 from sa_conv import MultiHeadSelfAttention2D
 from sa_conv.attention_init import ConvolutionalInit, MimeticInit, convolutional_logits, get_attention_init, grid_shifts
 from sa_conv.encodings import ENCODINGS
+from tests import tolerances
 
 CONVOLUTIONAL = [name for name, spec in ENCODINGS.items() if spec.cls.convolutional_init]
 POSITION_ONLY = [name for name, spec in ENCODINGS.items() if spec.position_only]
@@ -74,12 +75,37 @@ def test_the_initial_logits_are_the_quadratic_pattern_of_each_shift(encoding):
     rows, cols = np.divmod(np.arange(GRID * GRID), GRID)
     dy, dx = rows - GRID // 2, cols - GRID // 2
     near = (np.abs(dy) <= 5) & (np.abs(dx) <= 5)
+    terms, count = _logit_terms(layer)
     for h, (sy, sx) in enumerate(grid_shifts(9)):
         logits = -0.5 * ((dy - sy) ** 2 + (dx - sx) ** 2)
         expected = np.exp(logits[near] - logits[near].max())
+        expected /= expected.sum()
         got = p[h, query, near]
-        np.testing.assert_allclose(got / got.sum(), expected / expected.sum(), atol=1e-5)
+        # float32 evaluates each logit as sums of K terms of up to `terms[h]` in all: it may move
+        # by sqrt(K) u of that, and by u of it again where the weights were stored in float32 (the
+        # sinusoidal fit's terms cancel: hundreds, for logits of tens). A softmax moves each
+        # probability p by at most 2 p max|d logit|.
+        logit_error = (np.sqrt(count) + 1) * tolerances.FLOAT32_UNIT * terms[h]
+        np.testing.assert_allclose(got / got.sum(), expected, rtol=0, atol=2 * logit_error * expected.max() + 1e-6)
         assert got.sum() > 0.999  # what lies outside the window is negligible
+
+
+def _logit_terms(layer):
+    """``(terms, K)``: per head, the largest sum of the magnitudes of the terms a positional logit adds up (its
+    float32 rounding is relative to that, not to the logit). For a sinusoidal encoding, the
+    features times the fitted vectors, row and column; for the others, whose terms do not cancel,
+    the largest logit."""
+    from sa_conv.encodings.base import axis_offsets
+    from sa_conv.encodings.sinusoidal import SinusoidalRelativeEncoding, sinusoid_features
+
+    encoding = layer.position_encoding
+    if isinstance(encoding, SinusoidalRelativeEncoding):
+        features = np.abs(sinusoid_features(axis_offsets(GRID), encoding.feature_dim)).astype(np.float64)
+        terms = sum((features @ np.abs(_np(keys)).astype(np.float64)).max(axis=(0, 1))
+                    for keys in (encoding.row_head_keys, encoding.col_head_keys))
+        return terms, 2 * encoding.feature_dim
+    # The quadratic window's largest logit, 0.5 (5 + 1)^2 per axis, of a few terms.
+    return np.full(9, 36.0), 8
 
 
 @pytest.mark.parametrize("encoding", CONVOLUTIONAL)

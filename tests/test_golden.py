@@ -6,18 +6,14 @@ and the frozen float32 and bfloat16 serving copies."""
 import numpy as np
 import pytest
 
-from tests import golden
+import sa_conv
+from tests import golden, tolerances
 
 pytest.importorskip("tensorflow", reason="the training step's gradients are taken with tf.GradientTape")
 
-RTOL = 1e-6
-# Gradients, relative to the step's gradient scale. The fixtures were recorded with TensorFlow's
-# default kernels on an AVX2 CPU (Eigen); under oneDNN (TF_ENABLE_ONEDNN_OPTS=1, as CI's full run)
-# the same computation sums in another order, and a gradient, summed over the batch, the pixels
-# and six blocks of backward passes, moved by up to about 2e-6 of the step's largest gradient
-# entry (measured). 1e-5 leaves room for that; a changed computation moves gradients by far more
-# (a dropout mask drawn from another seed moved them by 1e-2 to 3e-1 of it).
-GRADIENT_TOL = 1e-5
+# Every comparison allows what two correct evaluations may differ by on any CPU and kernel set,
+# derived from the precision and the depth of the computation (`tests.tolerances`), and no more:
+# `test_each_bound_fails_on_a_real_change` shows each one failing on a changed computation.
 
 
 def _paper_size(preset):
@@ -32,6 +28,15 @@ def recorded(request, made_once):
     preset = request.param
     if _paper_size(preset) and request.config.getoption("--fast"):
         pytest.skip("paper-size presets run in the full suite")
+    return _recorded(preset, made_once)
+
+
+@pytest.fixture
+def recorded_small(made_once):
+    return _recorded("sa_quadratic_small", made_once)
+
+
+def _recorded(preset, made_once):
     want = dict(np.load(golden.FIXTURES / f"{preset}.npz"))
     directory = made_once(f"golden-{preset}", lambda d: np.savez(d / "got.npz", **golden.record(preset)))
     return preset, want, dict(np.load(directory / "got.npz"))
@@ -42,42 +47,104 @@ def test_the_same_arrays_are_recorded(recorded):
     assert sorted(got) == sorted(want)
 
 
-def test_inference_logits_and_attention_maps(recorded):
-    _, want, got = recorded
-    for key in ("logits", "attention"):
+def check_inference(preset, want, got):
+    """Logits through every block, block 0's attention probabilities through one: float32."""
+    config = sa_conv.get_config(preset)
+    for key, blocks in (("logits", None), ("attention", 1)):
         if key in want:
-            np.testing.assert_allclose(got[key], want[key], rtol=RTOL, atol=RTOL * np.abs(want[key]).max())
+            tolerances.assert_close_to_scale(got[key], want[key], tolerances.float32_relative(config, blocks), key)
             assert np.abs(want[key]).std() > 0  # the recorded values vary: a constant cannot pass
 
 
-def test_training_gradients_with_and_without_remat_and_attention_dropout(recorded):
-    preset, want, got = recorded
+def check_gradients(preset, want, got):
+    """One training step's gradients, float32 through the forward and the backward pass, relative
+    to the step's gradient scale; a sketched gradient norm-wise (``|g . r| <= e |g| |r|``)."""
+    config = sa_conv.get_config(preset)
+    relative = tolerances.float32_relative(config, batch=golden.GRAD_BATCH, backward=True)
     whole = [k for k in want if k.startswith("grad/")]
     sketched = [k for k in want if k.startswith("sketch/")]
     variants = {k.split("/")[1] for k in whole + sketched}
-    assert variants == (set(golden.VARIANTS) if preset != "resnet18" else {"plain"})
+    assert variants == (set(golden.VARIANTS) if config.architecture == "attention" else {"plain"})
     # The scale of a step's gradients: the largest entry of any gradient of the same variant. A
     # gradient that is zero but for rounding (the key bias, which the softmax removes) is held to it.
     scale = {v: max(np.abs(want[k]).max() for k in whole if k.split("/")[1] == v) for v in variants}
     for key in whole:
-        np.testing.assert_allclose(got[key], want[key], rtol=GRADIENT_TOL, atol=GRADIENT_TOL * scale[key.split("/")[1]],
-                                   err_msg=key)
+        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=relative * scale[key.split("/")[1]], err_msg=key)
     for key in sketched:
         path = key.split("/", 2)[2]
         *products, norm, size = want[key]
         assert got[key][-1] == size and norm > 0
-        bound = GRADIENT_TOL * norm * np.linalg.norm(golden.sketch_vectors(path, size), axis=1)
+        bound = relative * norm * np.linalg.norm(golden.sketch_vectors(path, size), axis=1)
         np.testing.assert_array_less(np.abs(got[key][:-2] - products), bound, err_msg=key)
-        np.testing.assert_allclose(got[key][-2], norm, rtol=GRADIENT_TOL, err_msg=key)
+        np.testing.assert_allclose(got[key][-2], norm, rtol=relative, err_msg=key)
+
+
+def check_serving(preset, want, got):
+    """The float32 serving copy against its recording; the bfloat16 copy against the float32
+    copy computed on this machine (not against a bfloat16 recording: another CPU rounds bfloat16
+    elsewhere, natively or emulated), to bfloat16's bound."""
+    config = sa_conv.get_config(preset)
+    tolerances.assert_close_to_scale(got["frozen"], want["frozen"], tolerances.float32_relative(config), "frozen")
+    bound = tolerances.bfloat16_relative(config)
+    tolerances.assert_close_to_scale(got["bfloat16"], got["frozen"], bound, "bfloat16")
+    # The class is the float32 copy's wherever its margin over the runner-up exceeds what
+    # bfloat16 may move two logits by.
+    top2 = np.sort(got["frozen"], -1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2 * bound * np.abs(got["frozen"]).max()
+    np.testing.assert_array_equal(got["bfloat16"].argmax(-1)[clear], got["frozen"].argmax(-1)[clear])
+
+
+def test_inference_logits_and_attention_maps(recorded):
+    check_inference(*recorded)
+
+
+def test_training_gradients_with_and_without_remat_and_attention_dropout(recorded):
+    check_gradients(*recorded)
 
 
 def test_serving_copies(recorded):
-    _, want, got = recorded
-    np.testing.assert_allclose(got["frozen"], want["frozen"], rtol=RTOL, atol=RTOL * np.abs(want["frozen"]).max())
-    # bfloat16 keeps 8 significant bits: one rounding is up to 2**-9 of a value, and the copy
-    # rounds every activation of every layer. Reordering two additions or casts moves a logit by
-    # a few such roundings of the logits' scale; 2**-6 of it leaves room for that and not for a
-    # changed computation (the float32 copy's logits differ from the bfloat16 copy's by more).
-    scale = np.abs(want["frozen"]).max()
-    np.testing.assert_allclose(got["bfloat16"], want["bfloat16"], rtol=0, atol=2 ** -6 * scale)
-    assert (got["bfloat16"].argmax(-1) == want["bfloat16"].argmax(-1)).all()
+    check_serving(*recorded)
+
+
+def _scaled(path, factor):
+    """A change of `golden.build`: the variable at ``path`` times ``factor``."""
+    def change(model):
+        (variable,) = [v for v in model.variables if v.path == path]
+        variable.assign(variable.numpy() * factor)
+    return change
+
+
+def _dropped(layer):
+    """A change of `golden.build`: the layer at ``layer`` (a path prefix) outputs zeros."""
+    def change(model):
+        for variable in model.variables:
+            if variable.path.startswith(layer + "/"):
+                variable.assign(np.zeros(variable.shape, variable.dtype))
+    return change
+
+
+def test_each_bound_fails_on_a_real_change(recorded_small):
+    """Each comparison above refuses a changed computation of a small preset: a weight moved by
+    1e-3 of itself (block 1's MLP output kernel: logits, gradients, the float32 serving copy;
+    block 0's quadratic centers: its attention map) and, for the bfloat16 copy, a dropped term
+    (block 1's attention output, kernel and bias at zero), which its looser bound must still see."""
+    preset, want, got = recorded_small
+    check_inference(preset, want, got)  # unchanged, they pass
+    check_gradients(preset, want, got)
+    check_serving(preset, want, got)
+    moved = golden.record(preset, _scaled("block_1/output/kernel", 1 + 1e-3))
+    with pytest.raises(AssertionError, match="logits"):
+        check_inference(preset, want, {**got, "logits": moved["logits"]})
+    with pytest.raises(AssertionError):
+        check_gradients(preset, want, {**got, **{k: v for k, v in moved.items() if k.startswith("grad/")}})
+    with pytest.raises(AssertionError):
+        check_gradients(preset, want, {**got, **{k: v for k, v in moved.items() if k.startswith("sketch/")}})
+    with pytest.raises(AssertionError, match="frozen"):
+        check_serving(preset, want, {**got, "frozen": moved["frozen"]})
+    centers = golden.inference(preset, golden.build(preset, _scaled("block_0/attention/position_encoding/centers",
+                                                                   1 + 1e-3)))
+    with pytest.raises(AssertionError, match="attention"):
+        check_inference(preset, want, {**got, "attention": centers["attention"]})
+    dropped = golden.serving(golden.build(preset, _dropped("block_1/attention_output")))
+    with pytest.raises(AssertionError, match="bfloat16"):
+        check_serving(preset, want, {**got, "bfloat16": dropped["bfloat16"]})
