@@ -7,7 +7,7 @@ CIFAR10_DIR ?=
 DEMO_DIR ?= demo_output
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-fast test-backends demo bazel-test check-install clean
+.PHONY: venv test test-fast test-all test-backends demo bazel-test check-install clean
 
 venv: $(STAMP)
 
@@ -20,13 +20,22 @@ $(STAMP): setup.py
 	$(PY) -m pip install --quiet --no-deps tensorflow-serving-api==$$(sed -n 's/^TENSORFLOW_VERSION = "\(.*\)"/\1/p' setup.py)
 	touch $(STAMP)
 
+# The tiers (tests/tiers.py): `make test` is the README's and CI's; `make test-fast` has no slow
+# (end-to-end) test and no paper-size model; `make test-all` has every preset at paper size and runs
+# the slow and the kernel-dependent ("numeric", BUILD) tests under both of TensorFlow's kernel sets.
+# Run `make test-all` after changing export/, sa_conv/serving.py, sa_conv/encodings/ or a fixture.
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
-# The fast subset: the tests not marked slow (defined once, by `--fast` in tests/conftest.py;
-# BUILD's targets take it too, through tools/bazel_test.sh).
 test-fast: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) --fast tests
+
+NUMERIC_TESTS = $(shell sed -n 's/^    ("\(test_[a-z_]*\)", "[a-z]*", \["numeric"\]),$$/tests\/\1.py/p' BUILD)
+
+test-all: $(STAMP)
+	TF_ENABLE_ONEDNN_OPTS=1 $(PY) -m pytest $(PYTEST_ARGS) --all tests
+	TF_ENABLE_ONEDNN_OPTS=0 $(PY) -m pytest $(PYTEST_ARGS) --all -m "slow or paper or paper_subset" tests
+	TF_ENABLE_ONEDNN_OPTS=0 $(PY) -m pytest $(PYTEST_ARGS) --all -m "not (slow or paper or paper_subset)" $(NUMERIC_TESTS)
 
 # The backend-independent tests (layers, models, Theorem 1, the separable path, save and
 # reload) under Keras's JAX and PyTorch backends, in a second virtualenv without TensorFlow.
@@ -44,9 +53,9 @@ $(BSTAMP): setup.py
 	touch $(BSTAMP)
 
 test-backends: $(BSTAMP)
-	for backend in jax torch; do \
-		KERAS_BACKEND=$$backend $(BPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(BACKEND_TESTS) || exit 1; \
-	done
+	status=0; for backend in jax torch; do \
+		KERAS_BACKEND=$$backend $(BPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) --fast $(BACKEND_TESTS) || status=1; \
+	done; exit $$status
 
 demo: $(STAMP)
 	$(PY) -m programs.demo --output_dir=$(DEMO_DIR) $(if $(CIFAR10_DIR),--data_dir=$(CIFAR10_DIR))

@@ -118,11 +118,21 @@ def batching_message():
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters"))
 
 
-def measure_throughput(serve, example, max_batch_size: int, calls: int = 2, budget_seconds: float = 60.0) -> dict:
+# Seconds the export spends at most measuring the batching parameters: ``$SA_CONV_BATCHING_SECONDS``
+# or 60. At 0 only batch 1 is measured (a batching of one image): what a test that does not read
+# the batching parameters sets, so that each of its exports does not time the model for a minute.
+BUDGET_VARIABLE = "SA_CONV_BATCHING_SECONDS"
+DEFAULT_BUDGET_SECONDS = 60.0
+
+
+def measure_throughput(serve, example, max_batch_size: int, calls: int = 2, budget_seconds: float | None = None) -> dict:
     """Images/s of ``serve`` (one image's inputs ``example`` -> outputs, each input repeated along
     a new batch axis) at batch 1, 2, 4, ... up to ``max_batch_size``: the fastest of ``calls``
     after one untimed call. Stops after two doublings that add less than ``1 - SATURATION`` to
-    the best, or once ``budget_seconds`` are spent (a slow model on a slow machine)."""
+    the best, or once ``budget_seconds`` are spent (a slow model on a slow machine; default:
+    `BUDGET_VARIABLE` or `DEFAULT_BUDGET_SECONDS`)."""
+    if budget_seconds is None:
+        budget_seconds = float(os.environ.get(BUDGET_VARIABLE, DEFAULT_BUDGET_SECONDS))
     results, best, flat, start = {}, 0.0, 0, time.monotonic()
     batch = 1
     while batch <= max_batch_size:

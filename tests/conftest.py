@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Exports in tests measure batch 1 only for the batching parameters, not a minute of doublings
+# (export/tf_serving.py); the tests about the batching set their own budget.
+os.environ.setdefault("SA_CONV_BATCHING_SECONDS", "0")
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CIFAR10_MINI = pathlib.Path(
@@ -114,7 +117,9 @@ def _stateless(loss_fn, x, variables, values):
 
 def pytest_addoption(parser):
     parser.addoption("--fast", action="store_true",
-                     help="Only the fast subset: the tests not marked slow (the one definition of that subset).")
+                     help="Only the fast tier: no test marked slow, no paper-size model (tests/tiers.py).")
+    parser.addoption("--all", action="store_true",
+                     help="Every tier: every preset at paper size too (`make test-all`; tests/tiers.py).")
 
 
 def pytest_configure(config):
@@ -122,17 +127,18 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption("--fast"):
+    if config.getoption("--all"):
         return
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    skipped = ("slow", "paper", "paper_subset") if config.getoption("--fast") else ("paper",)
+    deselected = [item for item in items if any(item.get_closest_marker(m) for m in skipped)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item not in deselected]
 
 
 def pytest_sessionfinish(session, exitstatus):
-    # A file whose tests are all slow runs none under --fast (Bazel runs one file per target).
-    if session.config.getoption("--fast") and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+    # A file whose tests are all of another tier runs none (Bazel runs one file per target).
+    if not session.config.getoption("--all") and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         session.exitstatus = pytest.ExitCode.OK
 
 

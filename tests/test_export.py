@@ -16,6 +16,7 @@ from export import int8, onnx_files, runtimes
 from tests import image_formats
 from tests.conftest import PROJECT_ROOT
 from trainers import data as data_lib
+from tests import tiers
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT)}
 VENV_BIN = os.path.dirname(sys.executable)
@@ -32,12 +33,18 @@ def _trained(name, images, path, **overrides):
     return model
 
 
-@pytest.fixture(scope="module")
-def attention_export(real_images, tmp_path_factory):
-    root = tmp_path_factory.mktemp("export_sa")
-    model = _trained("sa_content_plus_learned_bias_small", real_images, root / "sa.keras", num_layers=2)
-    version = export_lib.export(model_path=str(root / "sa.keras"), export_dir=str(root / "out"), log=lambda s: None)
-    return model, version
+@pytest.fixture
+def attention_export(real_images, made_once):
+    """``(model, version directory)``: a small content model trained a few steps and exported, made
+    once per test run for the tests that read it (however the random order interleaves them)."""
+
+    def make(root):
+        _trained("sa_content_plus_learned_bias_small", real_images, root / "sa.keras", num_layers=2)
+        version = export_lib.export(model_path=str(root / "sa.keras"), export_dir=str(root / "out"), log=lambda s: None)
+        (root / "version").write_text(version)
+
+    root = made_once("export-content-small", make)
+    return keras.models.load_model(root / "sa.keras"), (root / "version").read_text()
 
 
 def _run_in_fresh_process(code):
@@ -301,20 +308,24 @@ def test_cli_from_a_trainer_model_dir(tmp_path):
     assert again.returncode == 2 and "--overwrite" in again.stderr and "Traceback" not in again.stderr
 
 
-@pytest.fixture(scope="module")
-def confident_model(tiny_cifar, tmp_path_factory):
+@pytest.fixture
+def confident_model(tiny_cifar, made_once):
     """A small model trained until its classes are clear on 100 images (near-uniform logits
-    would make any rounding flip the top-1), saved, with those images in an .npz file."""
-    root = tmp_path_factory.mktemp("bf16")
-    images = tiny_cifar[1].train.images[:100]
-    labels = tiny_cifar[1].train.labels[:100]
-    keras.utils.set_random_seed(0)
-    model = sa_conv.build_model("sa_quadratic_small", num_layers=1, dropout=0.0)
-    model.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(images, labels, batch_size=50, epochs=30, verbose=0)
-    model.save(root / "m.keras")
-    np.savez(root / "held_out.npz", images=images)
-    return model, root
+    would make any rounding flip the top-1), saved, with those images in an .npz file; made once
+    per test run."""
+
+    def make(root):
+        images = tiny_cifar[1].train.images[:100]
+        labels = tiny_cifar[1].train.labels[:100]
+        keras.utils.set_random_seed(0)
+        model = sa_conv.build_model("sa_quadratic_small", num_layers=1, dropout=0.0)
+        model.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(images, labels, batch_size=50, epochs=30, verbose=0)
+        model.save(root / "m.keras")
+        np.savez(root / "held_out.npz", images=images)
+
+    root = made_once("confident-model", make)
+    return keras.models.load_model(root / "m.keras"), root
 
 
 def test_bfloat16_export_computes_in_bfloat16_and_agrees_with_float32(confident_model, tmp_path):
@@ -556,7 +567,7 @@ PAPER_PRESETS = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", PAPER_PRESETS + ["sa_gated"])
+@pytest.mark.parametrize("preset", tiers.presets(PAPER_PRESETS + ["sa_gated"]))
 def test_bfloat16_export_of_every_paper_preset_passes_its_checks(preset, tmp_path, made_once):
     """The paper-size models are where a fixed 1e-3 refused the bfloat16 export (0.0012 measured
     for sa_learned and sa_quadratic): the bound that follows from the precision takes them, and
@@ -576,7 +587,7 @@ def test_bfloat16_export_of_every_paper_preset_passes_its_checks(preset, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", PAPER_PRESETS)
+@pytest.mark.parametrize("preset", tiers.presets(PAPER_PRESETS))
 def test_int8_export_of_every_paper_preset_writes_a_smaller_quantized_file(preset, tmp_path, made_once, monkeypatch):
     """Every paper preset converts and quantizes, and its agreement is measured and recorded.
     Random weights leave margins that int8's per-tensor activations flip (measured here: down to

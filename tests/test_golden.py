@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import sa_conv
-from tests import golden, tolerances
+from tests import golden, tiers, tolerances
 
 pytest.importorskip("tensorflow", reason="the training step's gradients are taken with tf.GradientTape")
 
@@ -16,19 +16,12 @@ pytest.importorskip("tensorflow", reason="the training step's gradients are take
 # `test_each_bound_fails_on_a_real_change` shows each one failing on a changed computation.
 
 
-def _paper_size(preset):
-    return not preset.endswith("_small") and preset != "resnet18"
-
-
-@pytest.fixture(params=golden.presets())
+@pytest.fixture(params=tiers.presets(golden.presets()))
 def recorded(request, made_once):
     """``(preset, the fixture's arrays, what it computes now)``; computed once per test run, however
     a random order interleaves the four tests of a preset with others and spreads them over
     workers (a module-scoped fixture recomputed it after each interruption: up to 4x a paper model)."""
-    preset = request.param
-    if _paper_size(preset) and request.config.getoption("--fast"):
-        pytest.skip("paper-size presets run in the full suite")
-    return _recorded(preset, made_once)
+    return _recorded(request.param, made_once)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from keras import ops
 from keras.src import testing
 
 import sa_conv
+from tests import tiers
 
 ATTENTION = sa_conv.MultiHeadSelfAttention2D
 
@@ -24,7 +25,7 @@ def identical_weight_pairs(model):
             if x.shape == y.shape and np.array_equal(x, y)]
 
 
-@pytest.mark.parametrize("preset", sa_conv.preset_names())
+@pytest.mark.parametrize("preset", tiers.presets(sa_conv.preset_names()))
 def test_every_weight_tensor_is_drawn_independently(preset):
     keras.utils.set_random_seed(0)
     # The convolutional initialization puts every block's heads on the same grid on purpose:

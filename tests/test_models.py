@@ -6,6 +6,7 @@ import pytest
 
 import sa_conv
 from sa_conv.config import ModelConfig
+from tests import tiers
 
 # The paper's Table 1 recomputed from its code; these must match exactly.
 PAPER_PARAMETERS = {
@@ -54,7 +55,7 @@ def _train_step(model, images, labels, steps=2, optimizer=None):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(PAPER_PARAMETERS) + list(OTHER_PARAMETERS))
+@pytest.mark.parametrize("name", tiers.presets(list(PAPER_PARAMETERS) + list(OTHER_PARAMETERS)))
 def test_paper_presets_run_a_forward_and_training_step(name):
     model = sa_conv.build_model(name)
     images, labels = _images(2), np.array([3, 7])
@@ -76,7 +77,7 @@ def test_small_presets_fit_a_batch(name):
     assert losses[-1] < 0.7 * losses[0], losses
 
 
-@pytest.mark.parametrize("name", list(PAPER_PARAMETERS) + SMALL)
+@pytest.mark.parametrize("name", tiers.presets(list(PAPER_PARAMETERS) + SMALL))
 def test_keras_file_round_trip(name, tmp_path):
     model = sa_conv.build_model(name)
     images = _images(3)

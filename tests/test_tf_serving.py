@@ -4,6 +4,7 @@ parsed back as the model server's ``BatchingParameters``."""
 
 import json
 import os
+from unittest import mock
 
 import keras
 import numpy as np
@@ -23,8 +24,10 @@ def exported(real_images, tmp_path_factory):
     keras.utils.set_random_seed(0)
     sa_conv.build_model("sa_quadratic_small", num_layers=1).save(root / "m.keras")
     messages = []
-    version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(root / "out"), model_name="tiny",
-                                log=messages.append)
+    # The batching parameters are what these tests read: measured as a user's export measures them.
+    with mock.patch.dict(os.environ, {tf_serving.BUDGET_VARIABLE: str(tf_serving.DEFAULT_BUDGET_SECONDS)}):
+        version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(root / "out"), model_name="tiny",
+                                    log=messages.append)
     return version, json.load(open(os.path.join(version, export_lib.METADATA)))
 
 

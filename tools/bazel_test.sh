@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `make bazel-test`: Bazel 4.2.3 from Debian (bazel-bootstrap), fully offline, with the
-# project's virtualenv interpreter. Runs every target on the fast subset of its tests (--fast: the
-# tests not marked slow, as `make test-fast`; defined once in tests/conftest.py); BAZEL_TARGETS
-# and BAZEL_TEST_ARGS override (e.g. BAZEL_TEST_ARGS= for the slow tests too).
+# project's virtualenv interpreter. Builds every target, runs the test targets tagged "numeric"
+# (BUILD: the files whose results depend on TensorFlow's kernel set) on their fast tier
+# (`--fast`, tests/tiers.py), and starts every binary with --helpshort. `make test` runs every test
+# file from the same sources; tests/test_build.py checks the targets' deps statically.
+# BAZEL_TARGETS, BAZEL_TEST_ARGS and BAZEL_TAGS override (e.g. BAZEL_TAGS= BAZEL_TEST_ARGS= for
+# every target on every tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v bazel >/dev/null 2>&1; then
@@ -17,10 +20,14 @@ python="$(pwd)/.venv/bin/python"
 printf 'build --python_path=%s\n' "$python" > .bazelrc.user
 targets=${BAZEL_TARGETS:-"//:all"}
 test_args=${BAZEL_TEST_ARGS---test_arg=--fast}
+tags=${BAZEL_TAGS-numeric}
 # Bazel runs whatever python3 is first on PATH for its own helpers: put the venv's first.
 export PATH="$(pwd)/.venv/bin:$PATH"
-bazel test $test_args $targets
-# The entry-point binaries start and parse their flags.
-help=$(bazel-bin/train --helpshort 2>/dev/null || true)  # absl exits 1 after printing help
-grep -q -- "--global_batch_size" <<<"$help"
-echo "bazel-bin/train: OK"
+bazel build $targets
+bazel test ${tags:+--test_tag_filters=$tags} $test_args $targets
+# Every binary starts and parses its flags (absl exits 1 after printing help).
+for binary in train tune export_model demo import_reference visualize; do
+  help=$(bazel-bin/$binary --helpshort 2>&1 || true)
+  grep -q -- "--helpfull" <<<"$help" || { echo "bazel-bin/$binary --helpshort did not print its flags:" >&2; echo "$help" >&2; exit 1; }
+  echo "bazel-bin/$binary: OK"
+done
