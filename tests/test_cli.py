@@ -30,11 +30,14 @@ def _run(module, *args, timeout=300):
     ("programs.visualize", "sa-conv-visualize", [], "exactly one of --model_dir or --model_path"),
     ("programs.demo", "make demo", ["--dataset=mnist"], "Unknown dataset 'mnist'"),
     ("trainers.train", "sa-conv-train", ["stray"], "unexpected arguments ['stray']"),
+    ("trainers.train", "sa-conv-train", ["--strategy=multi_worker"], "needs TF_CONFIG"),
     ("programs.import_reference", "sa-conv-import-reference", ["--checkpoint=/nonexistent.npz",
      "--config=/nonexistent.yaml", "--model_dir=/tmp/unused"], "--config '/nonexistent.yaml' does not exist"),
     ("programs.import_reference", "sa-conv-import-reference", ["--config=x"], "--checkpoint is required"),
 ])
 def test_project_errors_exit_2_with_the_message_and_no_traceback(module, prog, args, message):
+    """Every program's own errors; the flag checks behind them are tested in process (test_schedule,
+    test_data, test_train, test_models)."""
     proc = _run(module, *args)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{prog}: error: " in proc.stderr and message in proc.stderr, proc.stderr[-2000:]
@@ -76,11 +79,13 @@ def test_console_is_quiet_unless_verbosity_asks(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("onednn", [None, "0", "1"])
+@pytest.mark.parametrize("onednn", [None])
 def test_programs_record_the_kernels_they_ran_with(onednn, tmp_path):
     """The program turns TensorFlow's oneDNN kernels on on x86-64 unless the user set
     TF_ENABLE_ONEDNN_OPTS, whose setting wins; config.json says which ran and why. (What
-    TensorFlow does by default on this CPU is not asserted: it differs between CPUs.)"""
+    TensorFlow does by default on this CPU is not asserted: it differs between CPUs.) The user's
+    settings, "0" and "1", are `test_process.py`'s, in process: one training shows that the
+    program records what `trainers.process` decided."""
     env = {k: v for k, v in ENV.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
     if onednn is not None:
         env["TF_ENABLE_ONEDNN_OPTS"] = onednn
