@@ -57,8 +57,10 @@ test-backends: $(BSTAMP)
 		KERAS_BACKEND=$$backend $(BPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) --fast $(BACKEND_TESTS) || status=1; \
 	done; exit $$status
 
+# DEMO_ARGS: more of programs.demo's flags (e.g. --dataset=synthetic, without CIFAR-10).
+DEMO_ARGS ?=
 demo: $(STAMP)
-	$(PY) -m programs.demo --output_dir=$(DEMO_DIR) $(if $(CIFAR10_DIR),--data_dir=$(CIFAR10_DIR))
+	$(PY) -m programs.demo --output_dir=$(DEMO_DIR) $(if $(CIFAR10_DIR),--data_dir=$(CIFAR10_DIR)) $(DEMO_ARGS)
 
 # The GPU install resolves to one TensorFlow (checked with pip's resolver; no GPU needed).
 check-install: $(STAMP)

@@ -4,6 +4,7 @@ keeps the console to progress, results and real warnings unless --verbosity asks
 
 import json
 import os
+import pathlib
 import platform
 import subprocess
 import sys
@@ -112,3 +113,22 @@ def test_make_type_checks_values_from_files():
     with pytest.raises(ConfigError, match="--learning_rate must be a number, got True"):
         cli.make(TrainConfig, {"learning_rate": True})
     assert cli.make(TrainConfig, {"learning_rate": 1}).learning_rate == 1
+
+
+@pytest.mark.slow
+def test_make_demo_trains_exports_and_serves_end_to_end(tmp_path):
+    """`make demo`, the README's first command, through the Makefile (with the virtualenv this
+    suite runs in), on generated data: it trains, evaluates, exports, and the reloaded SavedModel
+    answers."""
+    venv = pathlib.Path(sys.executable).parent.parent
+    if not (venv / ".installed").exists():
+        pytest.skip(f"{venv} was not made by `make venv`")
+    proc = subprocess.run(["make", "--no-print-directory", "demo", f"VENV={venv}", f"DEMO_DIR={tmp_path}",
+                           "DEMO_ARGS=--dataset=synthetic --epochs=1 --max_steps=3"],
+                          cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Test accuracy" in proc.stdout and "The reloaded SavedModel predicts test image 0 as" in proc.stdout
+    results = json.loads((tmp_path / "sa_quadratic_small" / "results.json").read_text())
+    assert results["steps"] == 3 and 0.0 <= results["test_accuracy"] <= 1.0
+    (version,) = (tmp_path / "exported").glob("*/*/saved_model.pb")
+    assert (version.parent / "assets.extra" / "metadata.json").is_file()
