@@ -40,10 +40,12 @@ def test_tiny_search_writes_reports(tuner, tiny_cifar, tmp_path):
         assert 0.02 <= float(row["learning_rate"]) <= 0.2 and float(row["wall_time_seconds"]) > 0
     best = json.load(open(project / "best_hyperparameters.json"))
     assert best["score"] == max(float(r["objective"]) for r in rows)
-    assert best["hyperparameters"] == {k: v for k, v in best["hyperparameters"].items()}
     assert best["process"]["keras"] == keras.__version__ and best["process"]["cpu"]["machine"]
+    # Exactly the space's hyperparameters (hyperband's own tuner/* values are not ones), each the
+    # winning row's value as trials.csv wrote it.
+    assert set(best["hyperparameters"]) == {"encoding", "num_layers", "hidden_size", "learning_rate"}
     winner = next(r for r in rows if r["trial_id"] == best["trial_id"])
-    assert winner["encoding"] == best["hyperparameters"]["encoding"]
+    assert {k: str(v) for k, v in best["hyperparameters"].items()} == {k: winner[k] for k in best["hyperparameters"]}
     assert summary["best"]["trial_id"] == best["trial_id"]
 
 
