@@ -506,6 +506,38 @@ def test_int8_refuses_below_the_agreement(confident_model, tmp_path, monkeypatch
     assert list((tmp_path / "refused").glob("*/*")) == []
 
 
+def test_int8_guard_scores_the_int8_file_not_the_float32_one(tmp_path, monkeypatch):
+    """The agreement is measured on the int8 file the export wrote: here that file's logits are
+    negated after it is written (each image's class becomes its float32 last), so the guard must
+    refuse at 0% agreement, where the float32 ONNX file beside it would agree on every image."""
+    import onnx
+    from onnx import helper
+
+    write = int8.OnnxDynamicInt8.write
+
+    def write_then_negate(self, version_dir, serving, calibration):
+        record = write(self, version_dir, serving, calibration)
+        path = os.path.join(version_dir, record["file"])
+        model = onnx.load(path)
+        output = model.graph.output[0].name
+        for node in model.graph.node:
+            node.output[:] = [f"{output}_before_neg" if name == output else name for name in node.output]
+            node.input[:] = [f"{output}_before_neg" if name == output else name for name in node.input]
+        model.graph.node.append(helper.make_node("Neg", [f"{output}_before_neg"], [output]))
+        onnx.save(model, path)
+        return record
+
+    monkeypatch.setattr(int8.OnnxDynamicInt8, "write", write_then_negate)
+    keras.utils.set_random_seed(0)
+    sa_conv.build_model("sa_quadratic_small", num_layers=1).save(tmp_path / "m.keras")
+    np.save(tmp_path / "held_out.npy", np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8))
+    with pytest.raises(export_lib.ExportError, match=r"The int8 ONNX file picks the float32 model's class on "
+                                                     r"0\.00% of 16 images"):
+        export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"), precision="int8",
+                          agreement_images=str(tmp_path / "held_out.npy"), tf_serving_files=False,
+                          log=lambda s: None)
+
+
 def test_top1_agreement_runs_the_float32_model_once_for_every_file(tmp_path):
     """An export checks each low-precision file against the float32 classes of the same held-out
     images; the float32 model runs over them once, and a file that picks another class on more
@@ -596,13 +628,16 @@ def test_int8_export_of_every_paper_preset_writes_a_smaller_quantized_file(prese
     import onnx
 
     directory = _paper_model(preset, made_once)
+    held_out, classes = np.load(directory / "held_out.npy"), np.load(directory / "classes.npy")
     monkeypatch.setattr(export_lib, "MIN_TOP1_AGREEMENT", 0.0)
     version = export_lib.export(model_path=str(directory / "m.keras"), export_dir=str(tmp_path / "out"),
                                 precision="int8", agreement_images=str(directory / "held_out.npy"),
                                 tf_serving_files=False, log=lambda s: None)
     precision = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))["precision"]
     record = precision["files"]["onnx"]
-    assert precision["dtype"] == "int8" and 0.0 <= record["top1_agreement"] <= 1.0
+    # The agreement recorded is the int8 file's own on the held-out images (not the float32 file's).
+    int8_classes = runtimes.onnx_runner(os.path.join(version, record["file"]))(held_out).argmax(-1)
+    assert precision["dtype"] == "int8" and record["top1_agreement"] == np.mean(int8_classes == classes)
     assert record["megabytes"] <= record["float32_megabytes"] / 3  # the issue's target, with float16 constants
     ops = {node.op_type for node in onnx.load(os.path.join(version, record["file"])).graph.node}
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops
