@@ -259,6 +259,46 @@ def test_sigkill_mid_epoch_then_rerun_resumes(tmp_path):
     assert history[0] == killed_history[0]  # the finished epoch was not trained again
 
 
+class _Killed(Exception):
+    pass
+
+
+def _stopped_after_first_epoch(config, logs=None):
+    """Trains ``config`` until its first epoch's line is logged (the epoch is saved by then) and
+    stops there, as a kill at that moment would."""
+    def log(line):
+        if logs is not None:
+            logs.append(line)
+        if line.startswith("epoch 1/"):
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        train_lib.train(config, log=log)
+
+
+SMALL_RUN = dict(model="sa_quadratic_small", num_layers=1, dataset="synthetic", global_batch_size=100,
+                 eval_batch_size=100, validation_size=100, epochs=2, strategy="one_device")
+
+
+def test_resume_with_other_model_flags_names_them(tmp_path):
+    """A restart whose model flags differ from the stopped run's is refused with those flags named
+    (not as unreadable checkpoints); config.json keeps the stopped run's, and its flags resume."""
+    _stopped_after_first_epoch(make_config(overrides=dict(SMALL_RUN, model_dir=str(tmp_path))))
+    for changed, named in ((dict(num_layers=2), r"--num_layers=1 \(this run: --num_layers=2\)"),
+                           (dict(model="sa_learned_small", num_layers=None),
+                            r"--model=sa_quadratic_small \(this run: --model=sa_learned_small\); "
+                            r"--num_layers=1 \(this run: no --num_layers\)")):
+        logs = []
+        with pytest.raises(ConfigError, match=rf"checkpoints in .* were written by a run with other model flags: "
+                                              rf"{named}\. To resume it, pass its flags .*another --model_dir"):
+            train_lib.train(make_config(overrides=dict(SMALL_RUN, model_dir=str(tmp_path), **changed)),
+                            log=logs.append)
+        assert not [line for line in logs if "unreadable" in line]
+        assert _json(tmp_path / "config.json")["num_layers"] == 1
+    results = train_lib.train(make_config(overrides=dict(SMALL_RUN, model_dir=str(tmp_path))), log=lambda s: None)
+    assert results["resumed_from_epoch"] == 1 and results["epochs"] == 2
+
+
 # ------------------------------------------------------------------------------ bad flags
 
 

@@ -44,7 +44,7 @@ from sa_conv import heads as heads_lib
 from sa_conv.errors import ConfigError
 from trainers import checkpoints, distribute, pruning
 from trainers.checkpoints import TrainingError
-from trainers.config import TrainConfig, make_config
+from trainers.config import MODEL_OVERRIDES, TrainConfig, make_config
 from trainers.task import Task, count_parameters
 
 __all__ = ["Trainer", "TrainingError", "train", "weights_checksum"]
@@ -60,6 +60,20 @@ def weights_checksum(model: keras.Model) -> str:
 
 def _write_json(path: str, value) -> None:
     files.write_json(path, value, sort_keys=True)
+
+
+# The flags that decide the model's weights: a checkpoint written with others cannot be restored.
+MODEL_FLAGS = ("model", *MODEL_OVERRIDES, "dataset", "image_size")
+
+
+def changed_model_flags(recorded: dict, config: TrainConfig) -> list[str]:
+    """``"--flag=recorded (this run: --flag=value)"`` for each of `MODEL_FLAGS` whose value in
+    ``recorded`` (a run's ``config.json``) differs from ``config``'s."""
+    def flag(name, value):
+        return f"no --{name}" if value is None else f"--{name}={value}"
+
+    return [f"{flag(name, recorded.get(name))} (this run: {flag(name, getattr(config, name))})"
+            for name in MODEL_FLAGS if name in recorded and recorded[name] != getattr(config, name)]
 
 
 class Trainer:
@@ -162,7 +176,9 @@ class Trainer:
 
     def restore(self) -> tuple[int, list]:
         """Restores the newest readable checkpoint (`checkpoints.restore_newest`), with the
-        architecture it was written with. Returns the epochs done and their history."""
+        architecture it was written with. Returns the epochs done and their history. When none
+        can be restored and the run that wrote them (its ``config.json``) had other model flags,
+        ConfigError names those flags."""
         candidates = list(reversed(self.manager.checkpoints))
         if not candidates:
             return 0, []
@@ -171,12 +187,31 @@ class Trainer:
         if os.path.isfile(history_path):
             with open(history_path) as f:
                 recorded = json.load(f)
+        config_path = os.path.join(self.output_dir, "config.json")
+        changed = []
+        if os.path.isfile(config_path):
+            with open(config_path) as f:
+                changed = changed_model_flags(json.load(f), self.config)
 
         def restore(path):
             self._match_architecture(path, recorded)
             self.checkpoint.restore(path).assert_existing_objects_matched()
 
-        latest = checkpoints.restore_newest(candidates, restore, self.manager.directory, self.log)
+        # With other model flags, a checkpoint that does not restore is not damaged: its
+        # "unreadable" warnings are shown only if an older one does restore.
+        warnings = []
+        try:
+            latest = checkpoints.restore_newest(candidates, restore, self.manager.directory,
+                                                warnings.append if changed else self.log)
+        except TrainingError:
+            if not changed:
+                raise
+            raise ConfigError(
+                f"The checkpoints in {self.manager.directory} were written by a run with other model flags: "
+                f"{'; '.join(changed)}. To resume it, pass its flags (recorded in {config_path}); to train "
+                "this model, start a new run with another --model_dir.") from None
+        for line in warnings:
+            self.log(line)
         epoch = int(self.epoch.numpy())
         history = [h for h in recorded if h["epoch"] <= epoch]
         self.log(f"Resuming from {latest}: {epoch} epoch(s), step {int(self.optimizer.iterations.numpy())} done.")
@@ -263,8 +298,8 @@ class Trainer:
         wall_start = time.perf_counter()
         if not self.prepared:
             self.prepare()
+        start_epoch, history = self.restore()  # first: it reads the config.json of the run it resumes
         self._write_config()
-        start_epoch, history = self.restore()
         resumed_from = start_epoch if start_epoch else None
         if self.config.init_from and not self.manager.checkpoints:
             checkpoints.init_from(self.model, self.config.init_from, self.log)
