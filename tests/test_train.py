@@ -299,6 +299,38 @@ def test_resume_with_other_model_flags_names_them(tmp_path):
     assert results["resumed_from_epoch"] == 1 and results["epochs"] == 2
 
 
+def test_init_from_run_resumes_from_its_own_checkpoint(tmp_path, monkeypatch):
+    """--init_from sets the weights of a run's start only: restarted with the same flags after
+    its first epoch, the run trains on from its checkpoint, not from the --init_from model."""
+    import keras
+
+    source = str(tmp_path / "source.keras")
+    config = make_config(overrides=dict(SMALL_RUN, init_from=source, model_dir=str(tmp_path / "run")))
+    keras.utils.set_random_seed(1)  # another start than the run's own (seed 0)
+    Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None).build_model().save(source)
+    logs = []
+    _stopped_after_first_epoch(config, logs)
+    assert any(line.startswith("Initialized ") and source in line for line in logs)
+    # The first epoch is the best so far: best_model.keras holds the weights its checkpoint saved.
+    after_epoch_1 = keras.models.load_model(tmp_path / "run" / "best_model.keras").get_weights()
+
+    train_epochs, starts = train_lib.Trainer.train_epochs, []
+
+    def record_start(self, *args, **kwargs):
+        starts.append(self.model.get_weights())
+        return train_epochs(self, *args, **kwargs)
+
+    monkeypatch.setattr(train_lib.Trainer, "train_epochs", record_start)
+    logs = []
+    results = train_lib.train(config, log=logs.append)
+    assert results["resumed_from_epoch"] == 1 and results["epochs"] == 2
+    assert not [line for line in logs if line.startswith("Initialized ")]
+    for started, saved in zip(starts[0], after_epoch_1, strict=True):
+        np.testing.assert_array_equal(started, saved)
+    initial = keras.models.load_model(source).get_weights()
+    assert not all(np.array_equal(a, b) for a, b in zip(after_epoch_1, initial))
+
+
 # ------------------------------------------------------------------------------ bad flags
 
 
