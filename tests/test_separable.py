@@ -11,6 +11,11 @@ from sa_conv import aggregation
 from sa_conv.separable import separable_pays, separable_sum
 from tests.conftest import gradients
 
+# Draws per property. Under TensorFlow (the full suite) as many as the property needs; under JAX
+# every drawn shape is a new compilation of both paths and their gradients (about 4 s each), so the
+# other backends check the same keras.ops code on a third of the draws.
+DRAWS = 1.0 if keras.backend.backend() == "tensorflow" else 1 / 3
+
 
 def separable_attention(x, row_logits, col_logits, kernel, bias=None, dtype=None, recompute_gradient=False):
     """The layer's separable path from logits: each factor's softmax over keys
@@ -37,7 +42,7 @@ def dense_reference(x, row_logits, col_logits, kernel, bias):
 
 
 @pytest.mark.filterwarnings("ignore:You are using a softmax over axis")  # 1-row grids: legitimately size 1
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=round(25 * DRAWS), deadline=None)
 @given(height=st.integers(1, 7), width=st.integers(1, 7), heads=st.integers(1, 4), d=st.integers(1, 4),
        out=st.integers(1, 5), batch=st.integers(1, 3), with_bias=st.booleans(), seed=st.integers(0, 2**16))
 def test_equals_the_dense_softmax_of_the_summed_logits(height, width, heads, d, out, batch, with_bias, seed):
@@ -80,7 +85,7 @@ def dense_attention(x, row_logits, col_logits, kernel, bias):
 
 
 @pytest.mark.filterwarnings("ignore:You are using a softmax over axis")
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=round(15 * DRAWS), deadline=None)
 @given(height=st.integers(1, 6), width=st.integers(1, 6), heads=st.integers(1, 3), d=st.integers(1, 4),
        out=st.integers(1, 4), batch=st.integers(1, 3), seed=st.integers(0, 2**16), recompute=st.booleans())
 def test_gradients_equal_autodiff_of_the_dense_sum(height, width, heads, d, out, batch, seed, recompute):
