@@ -331,6 +331,76 @@ def test_init_from_run_resumes_from_its_own_checkpoint(tmp_path, monkeypatch):
     assert not all(np.array_equal(a, b) for a, b in zip(after_epoch_1, initial))
 
 
+def test_checkpoint_holds_the_seed_generators_and_reads_earlier_ones(tmp_path):
+    import keras
+
+    from trainers import checkpoints
+
+    def parts():
+        inputs = keras.Input((4,))
+        model = keras.Model(inputs, keras.layers.Dropout(0.5)(keras.layers.Dense(4)(inputs)))
+        optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+        return model, optimizer, tf.Variable(0, dtype=tf.int64)
+
+    trained, optimizer, epoch = parts()
+    for _ in range(3):
+        trained(np.ones((2, 4), "float32"), training=True)  # each call advances the dropout's seed
+    [state] = checkpoints.seed_states(trained)
+    assert state.numpy()[1] == 3 and not any(state is w for w in trained.weights)
+    path = checkpoints.training_checkpoint(trained, optimizer, epoch).save(str(tmp_path / "new" / "ckpt"))
+    model, *rest = parts()
+    checkpoints.restore(checkpoints.training_checkpoint(model, *rest), path)
+    np.testing.assert_array_equal(checkpoints.seed_states(model)[0].numpy(), state.numpy())
+    np.testing.assert_array_equal(model.get_weights()[0], trained.get_weights()[0])
+    # A checkpoint written before the seed states were saved: the rest is restored, and said so.
+    earlier = tf.train.Checkpoint(model=trained, optimizer=optimizer, epoch=epoch).save(str(tmp_path / "old" / "ckpt"))
+    model, *rest = parts()
+    fresh, notes = checkpoints.seed_states(model)[0].numpy(), []
+    checkpoints.restore(checkpoints.training_checkpoint(model, *rest), earlier, notes.append)
+    np.testing.assert_array_equal(model.get_weights()[0], trained.get_weights()[0])
+    np.testing.assert_array_equal(checkpoints.seed_states(model)[0].numpy(), fresh)
+    assert len(notes) == 1 and "no dropout seed states" in notes[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_run_killed_mid_epoch_and_resumed_ends_as_the_uninterrupted_run(replicas, tmp_path):
+    """What decides the rest of a run is in its checkpoint (the dropout layers' seed generators
+    with the weights and the optimizer) or follows from the seed and the epoch (the data order).
+    Killed with SIGKILL in its second and last epoch and started again, a run ends with the losses
+    and, bit for bit, the weights of the same run left alone: on one replica, and on two under
+    MirroredStrategy."""
+    args = ["--model=sa_quadratic_small", "--dataset=synthetic", "--epochs=2", "--validation_size=100",
+            "--global_batch_size=50", "--eval_batch_size=100", "--num_layers=1", "--seed=3",  # dropout 0.1
+            f"--cpu_devices={replicas}", "--strategy=mirrored" if replicas > 1 else "--strategy=one_device"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    env = {**ENV, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "trainers.train", *args]
+    uninterrupted = subprocess.Popen([*command, f"--model_dir={whole}"], cwd=PROJECT_ROOT, env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    killed = subprocess.Popen([*command, f"--model_dir={resumed}"], cwd=PROJECT_ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        # Printed once epoch 1's checkpoint is written: the kill lands in epoch 2.
+        read_until(killed, "epoch 1/2", timeout=240)
+    finally:
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait()
+    assert len(_json(resumed / "history.json")) == 1 and not (resumed / "results.json").exists()
+    rerun = _cli(*args, f"--model_dir={resumed}")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    _, err = uninterrupted.communicate(timeout=300)
+    assert uninterrupted.returncode == 0, err[-3000:]
+
+    expected, results = _json(whole / "results.json"), _json(resumed / "results.json")
+    assert expected["resumed_from_epoch"] is None and results["resumed_from_epoch"] == 1
+    assert results["replicas"] == expected["replicas"] == replicas
+    losses = [[h["train_loss"] for h in _json(run / "history.json")] for run in (whole, resumed)]
+    assert losses[1] == losses[0]
+    assert results["weights_sha256"] == expected["weights_sha256"]
+
+
 # ------------------------------------------------------------------------------ bad flags
 
 

@@ -1,5 +1,6 @@
-"""Model files and checkpoints of a run: atomic ``.keras`` saves, ``--init_from``, and restoring
-the newest readable checkpoint (skipping damaged ones)."""
+"""Model files and checkpoints of a run: atomic ``.keras`` saves, ``--init_from``, the training
+checkpoint (everything a resumed run needs to go on as the uninterrupted one) and restoring the
+newest readable checkpoint (skipping damaged ones)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import sa_conv
 from sa_conv.errors import ConfigError, SaConvError
@@ -69,6 +71,36 @@ def init_from(model: keras.Model, path: str, log=print) -> None:
     for variable, value in zip(mine, theirs):
         variable.assign(value)
     log(f"Initialized {len(mine)} weights from {path}.")
+
+
+def seed_states(model: keras.Model) -> list:
+    """The state variables of ``model``'s seed generators (each dropout layer's stream of masks):
+    what ``model.variables`` holds beyond ``model.weights``. A ``tf.train.Checkpoint`` of the
+    model alone leaves them out, as a `keras.random.SeedGenerator` is not a trackable object."""
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def training_checkpoint(model: keras.Model, optimizer, epoch) -> tf.train.Checkpoint:
+    """The checkpoint of a run: ``model``, ``optimizer`` (its step and momentums), the ``epoch``
+    counter and the model's `seed_states`: without those, a resumed run would draw the dropout
+    masks of the run's first steps again instead of the uninterrupted run's next ones. The data
+    order needs no state: each epoch's follows from the seed and the epoch alone."""
+    return tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch, seed_states=seed_states(model))
+
+
+def restore(checkpoint: tf.train.Checkpoint, path: str, log=print) -> None:
+    """Restores a `training_checkpoint` from ``path``; raises when one of its objects has no value
+    there (another architecture, a damaged file). A checkpoint of an earlier release has no seed
+    states: the rest is restored, the seed generators keep their values and ``log`` says that the
+    rest of the run draws other dropout masks than it would have without the interruption."""
+    saved = {name.split("/", 1)[0] for name, _ in tf.train.list_variables(path)}
+    if checkpoint.seed_states and "seed_states" not in saved:
+        log(f"Note: {path} holds no dropout seed states (an earlier release wrote it): the resumed run "
+            "draws other dropout masks than the uninterrupted run would have.")
+        checkpoint = tf.train.Checkpoint(model=checkpoint.model, optimizer=checkpoint.optimizer,
+                                         epoch=checkpoint.epoch)
+    checkpoint.restore(path).assert_existing_objects_matched()
 
 
 def checkpoint_epoch(path: str) -> int:

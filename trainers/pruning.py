@@ -1,8 +1,12 @@
 """Degenerate Gaussian heads during training: re-initialize them (``--reset_degenerate_heads``)
 or prune them (``--prune_degenerate_heads``), carrying the optimizer's state over to the pruned
-model (`transfer_optimizer_state`)."""
+model (`transfer_optimizer_state`); what either draws at random can follow from a seed alone
+(`seeded_draws`)."""
 
 from __future__ import annotations
+
+import contextlib
+import random
 
 import sa_conv
 from keras import ops
@@ -23,6 +27,21 @@ def check_gaussian_heads(model, config) -> None:
         raise ConfigError(
             f"{flag} needs a model whose heads are Gaussian (a quadratic encoding); "
             f"{config.model} with encoding {encoding!r} has none.")
+
+
+@contextlib.contextmanager
+def seeded_draws(seed: int):
+    """Python's ``random`` seeded with ``seed`` inside the block, and as it was before after it.
+    Keras draws the seeds of unseeded initializers and seed generators from it (a re-initialized
+    head's center and spread, a pruned model's dropout streams): these then follow from ``seed``
+    alone, not from every draw the process made before, which a resumed run (its model rebuilt,
+    its earlier epochs not run) makes otherwise than the uninterrupted one."""
+    state = random.getstate()
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(state)
 
 
 def reset_degenerate_heads(model, record: dict, log=print) -> None:

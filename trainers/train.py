@@ -9,8 +9,9 @@ One training path for every strategy: a custom loop with ``strategy.run`` (Keras
 * steps the learning rate per optimizer step (`trainers.schedule`);
 * validates on the held-out split after every epoch (never on the test split);
 * writes TensorBoard scalars (loss, accuracy, learning rate) to ``model_dir/logs``;
-* checkpoints model, optimizer and progress after every epoch: the same command, rerun after a
-  kill at any moment, resumes from the last finished epoch;
+* checkpoints model, optimizer, the dropout layers' seed generators and progress after every
+  epoch (`checkpoints.training_checkpoint`): the same command, rerun after a kill at any moment,
+  resumes from the last finished epoch and ends with the weights of the run left alone;
 * keeps the best model by validation accuracy (``best_model.keras``);
 * stops with a clear error when the loss becomes NaN or infinite;
 * evaluates the test split once at the end, writes ``results.json`` and ``model.keras``.
@@ -140,7 +141,7 @@ class Trainer:
         self.optimizer = self.task.build_optimizer(model, self.schedule)
         with self.strategy.scope():
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=self.optimizer, epoch=self.epoch)
+        self.checkpoint = checkpoints.training_checkpoint(model, self.optimizer, self.epoch)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, os.path.join(self.output_dir, "checkpoints"), max_to_keep=self.config.keep_checkpoints)
         self.train_steps = self.task.train_function(model, self.optimizer)
@@ -195,7 +196,7 @@ class Trainer:
 
         def restore(path):
             self._match_architecture(path, recorded)
-            self.checkpoint.restore(path).assert_existing_objects_matched()
+            checkpoints.restore(self.checkpoint, path, self.log)
 
         # With other model flags, a checkpoint that does not restore is not damaged: its
         # "unreadable" warnings are shown only if an older one does restore.
@@ -267,12 +268,14 @@ class Trainer:
             }
             best = max((h["val_accuracy"] for h in history), default=-1.0)
             history.append(record)
-            if self.config.reset_degenerate_heads:
-                pruning.reset_degenerate_heads(self.model, record, self.log)
-            if self.config.prune_degenerate_heads:
-                self._prune_degenerate_heads(record)
-                for callback in callbacks:
-                    callback.set_model(self.model)
+            # The epoch's own draws: a rerun after a kill re-initializes and prunes as this run does.
+            with pruning.seeded_draws(self.config.seed * 100_003 + epoch):
+                if self.config.reset_degenerate_heads:
+                    pruning.reset_degenerate_heads(self.model, record, self.log)
+                if self.config.prune_degenerate_heads:
+                    self._prune_degenerate_heads(record)
+                    for callback in callbacks:
+                        callback.set_model(self.model)
             logs = {"loss": record["train_loss"], "accuracy": record["train_accuracy"],
                     "val_loss": record["val_loss"], "val_accuracy": record["val_accuracy"]}
             for callback in callbacks:
