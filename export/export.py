@@ -33,13 +33,21 @@ existing version is replaced only with ``--overwrite``.
 
 from __future__ import annotations
 
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.realpath(__file__))
+if __name__ == "__main__" and sys.path and os.path.realpath(sys.path[0]) == _HERE:
+    # Run as a script (Bazel's export_model binary, `python export/export.py`): Python put this
+    # file's folder first on the path, where `export` would name this file, not its package.
+    del sys.path[0]
+
 from trainers import process
 
 process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
 
 import dataclasses
 import json
-import os
 import shutil
 import uuid
 from typing import Optional
