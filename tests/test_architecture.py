@@ -225,13 +225,15 @@ def _statements_before_configure(path):
 @pytest.mark.parametrize("module", PROGRAM_MODULES)
 def test_program_modules_configure_the_process_before_their_imports(module):
     """Run as ``python -m``, a program configures its process (`trainers.process`) before it
-    imports anything that loads TensorFlow: only the docstring, ``from __future__`` and the
-    import of `trainers.process` come first. Imported as a module, that call does nothing."""
+    imports anything that loads TensorFlow: only the docstring, ``from __future__``, ``os`` and
+    ``sys`` (a script's path fix) and the import of `trainers.process` come first. Imported as a
+    module, that call does nothing."""
     before = _statements_before_configure(PROJECT_ROOT / module)
     assert before is not None, f"{module} does not call process.configure_if_main(__name__)"
     imports = [ast.unparse(n) for n in before if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert imports[-1] == "from trainers import process" and all(
-        i == "from trainers import process" or i.startswith("from __future__") for i in imports), imports
+        i in ("from trainers import process", "import os", "import sys") or i.startswith("from __future__")
+        for i in imports), imports
     assert __import__("trainers.process").process.configure_if_main("trainers.train") is None
 
 
