@@ -22,7 +22,7 @@ $(STAMP): setup.py
 
 # The tiers (tests/tiers.py): `make test` is the README's and CI's; `make test-fast` has no slow
 # (end-to-end) test and no paper-size model; `make test-all` has every preset at paper size and runs
-# the slow and the kernel-dependent ("numeric", BUILD) tests under both of TensorFlow's kernel sets.
+# everything under both of TensorFlow's kernel sets (oneDNN on, then off).
 # Run `make test-all` after changing export/, sa_conv/serving.py, sa_conv/encodings/ or a fixture.
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) tests
@@ -30,12 +30,9 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) --fast tests
 
-NUMERIC_TESTS = $(shell sed -n 's/^    ("\(test_[a-z_]*\)", "[a-z]*", \["numeric"\]),$$/tests\/\1.py/p' BUILD)
-
 test-all: $(STAMP)
 	TF_ENABLE_ONEDNN_OPTS=1 $(PY) -m pytest $(PYTEST_ARGS) --all tests
-	TF_ENABLE_ONEDNN_OPTS=0 $(PY) -m pytest $(PYTEST_ARGS) --all -m "slow or paper or paper_subset" tests
-	TF_ENABLE_ONEDNN_OPTS=0 $(PY) -m pytest $(PYTEST_ARGS) --all -m "not (slow or paper or paper_subset)" $(NUMERIC_TESTS)
+	TF_ENABLE_ONEDNN_OPTS=0 $(PY) -m pytest $(PYTEST_ARGS) --all tests
 
 # The backend-independent tests (layers, models, Theorem 1, the separable path, save and
 # reload) under Keras's JAX and PyTorch backends, in a second virtualenv without TensorFlow.
