@@ -33,6 +33,7 @@ test-fast: $(STAMP)
 test-all: $(STAMP)
 	TF_ENABLE_ONEDNN_OPTS=1 $(PY) -m pytest $(PYTEST_ARGS) --all tests
 	TF_ENABLE_ONEDNN_OPTS=0 $(PY) -m pytest $(PYTEST_ARGS) --all tests
+	$(MAKE) test-backends BACKENDS_TIER=--all
 
 # The backend-independent tests (layers, models, Theorem 1, the separable path, save and
 # reload) under Keras's JAX and PyTorch backends, in a second virtualenv without TensorFlow.
@@ -50,9 +51,11 @@ $(BSTAMP): setup.py
 	$(BPY) -m pip install --quiet torch==2.13.0 jax -e '.[test]'
 	touch $(BSTAMP)
 
+# The fast tier in CI; `make test-all` runs every tier.
+BACKENDS_TIER ?= --fast
 test-backends: $(BSTAMP)
 	status=0; for backend in jax torch; do \
-		KERAS_BACKEND=$$backend $(BPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) --fast $(BACKEND_TESTS) || status=1; \
+		KERAS_BACKEND=$$backend $(BPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(BACKENDS_TIER) $(BACKEND_TESTS) || status=1; \
 	done; exit $$status
 
 # DEMO_ARGS: more of programs.demo's flags (e.g. --dataset=synthetic, without CIFAR-10).

@@ -79,12 +79,9 @@ def check_serving(preset, want, got):
     config = sa_conv.get_config(preset)
     tolerances.assert_close_to_scale(got["frozen"], want["frozen"], tolerances.float32_relative(config), "frozen")
     bound = tolerances.bfloat16_relative(config)
+    # No class check: the fixed weights' margins (0.01-0.46 of the scale) are all within what
+    # bfloat16 may move two logits by; the bfloat16 export tests check classes on clear images.
     tolerances.assert_close_to_scale(got["bfloat16"], got["frozen"], bound, "bfloat16")
-    # The class is the float32 copy's wherever its margin over the runner-up exceeds what
-    # bfloat16 may move two logits by.
-    top2 = np.sort(got["frozen"], -1)[:, -2:]
-    clear = top2[:, 1] - top2[:, 0] > 2 * bound * np.abs(got["frozen"]).max()
-    np.testing.assert_array_equal(got["bfloat16"].argmax(-1)[clear], got["frozen"].argmax(-1)[clear])
 
 
 def test_inference_logits_and_attention_maps(recorded):
@@ -128,9 +125,9 @@ def test_each_bound_fails_on_a_real_change(recorded_small):
     moved = golden.record(preset, _scaled("block_1/output/kernel", 1 + 1e-3))
     with pytest.raises(AssertionError, match="logits"):
         check_inference(preset, want, {**got, "logits": moved["logits"]})
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="grad/"):
         check_gradients(preset, want, {**got, **{k: v for k, v in moved.items() if k.startswith("grad/")}})
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="sketch/"):
         check_gradients(preset, want, {**got, **{k: v for k, v in moved.items() if k.startswith("sketch/")}})
     with pytest.raises(AssertionError, match="frozen"):
         check_serving(preset, want, {**got, "frozen": moved["frozen"]})

@@ -2,7 +2,7 @@
 when to run which):
 
 * ``make test-fast`` (``--fast``): every test not marked ``slow`` (end-to-end: a program in its own
-  process, a search, an export) and no paper-size model;
+  process, a search, an export) and no forward or training pass at paper size;
 * ``make test`` (the README's command, CI's): everything but the paper-size cases outside
   `PAPER_IN_MAKE_TEST`;
 * ``make test-all`` (``--all``): everything, every preset at paper size.
@@ -16,7 +16,7 @@ import pytest
 
 # The paper-size presets `make test` keeps: one position-only encoding on the separable path and
 # the content encoding (its folded serving form, its largest weights). Every other paper-size
-# preset runs the same code as its ``_small`` twin, which every tier runs.
+# preset's encoding runs at small size in every tier; its paper-size exports in `make test-all`.
 PAPER_IN_MAKE_TEST = ("sa_quadratic", "sa_content_plus_learned_bias")
 
 

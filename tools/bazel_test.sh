@@ -4,8 +4,8 @@
 # (BUILD: the files whose results depend on TensorFlow's kernel set) on their fast tier
 # (`--fast`, tests/tiers.py), and starts every binary with --helpshort. `make test` runs every test
 # file from the same sources; tests/test_build.py checks the targets' deps statically.
-# BAZEL_TARGETS, BAZEL_TEST_ARGS and BAZEL_TAGS override (e.g. BAZEL_TAGS= BAZEL_TEST_ARGS= for
-# every target on every tier).
+# BAZEL_TARGETS, BAZEL_TEST_ARGS and BAZEL_TAGS override (e.g. BAZEL_TAGS=
+# BAZEL_TEST_ARGS=--test_arg=--all for every target on every tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v bazel >/dev/null 2>&1; then
@@ -28,6 +28,6 @@ bazel test ${tags:+--test_tag_filters=$tags} $test_args $targets
 # Every binary starts and parses its flags (absl exits 1 after printing help).
 for binary in train tune export_model demo import_reference visualize; do
   help=$(bazel-bin/$binary --helpshort 2>&1 || true)
-  grep -q -- "--helpfull" <<<"$help" || { echo "bazel-bin/$binary --helpshort did not print its flags:" >&2; echo "$help" >&2; exit 1; }
+  grep -q -- "--config_file" <<<"$help" || { echo "bazel-bin/$binary --helpshort did not print its flags:" >&2; echo "$help" >&2; exit 1; }
   echo "bazel-bin/$binary: OK"
 done

@@ -63,7 +63,7 @@ def _write_json(path: str, value) -> None:
     files.write_json(path, value, sort_keys=True)
 
 
-# The flags that decide the model's weights: a checkpoint written with others cannot be restored.
+# The model flags a run records: named when a restart's differ and its checkpoints do not restore.
 MODEL_FLAGS = ("model", *MODEL_OVERRIDES, "dataset", "image_size")
 
 
