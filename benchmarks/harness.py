@@ -340,12 +340,13 @@ def machine(peaks: dict | None = None) -> dict:
 
 
 def write_report(path: str, report: dict, merge: bool = False, entries: str = "presets",
-                 section: str | None = None) -> dict:
+                 section: str | None = None, inline_numbers: bool = False) -> dict:
     """Writes ``report`` as JSON to ``path`` atomically, with today's date and the `machine`
     record unless it has them. With ``merge``, the ``entries`` mapping of the report already at
     ``path`` keeps what this run did not measure again. With ``section`` (such as `cpu_class`'s
     name), the report is one entry of the file's ``runs`` mapping and the others stay; ``merge``
-    then reads that entry. Returns what was written."""
+    then reads that entry. ``inline_numbers``: lists of numbers on one line each
+    (`trainers.files.write_json`). Returns what was written."""
     report = {"date": datetime.date.today().isoformat(), "machine": machine(), **report}
     written = {}
     if (merge or section) and os.path.exists(path):
@@ -358,5 +359,5 @@ def write_report(path: str, report: dict, merge: bool = False, entries: str = "p
         written.setdefault("runs", {})[section] = report
     else:
         written = report
-    files.write_json(path, written)
+    files.write_json(path, written, inline_numbers=inline_numbers)
     return written

@@ -301,6 +301,39 @@ def test_init_from_run_resumes_from_its_own_checkpoint(tmp_path, monkeypatch):
     assert not all(np.array_equal(a, b) for a, b in zip(after_epoch_1, initial))
 
 
+def test_snapshots_keep_the_start_every_n_epochs_and_the_end_across_a_resume(tmp_path, monkeypatch):
+    """--snapshot_every=2 over 3 epochs keeps epochs 0 (the weights training starts from), 2 and 3
+    (the final model's); a run stopped after epoch 1 and restarted keeps its first start."""
+    import keras
+
+    config = make_config(overrides=dict(SMALL_RUN, epochs=3, snapshot_every=2, model_dir=str(tmp_path)))
+    train_epochs, starts = train_lib.Trainer.train_epochs, []
+
+    def record_start(self, *args, **kwargs):
+        starts.append(self.model.get_weights())
+        return train_epochs(self, *args, **kwargs)
+
+    monkeypatch.setattr(train_lib.Trainer, "train_epochs", record_start)
+    _stopped_after_first_epoch(config)
+    assert sorted(os.listdir(tmp_path / "snapshots")) == ["epoch_000.keras"]
+    start_mtime = os.path.getmtime(tmp_path / "snapshots" / "epoch_000.keras")
+    results = train_lib.train(config, log=lambda s: None)
+    assert results["resumed_from_epoch"] == 1
+    assert sorted(os.listdir(tmp_path / "snapshots")) == ["epoch_000.keras", "epoch_002.keras", "epoch_003.keras"]
+    assert os.path.getmtime(tmp_path / "snapshots" / "epoch_000.keras") == start_mtime
+
+    def weights(name):
+        return keras.models.load_model(tmp_path / name).get_weights()
+
+    for a, b in zip(weights("snapshots/epoch_000.keras"), starts[0], strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(weights("snapshots/epoch_003.keras"), weights("model.keras"), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not all(np.array_equal(a, b) for a, b in zip(weights("snapshots/epoch_002.keras"), weights("model.keras")))
+    with pytest.raises(ConfigError, match="--snapshot_every must be >= 0"):
+        make_config(overrides=dict(SMALL_RUN, snapshot_every=-1)).validate()
+
+
 def test_checkpoint_holds_the_seed_generators_and_reads_earlier_ones(tmp_path):
     import keras
 

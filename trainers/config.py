@@ -183,6 +183,10 @@ class TrainConfig:
     attention_summaries_every: int = _field(
         0, "Write attention maps and centers to TensorBoard (logs/attention) every N epochs; 0: off."
     )
+    snapshot_every: int = _field(
+        0, "Also keep the model as snapshots/epoch_<E>.keras at the start (E=000), every N epochs and at "
+        "the end, for learning curves and for how attention changes in training; 0: off."
+    )
 
     def model_overrides(self) -> dict:
         return {name: getattr(self, name) for name in MODEL_OVERRIDES if getattr(self, name) is not None}
@@ -217,8 +221,9 @@ class TrainConfig:
                      "cpu_devices", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be a positive integer, got {getattr(self, name)}.")
-        if self.attention_summaries_every < 0:
-            raise ConfigError(f"--attention_summaries_every must be >= 0, got {self.attention_summaries_every}.")
+        for name in ("attention_summaries_every", "snapshot_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}.")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"--max_steps must be positive, got {self.max_steps}.")
         if self.learning_rate <= 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 
 
@@ -31,7 +32,14 @@ def _write(path, content, mode):
         raise
 
 
-def write_json(path: str, value, **kwargs) -> None:
-    """``json.dump`` of ``value`` (indent 2 unless given), atomically."""
+_NUMBER_LIST = re.compile(r"\[\s*(-?[0-9][-+0-9.eE]*(?:,\s*-?[0-9][-+0-9.eE]*)*)\s*\]")
+
+
+def write_json(path: str, value, inline_numbers: bool = False, **kwargs) -> None:
+    """``json.dump`` of ``value`` (indent 2 unless given), atomically; with ``inline_numbers``,
+    each list of numbers on one line (an attention map's rows stay readable)."""
     kwargs.setdefault("indent", 2)
-    write_text(path, json.dumps(value, **kwargs))
+    text = json.dumps(value, **kwargs)
+    if inline_numbers:
+        text = _NUMBER_LIST.sub(lambda m: "[" + ", ".join(n.strip() for n in m.group(1).split(",")) + "]", text)
+    write_text(path, text)

@@ -12,13 +12,15 @@ One training path for every strategy: a custom loop with ``strategy.run`` (Keras
 * checkpoints model, optimizer, the dropout layers' seed generators and progress after every
   epoch (`checkpoints.training_checkpoint`): the same command, rerun after a kill at any moment,
   resumes from the last finished epoch and ends with the weights of the run left alone;
-* keeps the best model by validation accuracy (``best_model.keras``);
+* keeps the best model by validation accuracy (``best_model.keras``) and, with
+  ``--snapshot_every=N``, the model at the start and every N epochs (``snapshots/``);
 * stops with a clear error when the loss becomes NaN or infinite;
 * evaluates the test split once at the end, writes ``results.json`` and ``model.keras``.
 
 Model directory layout: ``config.json``, ``history.json`` (one record per epoch),
 ``checkpoints/``, ``logs/{train,validation}``, ``best_model.keras``, ``model.keras``,
-``results.json``. Workers other than the chief write to ``workers/worker_<id>/``.
+``results.json``, and with ``--snapshot_every`` ``snapshots/epoch_<EEE>.keras``. Workers other
+than the chief write to ``workers/worker_<id>/``.
 """
 
 from __future__ import annotations
@@ -284,6 +286,8 @@ class Trainer:
                 self._write_summaries(writers, record)
                 if self.chief and record["val_accuracy"] > best:
                     checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
+                if self._snapshot_due(epoch + 1):
+                    self._snapshot(epoch + 1)
                 _write_json(os.path.join(self.output_dir, "history.json"), history)
                 self.epoch.assign(epoch + 1)
                 self.manager.save(checkpoint_number=epoch + 1)
@@ -306,6 +310,8 @@ class Trainer:
         resumed_from = start_epoch if start_epoch else None
         if self.config.init_from and not self.manager.checkpoints:
             checkpoints.init_from(self.model, self.config.init_from, self.log)
+        if start_epoch == 0 and self._snapshot_due(0):
+            self._snapshot(0)
         params = count_parameters(self.model)
         self.log(
             f"Training {self.config.model} ({params:,} parameters) on {len(self.task.train_split)} images "
@@ -353,6 +359,20 @@ class Trainer:
             f"steps; results in {os.path.join(self.output_dir, 'results.json')}."
         )
         return results
+
+    def _snapshot_due(self, epoch: int) -> bool:
+        every = self.config.snapshot_every
+        return bool(every) and self.chief and (epoch % every == 0 or epoch == self.total_epochs)
+
+    def snapshot_path(self, epoch: int) -> str:
+        """Where ``--snapshot_every`` keeps the model after ``epoch`` epochs (0: the start)."""
+        return os.path.join(self.output_dir, "snapshots", f"epoch_{epoch:03d}.keras")
+
+    def _snapshot(self, epoch: int) -> None:
+        # Written before the epoch's checkpoint: a run killed in between redoes the epoch and
+        # writes the same snapshot again.
+        os.makedirs(os.path.dirname(self.snapshot_path(epoch)), exist_ok=True)
+        checkpoints.save_keras_atomically(self.model, self.snapshot_path(epoch))
 
     def _prune_degenerate_heads(self, record):
         found = pruning.heads_to_prune(self.model, self.log)

@@ -1,0 +1,364 @@
+"""The paper's findings on cifar10-mini: test accuracy against epochs, and what the attention heads
+learned, over seeds, at one budget for every model.
+
+    .venv/bin/python -m benchmarks.reproduction [--models=learned,quadratic,resnet18,content,gated] \\
+        [--seeds=0,1,2] [--epochs=60] [--snapshot_every=5] [--work_dir=runs/reproduction]
+
+Every run is one ``sa-conv-train`` process with the trainer's defaults (SGD with momentum, cosine
+decay after warm-up, batch 100, its 10% validation split) on the CIFAR-10 files of ``--data_dir``,
+for ``--epochs`` epochs, keeping the model every ``--snapshot_every`` epochs
+(``--snapshot_every``, `trainers.train`). Models (`MODELS`): the small presets
+``sa_ENCODING_small`` of the paper's encodings and ConViT's gated one
+(`benchmarks.data_efficiency.parse_variant`: ``learned``, ``quadratic``, ``content``, ``gated``)
+and ``resnet18``.
+
+Each snapshot is then read (`analyse_snapshot`): its accuracy on the test split and, for
+attention models, per layer and head the locality metrics of `sa_conv.inspection` (mean attention
+distance, mass in the 3x3 around the most attended pixel, entropy, the most attended offset)
+averaged over ``--locality_images`` test images and the interior query pixels, the quadratic
+heads' centers and the gated heads' gates. The last snapshot also keeps each head's attention
+map at the grid's center pixel, averaged over those images (the paper's Figure 4).
+
+Resumable at every level: a run's model directory lives in ``--work_dir`` (outside the
+repository), so an interrupted training resumes where it stopped (bit-identical to an
+uninterrupted one); a run is written to ``--output`` as soon as it is read, and a rerun skips the
+runs the report has. Runs go model by model, each model's seeds in order, so the first models of
+``--models`` get their seeds first. `summarize` gives per model and budget the mean and spread
+over seeds of the final accuracy, of the learning curve and of the per-layer locality at every
+snapshot; `claims` checks the paper's claims on it. ``tools/performance_tables.py`` makes
+``docs/reproduction.md``'s tables and figures from the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from benchmarks import data_efficiency, harness
+
+MODELS = ("learned", "quadratic", "resnet18", "content", "gated")
+MAP_DECIMALS = 4  # probabilities of 256 keys: 1e-4 is below what a figure shows
+
+
+def run_key(model: str, seed: int, epochs: int) -> str:
+    return f"{model}|seed={seed}|epochs={epochs}"
+
+
+def split_key(key: str) -> tuple[str, int, int]:
+    """``(model, seed, epochs)`` of a `run_key`."""
+    model, seed, epochs = key.split("|")
+    return model, int(seed.split("=")[1]), int(epochs.split("=")[1])
+
+
+def train_flags(model: str, seed: int, epochs: int, snapshot_every: int, data_dir: str) -> dict:
+    """The trainer flags of one run: only what the study fixes; the rest is the trainer's default."""
+    return {**data_efficiency.parse_variant(model), "dataset": "cifar10", "data_dir": data_dir, "epochs": epochs,
+            "seed": seed, "snapshot_every": snapshot_every}
+
+
+def train(flags: dict, model_dir: str) -> None:
+    """Runs ``sa-conv-train`` with ``flags`` into ``model_dir`` (resuming what is there), its
+    per-epoch lines passed through to this process's output; RuntimeError when it fails."""
+    from trainers import process
+
+    args = [f"--{k}={v}" for k, v in {**flags, "model_dir": model_dir}.items()]
+    returncode = subprocess.call([sys.executable, "-m", "trainers.train", *args], cwd=harness.ROOT,
+                                 env=process.child_environment(), stdout=sys.stderr)
+    if returncode:
+        raise RuntimeError(f"sa-conv-train {' '.join(args)} failed (exit {returncode}); its output is above. "
+                           f"Rerun the benchmark to resume it.")
+
+
+def snapshot_epochs(model_dir: str) -> list[int]:
+    folder = os.path.join(model_dir, "snapshots")
+    return sorted(int(name[len("epoch_"):-len(".keras")]) for name in os.listdir(folder)
+                  if name.startswith("epoch_") and name.endswith(".keras"))
+
+
+def _rounded(value, decimals: int = 5):
+    if isinstance(value, float):
+        return round(value, decimals)
+    if isinstance(value, list):
+        return [_rounded(v, decimals) for v in value]
+    return value
+
+
+def analyse_snapshot(model, test, locality_images: int, maps: bool) -> dict:
+    """What one snapshot shows.
+
+    Args:
+      model: a trained (or initial) classifier taking the test split's images.
+      test: the test `trainers.data.Split`.
+      locality_images: how many of its first images the attention metrics average over.
+      maps: whether to keep every head's map at the grid's center pixel.
+
+    Returns:
+      ``test_accuracy``; for attention models ``layers`` (per layer, per head, the
+      `sa_conv.inspection.locality_metrics`), ``centers`` (quadratic encodings: per layer
+      ``(heads, 2)`` offsets in grid pixels), ``gates`` (gated: per layer ``(heads,)``) and with
+      ``maps`` ``query`` and ``maps`` (per layer ``(heads, H, W)``, mean over the images).
+    """
+    import sa_conv
+    from keras import ops
+    from sa_conv import heads, inspection, plotting
+
+    logits = model.predict(test.images, batch_size=250, verbose=0)
+    result = {"test_accuracy": float(np.mean(np.argmax(logits, -1) == test.labels))}
+    if not sa_conv.attention_blocks(model):
+        return result
+    images = test.images[:locality_images]
+    grid, _ = sa_conv.attention_grid(model)
+    query = (grid[0] // 2, grid[1] // 2)
+    probabilities = plotting.model_attention(model, images)
+    gates = heads.head_gates(model)
+    result["layers"] = [[{k: _rounded(v) for k, v in head.items()} for head in inspection.locality_metrics(p, grid, gates=g)]
+                        for p, g in zip(probabilities, gates)]
+    if plotting.has_centers(model):
+        result["centers"] = [np.round(np.asarray(ops.convert_to_numpy(b.attention.position_encoding.gaussian()[0]),
+                                                 np.float64), 3).tolist() for b in sa_conv.attention_blocks(model)]
+    if any(g is not None for g in gates):
+        result["gates"] = [None if g is None else np.round(g, 4).tolist() for g in gates]
+    if maps:
+        result["query"] = list(query)
+        result["maps"] = [np.round(inspection.query_maps(p, grid, query).mean(0).astype(np.float64),
+                                   MAP_DECIMALS).tolist() for p in probabilities]
+    return result
+
+
+def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) -> dict:
+    """The run in ``model_dir`` as the report keeps it: its results, compact history and every
+    snapshot's `analyse_snapshot` (maps at the last)."""
+    import keras
+
+    from trainers import data as data_lib
+
+    with open(os.path.join(model_dir, "results.json")) as f:
+        results = json.load(f)
+    with open(os.path.join(model_dir, "history.json")) as f:
+        history = json.load(f)
+    test = data_lib.load_cifar10_files(data_dir).test
+    epochs = snapshot_epochs(model_dir)
+    snapshots = []
+    for epoch in epochs:
+        log(f"    reading the snapshot at epoch {epoch} ...")
+        model = keras.models.load_model(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"), compile=False)
+        snapshots.append({"epoch": epoch, **analyse_snapshot(model, test, locality_images,
+                                                              maps=epoch == epochs[-1])})
+        keras.backend.clear_session()
+    return {
+        "test_accuracy": results["test_accuracy"],
+        "best_val_accuracy": results["best_val_accuracy"],
+        "parameters": results["parameters"],
+        "train_seconds": round(sum(h.get("train_seconds", 0.0) for h in history), 1),
+        "images_per_second": results["images_per_second"],
+        "weights_sha256": results["weights_sha256"],
+        "history": [{k: (round(h[k], 5) if isinstance(h[k], float) else h[k])
+                     for k in ("epoch", "train_loss", "train_accuracy", "val_accuracy")} for h in history],
+        "snapshots": snapshots,
+    }
+
+
+def _spread(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
+            "min": min(values), "max": max(values), "n": len(values)}
+
+
+LAYER_METRICS = ("mean_distance", "mass_3x3", "entropy")
+
+
+def layer_summary(heads_metrics: list) -> dict:
+    """One layer of one snapshot: each `LAYER_METRICS` averaged over heads, and the most local
+    head's distance and mass (the head of smallest mean distance)."""
+    local = min(heads_metrics, key=lambda m: m["mean_distance"])
+    return {**{name: statistics.fmean(m[name] for m in heads_metrics) for name in LAYER_METRICS},
+            "most_local_distance": local["mean_distance"], "most_local_mass": local["mass_3x3"]}
+
+
+def summarize(runs: dict) -> dict:
+    """Per ``model|epochs=E``, over its seeds: ``seeds``; ``test_accuracy`` (`_spread`: mean,
+    sample std, range, n); ``train_seconds``; ``curve`` (per snapshot epoch, the test accuracy's
+    spread); ``last_quarter_change`` (per seed, the test accuracy at the end minus at the last
+    snapshot at or before three quarters of the epochs; its spread) and ``flattened`` (whether its
+    mean magnitude is below the final accuracy's std; None with one seed); and for attention
+    models ``locality`` (per snapshot epoch, per layer, each `layer_summary` value's spread)."""
+    groups: dict[str, list] = {}
+    for key, run in sorted(runs.items()):
+        model, seed, epochs = split_key(key)
+        groups.setdefault(f"{model}|epochs={epochs}", []).append((seed, run))
+    summary = {}
+    for group, members in groups.items():
+        epochs = int(group.split("=")[1])
+        runs_ = [run for _, run in members]
+        final = _spread([r["test_accuracy"] for r in runs_])
+        snapshot_sets = [{s["epoch"]: s for s in r["snapshots"]} for r in runs_]
+        common = sorted(set.intersection(*(set(s) for s in snapshot_sets)))
+        curve = {str(e): _spread([s[e]["test_accuracy"] for s in snapshot_sets]) for e in common}
+        quarter = max((e for e in common if e <= 0.75 * epochs), default=None)
+        changes = [s[common[-1]]["test_accuracy"] - s[quarter]["test_accuracy"] for s in snapshot_sets] \
+            if quarter is not None and common and quarter != common[-1] else []
+        change = _spread(changes)
+        entry = {"seeds": [seed for seed, _ in members], "test_accuracy": final,
+                 "train_seconds": _spread([r["train_seconds"] for r in runs_]), "curve": curve,
+                 "quarter_epoch": quarter, "last_quarter_change": change,
+                 "flattened": (None if final["std"] is None or change is None
+                               else abs(change["mean"]) < final["std"])}
+        if all("layers" in s[e] for s in snapshot_sets for e in common):
+            entry["locality"] = {
+                str(e): [{name: _spread([layer_summary(s[e]["layers"][layer])[name] for s in snapshot_sets])
+                          for name in (*LAYER_METRICS, "most_local_distance", "most_local_mass")}
+                         for layer in range(len(snapshot_sets[0][e]["layers"]))]
+                for e in common}
+        summary[group] = entry
+    return summary
+
+
+def _differs(a: dict, b: dict) -> bool | None:
+    """Whether two `_spread` means differ by more than the larger std (None without a std)."""
+    spreads = [s["std"] for s in (a, b) if s["std"] is not None]
+    return abs(a["mean"] - b["mean"]) > max(spreads) if spreads else None
+
+
+def claims(summary: dict, epochs: int) -> list[dict]:
+    """The paper's claims checked on `summarize`'s entries at ``epochs``: each row names the
+    claim, the model, what was compared (means with spreads) and a verdict ``held``,
+    ``partly`` or ``not here``; models not measured are left out.
+
+    * Localized heads emerge in training (Sec. 4.2, Fig. 4): the first layer's mean attention
+      distance falls from the start to the end and its 3x3 mass rises, each beyond the spread.
+    * The first layers attend to close pixels, deeper ones to larger regions: the last layer's
+      mean distance at the end is above the first's, beyond the spread.
+    * Attention matches ResNet18's accuracy (Table 1): the model's final test accuracy is within
+      the spread of ResNet18's or above it."""
+    rows = []
+    resnet = summary.get(f"resnet18|epochs={epochs}")
+    for model in MODELS:
+        entry = summary.get(f"{model}|epochs={epochs}")
+        if entry is None:
+            continue
+        locality = entry.get("locality")
+        if locality:
+            start, end = locality[min(locality, key=int)], locality[max(locality, key=int)]
+            fell = _differs(start[0]["mean_distance"], end[0]["mean_distance"])
+            rose = _differs(start[0]["mass_3x3"], end[0]["mass_3x3"])
+            closer = end[0]["mean_distance"]["mean"] < start[0]["mean_distance"]["mean"]
+            denser = end[0]["mass_3x3"]["mean"] > start[0]["mass_3x3"]["mean"]
+            verdict = ("held" if closer and denser and fell and rose else
+                       "partly" if closer or denser else "not here")
+            rows.append({"claim": "localized heads emerge in the first layer", "model": model,
+                         "start": {"mean_distance": start[0]["mean_distance"], "mass_3x3": start[0]["mass_3x3"]},
+                         "end": {"mean_distance": end[0]["mean_distance"], "mass_3x3": end[0]["mass_3x3"]},
+                         "seeds": len(entry["seeds"]), "verdict": verdict})
+            first, last = end[0]["mean_distance"], end[-1]["mean_distance"]
+            wider = last["mean"] > first["mean"]
+            verdict = "held" if wider and _differs(first, last) else "partly" if wider else "not here"
+            rows.append({"claim": "deeper layers attend to larger regions", "model": model,
+                         "first_layer": first, "last_layer": last, "seeds": len(entry["seeds"]),
+                         "verdict": verdict})
+        if resnet is not None and model != "resnet18":
+            ours, theirs = entry["test_accuracy"], resnet["test_accuracy"]
+            gap = ours["mean"] - theirs["mean"]
+            spread = max([s["std"] for s in (ours, theirs) if s["std"] is not None], default=None)
+            verdict = ("held" if gap >= 0 or (spread is not None and -gap <= spread) else
+                       "partly" if spread is not None and -gap <= 2 * spread else "not here")
+            rows.append({"claim": "attention matches ResNet18's accuracy", "model": model, "accuracy": ours,
+                         "resnet18": theirs, "difference": gap, "spread": spread, "seeds": len(entry["seeds"]),
+                         "verdict": verdict})
+    return rows
+
+
+def read_report(path: str) -> dict:
+    if not os.path.exists(path):
+        return {"runs": {}}
+    with open(path) as f:
+        return json.load(f)
+
+
+def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: int, snapshot_every: int,
+            locality_images: int = 32, keep_snapshots: bool = False, note: str | None = None,
+            train=train, log=print) -> dict:
+    """Trains and reads every (model, seed) of the plan that the report at ``output`` does not
+    have (`train(flags, model_dir)`, resuming a run ``work_dir`` holds), writes the report after
+    each run with its summary and claims, and returns it. Once read, a run's snapshots other than
+    its first and last are deleted unless ``keep_snapshots`` (ResNet18's are 45 MB each)."""
+    for model in models:
+        if model not in MODELS:
+            raise ValueError(f"Unknown model {model!r}; choose from {', '.join(MODELS)}.")
+    if epochs < 1 or snapshot_every < 1:
+        raise ValueError(f"--epochs and --snapshot_every must be positive, got {epochs} and {snapshot_every}.")
+    from trainers import data as data_lib
+
+    data = data_lib.load_cifar10_files(data_dir)  # fails here, before any run, on a wrong --data_dir
+    report = read_report(output)
+    runs = report.setdefault("runs", {})
+    notes = report.setdefault("notes", [])
+    if note and note not in notes:
+        notes.append(note)
+    report["data"] = {"training_images": len(data.train), "test_images": len(data.test),
+                      "locality_images": locality_images}
+    report.setdefault("budget", epochs)
+    plan = [(model, seed) for model in models for seed in seeds]
+    for index, (model, seed) in enumerate(plan, 1):
+        key = run_key(model, seed, epochs)
+        if key in runs:
+            continue
+        model_dir = os.path.join(work_dir, f"{model}_seed{seed}_epochs{epochs}")
+        flags = train_flags(model, seed, epochs, snapshot_every, data_dir)
+        log(f"[{index}/{len(plan)}] {key}: training in {model_dir} ...")
+        start = time.perf_counter()
+        if not os.path.isfile(os.path.join(model_dir, "results.json")):
+            train(flags, model_dir)
+        log(f"[{index}/{len(plan)}] {key}: reading its snapshots ...")
+        run = analyse_run(model_dir, data_dir, locality_images, log=log)
+        run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
+        run["cpu"] = harness.cpu_class()
+        run["session_seconds"] = round(time.perf_counter() - start, 1)
+        runs[key] = run
+        report["summary"] = summarize(runs)
+        report["claims"] = claims(report["summary"], report["budget"])
+        harness.write_report(output, {k: v for k, v in report.items() if k not in ("date", "machine")},
+                             inline_numbers=True)
+        log(f"[{index}/{len(plan)}] {key}: test accuracy {run['test_accuracy']:.4f} "
+            f"({run['train_seconds']:.0f} s of training)")
+        if not keep_snapshots:
+            kept = {min(snapshot_epochs(model_dir)), max(snapshot_epochs(model_dir))}
+            for epoch in set(snapshot_epochs(model_dir)) - kept:
+                os.remove(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"))
+            shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
+    return report
+
+
+def main():
+    parser = harness.arguments(__doc__, "reproduction.json")
+    parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),
+                        help="CIFAR-10 python-format files (cifar10-mini)")
+    parser.add_argument("--work_dir", default=os.path.join(harness.ROOT, "runs", "reproduction"),
+                        help="the runs' model directories: an interrupted run resumes from here")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--epochs", type=int, default=60, help="the budget: the same for every model")
+    parser.add_argument("--snapshot_every", type=int, default=5)
+    parser.add_argument("--locality_images", type=int, default=32)
+    parser.add_argument("--keep_snapshots", action="store_true")
+    parser.add_argument("--note", default=None, help="a note kept in the report (e.g. why fewer seeds)")
+    args = harness.parse(parser)
+
+    def items(text):
+        return [item.strip() for item in text.split(",") if item.strip()]
+
+    measure(args.output, os.path.abspath(args.data_dir), os.path.abspath(args.work_dir), items(args.models),
+            [int(s) for s in items(args.seeds)], args.epochs, args.snapshot_every, args.locality_images,
+            args.keep_snapshots, args.note, log=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+if __name__ == "__main__":
+    main()
