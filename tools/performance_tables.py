@@ -24,8 +24,14 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-FILES = ("README.md", "docs/performance.md", "docs/reference.md", "docs/training.md", "docs/attention_init.md")
-PLOTS = {"docs/data_efficiency.png": "plot_data_efficiency"}
+FILES = ("README.md", "docs/performance.md", "docs/reference.md", "docs/training.md", "docs/attention_init.md",
+         "docs/reproduction.md")
+# Each figure: (the report it is drawn from, the function drawing it to a path).
+PLOTS = {"docs/data_efficiency.png": ("data_efficiency", "plot_data_efficiency"),
+         "docs/reproduction_curves.png": ("reproduction", "plot_reproduction_curves"),
+         "docs/reproduction_locality.png": ("reproduction", "plot_reproduction_locality"),
+         "docs/reproduction_maps_learned.png": ("reproduction", "plot_reproduction_maps_learned"),
+         "docs/reproduction_maps_quadratic.png": ("reproduction", "plot_reproduction_maps_quadratic")}
 
 from sa_conv.config import PRESET_ALIASES  # presets renamed after a benchmark recorded them
 
@@ -456,7 +462,205 @@ def plot_data_efficiency(path):
     plt.close(figure)
 
 
+# ------------------------------------------------------------------------------ reproduction
+
+
+def _reproduction():
+    """``(report, budget, {model: summary at the budget})`` of the reproduction study, in the
+    study's order of models."""
+    from benchmarks import reproduction as study
+
+    data = _load("reproduction")
+    budget = data["budget"]
+    entries = {m: data["summary"][f"{m}|epochs={budget}"] for m in study.MODELS
+               if f"{m}|epochs={budget}" in data["summary"]}
+    return data, budget, entries
+
+
+def _spread(s, digits=3):
+    """``mean ± std`` of a `benchmarks.reproduction._spread` (no ± with one seed)."""
+    if s is None:
+        return "-"
+    return f"{s['mean']:.{digits}f}" + ("" if s["std"] is None else f" ± {s['std']:.{digits}f}")
+
+
+def _model_name(model):
+    from benchmarks import data_efficiency
+
+    return f"`{data_efficiency.parse_variant(model)['model']}`"
+
+
+def reproduction_accuracy():
+    """Final test accuracy per model at the budget, its spread, whether the curve flattened and
+    the training time of a run, with the CPU classes that ran them."""
+    data, budget, entries = _reproduction()
+    rows = []
+    for model, e in entries.items():
+        runs = [r for k, r in data["runs"].items() if k.startswith(f"{model}|") and k.endswith(f"epochs={budget}")]
+        change = e["last_quarter_change"]
+        flattened = {True: "yes", False: "no", None: "- (one seed)"}[e["flattened"]]
+        rows.append([_model_name(model), len(e["seeds"]), _spread(e["test_accuracy"]),
+                     f"{e['test_accuracy']['min']:.3f}-{e['test_accuracy']['max']:.3f}",
+                     "-" if change is None else f"{change['mean']:+.3f} (epochs {e['quarter_epoch']}-{budget})",
+                     flattened, f"{e['train_seconds']['mean'] / 60:.0f}",
+                     ", ".join(sorted({r["cpu"] for r in runs}))])
+    caption = (f"{budget} epochs each, the trainer's defaults, {data['data']['training_images']} training images "
+               f"(10% of them held out for validation), {data['data']['test_images']} test images. Test accuracy: "
+               f"mean ± sample standard deviation over the seeds. Last quarter: the mean change of test accuracy over "
+               f"the last quarter of training; flattened when smaller than the seeds' standard deviation.\n\n")
+    return caption + _table(["model", "seeds", "test accuracy", "range", "last quarter", "flattened",
+                             "training minutes a run", "CPU"], rows)
+
+
+def reproduction_curves():
+    """Test accuracy at every snapshot epoch, per model: mean ± std over the seeds."""
+    _, budget, entries = _reproduction()
+    epochs = sorted({int(e) for entry in entries.values() for e in entry["curve"]})
+    rows = [[e] + [_spread(entry["curve"].get(str(e))) for entry in entries.values()] for e in epochs]
+    return _table(["epoch"] + [_model_name(m) for m in entries], rows)
+
+
+def reproduction_locality():
+    """Per attention model and layer, the heads' mean attention distance, 3x3 mass and entropy at
+    the start and the end, and the most local head at the end (each mean ± std over seeds)."""
+    _, budget, entries = _reproduction()
+    rows = []
+    for model, e in entries.items():
+        if "locality" not in e:
+            continue
+        start, end = e["locality"][min(e["locality"], key=int)], e["locality"][max(e["locality"], key=int)]
+        for layer, (a, b) in enumerate(zip(start, end)):
+            rows.append([_model_name(model), layer, f"{_spread(a['mean_distance'], 2)} → {_spread(b['mean_distance'], 2)}",
+                         f"{_spread(a['mass_3x3'], 2)} → {_spread(b['mass_3x3'], 2)}",
+                         f"{_spread(a['entropy'], 2)} → {_spread(b['entropy'], 2)}",
+                         f"{_spread(b['most_local_distance'], 2)}, mass {_spread(b['most_local_mass'], 2)}",
+                         len(e["seeds"])])
+    caption = ("Mean over the heads of a layer, then mean ± std over the seeds; start → end of training. Distance: "
+               "the mean attention distance in grid pixels (the 16x16 grid after pooling); mass: the probability in "
+               "the 3x3 around the most attended pixel (1 for a convolution tap); entropy in nats (uniform over 256 "
+               "keys: 5.55). Averaged over the interior query pixels of the first test images.\n\n")
+    return caption + _table(["model", "layer", "distance", "3x3 mass", "entropy", "most local head (end)", "seeds"],
+                            rows)
+
+
+def reproduction_claims():
+    """The paper's claims, checked one line each (`benchmarks.reproduction.claims`)."""
+    from benchmarks import reproduction as study
+
+    data, budget, _ = _reproduction()
+    rows = []
+    for r in study.claims(data["summary"], budget):
+        if "start" in r:
+            evidence = (f"layer 0 distance {_spread(r['start']['mean_distance'], 2)} → "
+                        f"{_spread(r['end']['mean_distance'], 2)}, 3x3 mass {_spread(r['start']['mass_3x3'], 2)} → "
+                        f"{_spread(r['end']['mass_3x3'], 2)}")
+        elif "first_layer" in r:
+            evidence = f"distance, first layer {_spread(r['first_layer'], 2)}, last {_spread(r['last_layer'], 2)}"
+        else:
+            evidence = f"{_spread(r['accuracy'])} against ResNet18's {_spread(r['resnet18'])}"
+        rows.append([r["claim"], _model_name(r["model"]), evidence, r["seeds"], f"**{r['verdict']}**"])
+    caption = ("held: beyond the seeds' spread; partly: the right direction, not beyond the spread (or one seed); "
+               "not here: the other way.\n\n")
+    return caption + _table(["claim", "model", "measured (mean ± std)", "seeds", "verdict"], rows)
+
+
+def reproduction_first_accuracy():
+    """The README's line: the trained accuracy of the small attention presets and ResNet18."""
+    data, budget, entries = _reproduction()
+    parts = [f"{_model_name(m)} {_spread(e['test_accuracy'])} ({len(e['seeds'])} seed{'s' if len(e['seeds']) > 1 else ''})"
+             for m, e in entries.items()]
+    return (f"Trained {budget} epochs on cifar10-mini ({data['data']['training_images']} images), test accuracy: "
+            + "; ".join(parts) + ".")
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_reproduction_curves(path):
+    """Test accuracy against epochs, one line per model (mean over seeds, band min-max)."""
+    plt = _plt()
+    _, budget, entries = _reproduction()
+    figure, axis = plt.subplots(figsize=(7.5, 4.2))
+    for model, e in entries.items():
+        epochs = sorted(int(k) for k in e["curve"])
+        values = [e["curve"][str(k)] for k in epochs]
+        axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3,
+                  label=f"{model} ({len(e['seeds'])} seed{'s' if len(e['seeds']) > 1 else ''})")
+        axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2)
+    axis.set_xlabel("epoch")
+    axis.set_ylabel("test accuracy")
+    axis.set_title(f"Test accuracy during training ({budget} epochs, cifar10-mini)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(figure)
+
+
+def plot_reproduction_locality(path):
+    """Per attention model, each layer's mean attention distance against epochs (mean over
+    seeds, band min-max)."""
+    plt = _plt()
+    _, budget, entries = _reproduction()
+    models = [m for m, e in entries.items() if "locality" in e]
+    figure, axes = plt.subplots(1, max(len(models), 1), figsize=(3.6 * max(len(models), 1), 3.4), squeeze=False)
+    for axis, model in zip(axes[0], models):
+        locality = entries[model]["locality"]
+        epochs = sorted(int(k) for k in locality)
+        for layer in range(len(locality[str(epochs[0])])):
+            values = [locality[str(k)][layer]["mean_distance"] for k in epochs]
+            axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3, label=f"layer {layer}")
+            axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2)
+        axis.set_title(f"{model} ({len(entries[model]['seeds'])} seeds)", fontsize=9)
+        axis.set_xlabel("epoch")
+        axis.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("mean attention distance (grid pixels)")
+    axes[0, -1].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(figure)
+
+
+def _plot_reproduction_maps(path, model):
+    """The paper's Figure 4 for ``model``: each head's attention at the grid's center pixel, per
+    layer, averaged over test images, after training (the lowest seed)."""
+    import numpy as np
+
+    from sa_conv import plotting
+
+    data, budget, _ = _reproduction()
+    keys = sorted((k for k in data["runs"] if k.startswith(f"{model}|") and k.endswith(f"|epochs={budget}")),
+                  key=lambda k: int(k.split("|")[1].split("=")[1]))
+    if not keys:
+        return
+    last = data["runs"][keys[0]]["snapshots"][-1]
+    figure = plotting.attention_grid_figure(
+        np.array(last["maps"]), last["query"], title=f"{model}, {keys[0].split('|')[1]}, after {last['epoch']} epochs: "
+                                                      f"attention of the center pixel, mean over "
+                                                      f"{data['data']['locality_images']} test images")
+    figure.savefig(path, dpi=plotting.DPI, metadata={"Software": None})
+
+
+def plot_reproduction_maps_learned(path):
+    _plot_reproduction_maps(path, "learned")
+
+
+def plot_reproduction_maps_quadratic(path):
+    _plot_reproduction_maps(path, "quadratic")
+
+
 TABLES = {
+    "reproduction_accuracy": ("reproduction", reproduction_accuracy),
+    "reproduction_curves": ("reproduction", reproduction_curves),
+    "reproduction_locality": ("reproduction", reproduction_locality),
+    "reproduction_claims": ("reproduction", reproduction_claims),
+    "reproduction_first_accuracy": ("reproduction", reproduction_first_accuracy),
     "data_efficiency": ("data_efficiency", data_efficiency),
     "data_efficiency_longer": ("data_efficiency", data_efficiency_longer),
     "data_efficiency_targets": ("data_efficiency", data_efficiency_targets),
@@ -509,8 +713,8 @@ def main(argv=None):
             if not args.check:
                 path.write_text(new)
     if not args.check:
-        for name, make in PLOTS.items():
-            if (RESULTS / "data_efficiency.json").exists():
+        for name, (source, make) in PLOTS.items():
+            if (RESULTS / f"{source}.json").exists():
                 globals()[make](ROOT / name)
     if args.check and stale:
         print(f"Stale tables in {', '.join(stale)}: run tools/performance_tables.py", file=sys.stderr)

@@ -1,0 +1,154 @@
+"""The reproduction study (`benchmarks.reproduction`): what a run's snapshots are read into, that
+an interrupted study resumes without training again, and the summary and claims over seeds."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from benchmarks import reproduction as rp
+from trainers import files
+from trainers import train as train_lib
+from trainers.config import make_config
+
+
+def _tiny_train(trained):
+    """A `reproduction.train` that runs the trainer in this process on a one-block model with
+    small batches (the study's flags otherwise), recording each model it trains in ``trained``."""
+
+    def train(flags, model_dir):
+        trained.append(flags["model"])
+        overrides = dict(flags, model_dir=model_dir, num_layers=1, global_batch_size=50, eval_batch_size=50,
+                         strategy="one_device")
+        train_lib.train(make_config(overrides=overrides), log=lambda s: None)
+
+    return train
+
+
+def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_cifar, tmp_path):
+    data_dir, _ = tiny_cifar
+    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
+    trained = []
+
+    def fails_on_quadratic(flags, model_dir):
+        if flags["model"] == "sa_quadratic_small":
+            raise RuntimeError("killed")
+        _tiny_train(trained)(flags, model_dir)
+
+    with pytest.raises(RuntimeError, match="killed"):
+        rp.measure(output, data_dir, work, ["learned", "quadratic"], [0], epochs=2, snapshot_every=1,
+                   locality_images=4, train=fails_on_quadratic, log=lambda s: None)
+    with open(output) as f:
+        report = json.load(f)
+    assert list(report["runs"]) == ["learned|seed=0|epochs=2"] and trained == ["sa_learned_small"]
+    run = report["runs"]["learned|seed=0|epochs=2"]
+    # Only what the study fixes is passed; the rest is the trainer's default.
+    assert run["flags"] == {"model": "sa_learned_small", "dataset": "cifar10", "epochs": 2, "seed": 0,
+                            "snapshot_every": 1}
+    assert [s["epoch"] for s in run["snapshots"]] == [0, 1, 2]
+    with open(os.path.join(work, "learned_seed0_epochs2", "results.json")) as f:
+        results = json.load(f)
+    # The last snapshot is the trained model, read as the trainer evaluated it.
+    assert run["snapshots"][-1]["test_accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-9)
+    assert run["snapshots"][0]["layers"] != run["snapshots"][-1]["layers"]
+    last = run["snapshots"][-1]
+    assert len(last["layers"]) == 1 and len(last["layers"][0]) == 9
+    maps = np.array(last["maps"])
+    assert maps.shape == (1, 9, 16, 16) and last["query"] == [8, 8]
+    # Probabilities rounded to 4 decimals: each map sums to 1 within 256 roundings.
+    np.testing.assert_allclose(maps.sum((-1, -2)), 1.0, atol=256 * 0.5e-4)
+    assert "maps" not in run["snapshots"][0] and "centers" not in last
+    # Read snapshots other than the first and last are gone, as are the checkpoints.
+    assert sorted(os.listdir(os.path.join(work, "learned_seed0_epochs2", "snapshots"))) == \
+        ["epoch_000.keras", "epoch_002.keras"]
+
+    trained.clear()
+    report = rp.measure(output, data_dir, work, ["learned", "quadratic"], [0], epochs=2, snapshot_every=1,
+                        locality_images=4, train=_tiny_train(trained), log=lambda s: None)
+    assert trained == ["sa_quadratic_small"]  # the learned run was not trained again
+    quadratic = report["runs"]["quadratic|seed=0|epochs=2"]["snapshots"]
+    assert np.array(quadratic[-1]["centers"]).shape == (1, 9, 2)
+    assert quadratic[0]["centers"] != quadratic[-1]["centers"]  # the centers moved in training
+    assert set(report["summary"]) == {"learned|epochs=2", "quadratic|epochs=2"}
+    with pytest.raises(ValueError, match="Unknown model 'vit'"):
+        rp.measure(output, data_dir, work, ["vit"], [0], epochs=2, snapshot_every=1)
+
+
+def _run(accuracies, distances=None, masses=None):
+    """A run as the report keeps it, with test accuracy ``accuracies[e]`` at snapshot epoch
+    ``e`` and, for attention models, one layer per ``distances[e]`` entry (every head alike)."""
+    snapshots = []
+    for epoch, accuracy in sorted(accuracies.items()):
+        snapshot = {"epoch": epoch, "test_accuracy": accuracy}
+        if distances is not None:
+            snapshot["layers"] = [[{"head": h, "mean_distance": d + 0.1 * h, "mass_3x3": m, "entropy": 3.0,
+                                    "peak_offset": [0.0, 0.0]} for h in range(2)]
+                                  for d, m in zip(distances[epoch], masses[epoch])]
+        snapshots.append(snapshot)
+    return {"test_accuracy": accuracies[max(accuracies)], "train_seconds": 10.0, "snapshots": snapshots}
+
+
+def test_summary_spreads_curves_flattening_and_the_claims():
+    runs = {}
+    for seed, shift in enumerate((-0.02, 0.0, 0.02)):
+        # Layer 0 grows local (distance 6 -> 2, mass 0.1 -> 0.5); layer 1 stays wide.
+        runs[f"learned|seed={seed}|epochs=8"] = _run(
+            {0: 0.1, 4: 0.5 + shift, 6: 0.6 + shift, 8: 0.605 + shift},
+            {0: [6.0 + shift, 6.0], 4: [3.0, 5.0], 6: [2.0 + shift, 5.5], 8: [2.0 + shift, 5.5]},
+            {0: [0.1, 0.1], 4: [0.3, 0.1], 6: [0.5, 0.1], 8: [0.5 + shift, 0.1]})
+        runs[f"resnet18|seed={seed}|epochs=8"] = _run({0: 0.1, 6: 0.6 + 2 * shift, 8: 0.62 + 2 * shift})
+        # Still climbing by 0.2 in its last quarter: not flattened.
+        runs[f"quadratic|seed={seed}|epochs=8"] = _run(
+            {0: 0.1, 6: 0.2 + shift, 8: 0.4 + shift},
+            {0: [2.0, 2.0], 6: [4.0, 3.0], 8: [6.0 + shift, 3.0]}, {0: [0.5, 0.5], 6: [0.3, 0.3], 8: [0.1, 0.3]})
+    summary = rp.summarize(runs)
+    learned = summary["learned|epochs=8"]
+    assert learned["seeds"] == [0, 1, 2]
+    assert learned["test_accuracy"]["mean"] == pytest.approx(0.605)
+    assert learned["test_accuracy"]["std"] == pytest.approx(0.02)
+    assert learned["curve"]["4"]["mean"] == pytest.approx(0.5)
+    assert learned["quarter_epoch"] == 6 and learned["last_quarter_change"]["mean"] == pytest.approx(0.005)
+    assert learned["flattened"] is True and summary["quadratic|epochs=8"]["flattened"] is False
+    # Per layer, the heads' mean (heads at d and d + 0.1) and the most local head.
+    layer0_end = learned["locality"]["8"][0]
+    assert layer0_end["mean_distance"]["mean"] == pytest.approx(2.05)
+    assert layer0_end["most_local_distance"]["mean"] == pytest.approx(2.0)
+    assert "locality" not in summary["resnet18|epochs=8"]
+
+    verdicts = {(row["claim"], row["model"]): row["verdict"] for row in rp.claims(summary, 8)}
+    assert verdicts[("localized heads emerge in the first layer", "learned")] == "held"
+    assert verdicts[("deeper layers attend to larger regions", "learned")] == "held"
+    assert verdicts[("localized heads emerge in the first layer", "quadratic")] == "not here"
+    assert verdicts[("deeper layers attend to larger regions", "quadratic")] == "not here"
+    assert verdicts[("attention matches ResNet18's accuracy", "learned")] == "held"  # 0.605 vs 0.62, std 0.04
+    assert verdicts[("attention matches ResNet18's accuracy", "quadratic")] == "not here"
+    assert ("attention matches ResNet18's accuracy", "resnet18") not in verdicts
+    assert rp.claims(summary, 60) == []  # nothing measured at that budget
+
+
+def test_one_seed_has_no_spread_and_no_flattening_verdict():
+    summary = rp.summarize({"learned|seed=0|epochs=4": _run({0: 0.1, 3: 0.3, 4: 0.31}, {0: [5.0], 3: [4.0], 4: [3.0]},
+                                                             {0: [0.1], 3: [0.2], 4: [0.3]})})
+    entry = summary["learned|epochs=4"]
+    assert entry["test_accuracy"]["std"] is None and entry["flattened"] is None
+    # Moved the right way, but with one seed nothing is beyond a spread: partly; one layer has
+    # no depth to compare.
+    assert [(row["claim"], row["verdict"]) for row in rp.claims(summary, 4)] == \
+        [("localized heads emerge in the first layer", "partly")]
+
+
+def test_json_number_lists_are_written_on_one_line_and_read_back_equal(tmp_path):
+    value = {"maps": [[[0.1, 0.25], [1e-05, -2]], [[3, 4], [5, 6]]], "names": ["a", "b"], "empty": [],
+             "nested": {"offset": [-1.5, 2.0], "mixed": [1, "x"]}}
+    path = str(tmp_path / "r.json")
+    files.write_json(path, value, inline_numbers=True)
+    with open(path) as f:
+        text = f.read()
+    assert json.loads(text) == value
+    assert "[0.1, 0.25]" in text and "[1e-05, -2]" in text and "[-1.5, 2.0]" in text
+    files.write_json(path, value)
+    with open(path) as f:
+        assert "[0.1, 0.25]" not in f.read()
