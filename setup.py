@@ -42,12 +42,15 @@ setup(
         "search": TRAIN + SEARCH,  # sa-conv-tune
         "plots": PLOTS,  # sa_conv.plotting, sa-conv-visualize
         "onnx": ["tf2onnx", "onnxruntime"],
+        # Running TFLite files (the export's check of them, the serving benchmark): LiteRT.
+        "tflite": ["ai-edge-litert"],
         # The serving benchmark's OpenVINO side (it reads the exported ONNX file).
         "openvino": ["openvino"],
         # Reading the reference implementation's PyTorch checkpoints and YAML configs.
         "reference": ["torch", "pyyaml"],
-        "all": TRAIN + SEARCH + PLOTS,
-        "test": ["pytest", "pytest-xdist", "pytest-random-order", "hypothesis", "tf2onnx", "onnxruntime", "openvino"],
+        "all": TRAIN + SEARCH + PLOTS + ["ai-edge-litert"],
+        "test": ["pytest", "pytest-xdist", "pytest-random-order", "hypothesis", "tf2onnx", "onnxruntime", "openvino",
+                 "ai-edge-litert"],
     },
     entry_points={
         "console_scripts": [

@@ -93,6 +93,7 @@ class Version:
         self.sa_conv = importlib.import_module(name("sa_conv"))
         self.config = importlib.import_module(name("trainers") + ".config")
         self.task = importlib.import_module(name("trainers") + ".task")
+        self.distribute = importlib.import_module(name("trainers") + ".distribute")
         self.export = importlib.import_module(name("export") + ".export")
 
     def build(self, preset: str, workdir: str, weights=None):
@@ -113,8 +114,11 @@ class Version:
         model = task.build_model()
         if weights is not None:
             model.set_weights(weights)
-        train_function = task.train_function(model, task.build_optimizer(model, task.build_schedule(
-            task.total_steps())))
+        optimizer = task.build_optimizer(model, task.build_schedule(task.total_steps()))
+        if hasattr(task, "train_function"):  # a tree from before the Trainer owned the strategy
+            train_function = task.train_function(model, optimizer)
+        else:
+            train_function = self.distribute.local_train_steps(task, model, optimizer)
         iterator = iter(task.train_dataset(0))
         one = tf.constant(1)
         live = tf.function(lambda images: tf.nn.softmax(model(images, training=False)), jit_compile=task.use_xla())

@@ -83,14 +83,16 @@ def _module_name(module: str) -> str:
 
 
 def run_module(module: str, args=(), python: str | None = None, env: dict | None = None,
-               timeout: float | None = None) -> subprocess.CompletedProcess:
+               timeout: float | None = None, capture: bool = True) -> subprocess.CompletedProcess:
     """``python -m module args...`` in the repository root, its output captured: the one way
     benchmarks start a process (a side, or a program they measure). ``env``: the child's
     environment (None: this process's). ``module`` may be ``__name__`` of a benchmark run with
-    ``-m`` (``"__main__"``): its own module's name is run."""
+    ``-m`` (``"__main__"``): its own module's name is run. Without ``capture``, the child's
+    output goes to this process's standard error as it comes (a long training's progress)."""
     module = _module_name(module)
+    output = dict(capture_output=True, text=True) if capture else dict(stdout=sys.stderr)
     return subprocess.run([python or sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          timeout=timeout, **output)
 
 
 def parse(parser: argparse.ArgumentParser, reference=None, outputs: dict | None = None):
@@ -284,6 +286,8 @@ def _tflite_peaks(size: int, repeats: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
+    from export import runtimes
+
     rng = np.random.default_rng(0)
     weights = tf.constant(rng.standard_normal((size, size)).astype(np.float32))
     x = rng.standard_normal((size, size)).astype(np.float32)
@@ -296,7 +300,7 @@ def _tflite_peaks(size: int, repeats: int) -> dict:
             converter.representative_dataset = lambda: iter([[x]])
             converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
             converter.inference_input_type = converter.inference_output_type = tf.int8
-        interpreter = tf.lite.Interpreter(model_content=converter.convert(), num_threads=os.cpu_count())
+        interpreter = runtimes.tflite_interpreter(model_content=converter.convert())
         interpreter.allocate_tensors()
         (source,), (target,) = interpreter.get_input_details(), interpreter.get_output_details()
         interpreter.set_tensor(source["index"], x.astype(source["dtype"]) if name == "float32"

@@ -47,7 +47,7 @@ def measure(preset: str, remat: str, steps: int, model_dir: str, jit) -> dict:
     trainer's step, timed, and what the process used."""
     import tensorflow as tf
 
-    from trainers import process
+    from trainers import distribute, process
     from trainers.config import make_config
     from trainers.task import Task
 
@@ -57,7 +57,8 @@ def measure(preset: str, remat: str, steps: int, model_dir: str, jit) -> dict:
     task = Task(config, log=lambda s: None)
     model = task.build_model()
     process.keep_freed_memory(task.keeps_freed_memory())  # as trainers.train.train does
-    train_steps = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
+    train_steps = distribute.local_train_steps(task, model, task.build_optimizer(model, task.build_schedule(
+        task.total_steps())))
     iterator = iter(task.train_dataset(0))
     one = tf.constant(1)
     times = []

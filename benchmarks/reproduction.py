@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
@@ -69,10 +68,9 @@ def train(flags: dict, model_dir: str) -> None:
     from trainers import process
 
     args = [f"--{k}={v}" for k, v in {**flags, "model_dir": model_dir}.items()]
-    returncode = subprocess.call([sys.executable, "-m", "trainers.train", *args], cwd=harness.ROOT,
-                                 env=process.child_environment(), stdout=sys.stderr)
-    if returncode:
-        raise RuntimeError(f"sa-conv-train {' '.join(args)} failed (exit {returncode}); its output is above. "
+    proc = harness.run_module("trainers.train", args, env=process.child_environment(), capture=False)
+    if proc.returncode:
+        raise RuntimeError(f"sa-conv-train {' '.join(args)} failed (exit {proc.returncode}); its output is above. "
                            f"Rerun the benchmark to resume it.")
 
 

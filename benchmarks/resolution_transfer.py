@@ -51,6 +51,7 @@ def main():
     import keras
 
     import sa_conv
+    from trainers import distribute
     from trainers import train as train_lib
     from trainers.config import make_config
     from trainers.task import Task
@@ -80,7 +81,7 @@ def main():
     config64 = make_config(overrides={**common, "image_size": 64, "epochs": 1, "model_dir": os.path.join(workdir, "e")})
     task = Task(config64, log=lambda s: None)
     moved = sa_conv.with_image_size(trained, 64)
-    zero_shot = task.evaluate(task.eval_function(moved), task.test_split)
+    zero_shot = distribute.local_evaluate(task, moved, task.test_split)
     _, tuned = run("fine_tuned_at64", image_size=64, epochs=args.fine_tune_epochs,
                    learning_rate=args.fine_tune_learning_rate, init_from=os.path.join(at32_dir, "model.keras"))
     _, scratch = run("scratch_at64", image_size=64, epochs=args.fine_tune_epochs)

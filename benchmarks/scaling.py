@@ -63,7 +63,7 @@ def measure(preset, grid, path, mode, batch, steps):
 
     from benchmarks import flops
     from trainers import footprint
-    from trainers import process
+    from trainers import distribute, process
     from trainers.config import make_config
     from trainers.task import Task
 
@@ -81,7 +81,8 @@ def measure(preset, grid, path, mode, batch, steps):
         remat = bool(task.model_config.remat)
         result.update(remat=remat, xla=task.use_xla(), estimated_activation_gb=footprint.training_activation_bytes(
             task.model_config, batch, remat=remat) / 2**30)
-        train = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
+        train = distribute.local_train_steps(task, model, task.build_optimizer(model, task.build_schedule(
+            task.total_steps())))
         iterator = iter(task.train_dataset(0))
         one = tf.constant(1)
         next(iter(task.train_dataset(1)))  # the pipeline's buffers, before the baseline

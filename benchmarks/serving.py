@@ -30,7 +30,7 @@ random images) and starts one child per side:
   ``--reference_python``, an interpreter with torch): the reference's ``BertImage`` of the same
   size (`epfml_reference.reference_config`) or its ResNet18, eval mode, ``torch.no_grad``.
 
-Ratios: saved_model / in_process (the issue's target: within 10%), frozen / live, bfloat16 /
+Ratios: saved_model / in_process (the target: within 10%), frozen / live, bfloat16 /
 float32 export, each runtime / the float32 SavedModel, and every side / the reference.
 ``--aggregation_only`` times one paper-size attention layer with constant probabilities on the
 dense and the separable path per grid and batch, the measurements behind the frozen layer's
@@ -149,12 +149,14 @@ def runtime(side, path, result, float32=False):
     threads = os.cpu_count()
     result["file_megabytes"] = os.path.getsize(path) / 2**20
     if side.startswith("tflite"):
-        import tensorflow as tf
+        from importlib import metadata
 
-        interpreter = tf.lite.Interpreter(model_path=path, num_threads=threads)
+        from export import runtimes
+
+        interpreter = runtimes.tflite_interpreter(path, num_threads=threads)
         runner = interpreter.get_signature_runner("serving_default")
         shape = tuple(runner.get_input_details()["images"]["shape"][1:])
-        result["runtime"] = f"tflite {tf.__version__}"
+        result["runtime"] = f"litert {metadata.version('ai-edge-litert')}"
         return (lambda x: runner(images=x)["probabilities"]), shape
     if side == "openvino":
         import openvino

@@ -117,7 +117,7 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
     import tensorflow as tf
 
     from benchmarks import flops
-    from trainers import process
+    from trainers import distribute, process
     from trainers.config import make_config
     from trainers.task import Task
 
@@ -130,15 +130,15 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
     process.keep_freed_memory(task.keeps_freed_memory())  # the trainer's setting for the model
     model_config = task.model_config
     if preset == "keras_mha":
-        with task.strategy.scope():
-            model = build_keras_mha_classifier(model_config)
+        model = build_keras_mha_classifier(model_config)
         fwd = train_fwd = keras_mha_flops(model_config)
     else:
         model = task.build_model()
         fwd = flops.forward_flops(model_config, fast=True)
         train_fwd = flops.training_flops(model_config) // 3
     jit = task.use_xla()
-    train_function = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
+    train_function = distribute.local_train_steps(task, model, task.build_optimizer(model, task.build_schedule(
+        task.total_steps())))
     iterator = iter(task.train_dataset(0))
     one = tf.constant(1)
     train_seconds, train_median = _time(lambda: train_function(iterator, one).numpy(), train_steps)

@@ -67,7 +67,7 @@ def sa_conv_side(args):
     import numpy as np
     import tensorflow as tf
 
-    from trainers import process
+    from trainers import distribute, process
     from trainers.config import make_config
     from trainers.task import Task
 
@@ -93,7 +93,8 @@ def sa_conv_side(args):
         result["inference_peak_rss_mb"] = _peak_rss_mb()
         return result
     result.update(remat=bool(task.model_config.remat), keep_freed_memory=task.keeps_freed_memory())
-    train_steps = task.train_function(model, task.build_optimizer(model, task.build_schedule(task.total_steps())))
+    train_steps = distribute.local_train_steps(task, model, task.build_optimizer(model, task.build_schedule(
+        task.total_steps())))
     iterator = iter(task.train_dataset(0))
     one = tf.constant(1)
     result["train_images_per_second"] = args.batch / harness.fastest(

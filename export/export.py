@@ -324,8 +324,8 @@ class Top1Agreement:
     """The check that an exported low-precision file picks the float32 ``model``'s class on at
     least `MIN_TOP1_AGREEMENT` of held-out images: those of ``agreement_images``, else up to 1,000
     test images of the run's own dataset (local files), else generated ones. The float32 classes
-    are computed on the first check and kept for the export's other low-precision files (on a
-    paper content model here, each pass of 1,000 images through Keras takes minutes)."""
+    are computed on the first check and kept for the export's other low-precision files (a pass
+    of a paper-size model over 1,000 images is the slowest step of a low-precision export)."""
 
     def __init__(self, model, results: dict, agreement_images: str | None, image_shape):
         self.model, self.results, self.agreement_images, self.image_shape = model, results, agreement_images, image_shape
@@ -460,7 +460,7 @@ def export(
         if dtype == "int8":
             calibration, calibration_source = verification_images(
                 results, model.inputs[0].shape[1:], int8.CALIBRATION_IMAGES, "train")
-            precision_record.update(saved_model=int8.SAVED_MODEL_INT8, files={})
+            precision_record.update(saved_model=int8.SAVED_MODEL_DTYPE, files={})
             for fmt, route in int8.ROUTES.items():
                 if fmt in formats:
                     record = route.write(tmp, serving, calibration)
@@ -489,7 +489,7 @@ def export(
             "verification": {"images": f"{len(images)} {source}", "max_abs_error": checks,
                              "saved_model_tolerance": tolerance},
             "process": process.describe(),  # what the export and its verification ran with
-            # TensorFlow Serving's warm-up records and batching parameters (measured here).
+            # TensorFlow Serving's warm-up records and batching parameters (measured by this export).
             "tf_serving": serving_files,
         }
         files.write_json(os.path.join(tmp, METADATA), metadata, sort_keys=True)
@@ -550,8 +550,8 @@ class ExportConfig:
         None, "Serve another input size than training's (offset-function encodings as they are, learned offset "
         "tables interpolated: sa_conv.with_image_size); default: the trained size.")
     tf_serving_files: bool = _field(
-        True, "Write TensorFlow Serving's assets.extra/batching_params.pbtxt (from the throughput measured here at "
-        f"doubling batches) and tf_serving_warmup_requests (needs `{tf_serving.INSTALL}`).")
+        True, "Write TensorFlow Serving's assets.extra/batching_params.pbtxt (from the throughput this export measures "
+        f"at doubling batches) and tf_serving_warmup_requests (needs `{tf_serving.INSTALL}`).")
 
 
 def main():

@@ -9,9 +9,9 @@ format, chosen once in `ROUTES`.
   their ranges calibrated on training images of the run (`CALIBRATION_IMAGES` of them), float32
   kept only where an op has no int8 kernel; uint8 images in, probabilities out, as the float32
   file.
-* The SavedModel stays float32 (`SAVED_MODEL_INT8`): TensorFlow's own int8 matmul, which Keras's
-  ``quantize("int8")`` runs inside a SavedModel, measured slower than float32 on these CPUs
-  (``benchmarks/serving.py``).
+* The SavedModel stays float32 (`SAVED_MODEL_DTYPE`): the int8 files are the ONNX and TFLite
+  routes. Which file serves fastest on which CPU is measured by ``benchmarks/serving.py``
+  (``docs/performance.md``), not decided here.
 
 Products with precomputed attention probabilities (values in [0, 1], a (heads, N, N) constant
 per block) stay float32 in the ONNX route: a per-tensor int8 scale would round their small
@@ -28,8 +28,7 @@ from export.onnx_files import store_float16
 from export.runtimes import onnx_runner, tflite_runner
 
 CALIBRATION_IMAGES = 100  # ranges of a full-integer file: enough to cover a dataset's activations
-SAVED_MODEL_INT8 = ("float32: TensorFlow's int8 matmul (Keras's quantize('int8') in a SavedModel) measured "
-                    "slower than float32 on these CPUs")
+SAVED_MODEL_DTYPE = "float32"  # the int8 export's SavedModel: its int8 files are the routes below
 
 
 class OnnxDynamicInt8:

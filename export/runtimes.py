@@ -20,11 +20,24 @@ def onnx_runner(path: str):
                                           for i in range(0, len(images), 64)])
 
 
-def tflite_runner(path: str):
-    """``images (uint8) -> probabilities`` of a TFLite file's ``serving_default`` in the TFLite
-    interpreter (XNNPACK), one image a call as a phone would."""
-    import tensorflow as tf
+LITERT_INSTALL = "pip install ai-edge-litert (or sa-conv[tflite])"
 
-    runner = tf.lite.Interpreter(model_path=path, num_threads=os.cpu_count()).get_signature_runner("serving_default")
+
+def tflite_interpreter(model_path: str | None = None, model_content: bytes | None = None,
+                       num_threads: int | None = None):
+    """A TFLite file's interpreter from LiteRT (``ai-edge-litert``, the runtime TFLite ships as
+    since ``tf.lite.Interpreter`` was deprecated), on ``num_threads`` (default all cores);
+    ImportError naming the install when LiteRT is missing."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError as exc:
+        raise ImportError(f"Running TFLite files needs LiteRT: {LITERT_INSTALL}.") from exc
+    return Interpreter(model_path=model_path, model_content=model_content, num_threads=num_threads or os.cpu_count())
+
+
+def tflite_runner(path: str):
+    """``images (uint8) -> probabilities`` of a TFLite file's ``serving_default`` in LiteRT
+    (XNNPACK), one image a call as a phone would."""
+    runner = tflite_interpreter(path).get_signature_runner("serving_default")
     return lambda images: np.concatenate([runner(images=images[i: i + 1])["probabilities"]
                                           for i in range(len(images))])

@@ -24,7 +24,9 @@ PROGRAMS = ("trainers", "export", "programs", "benchmarks")
 SHARED_BY_PROGRAMS = "trainers"
 COMPOSES = {"programs/demo.py": {"export"}, "programs/launch.py": {"export"},
             # Serving speed of the export's output; the export's SavedModel against the Keras model.
-            "benchmarks/serving.py": {"export"}, "benchmarks/throughput.py": {"export"}}
+            "benchmarks/serving.py": {"export"}, "benchmarks/throughput.py": {"export"},
+            # TFLite's matmul peak, measured in the runtime the exported files run in.
+            "benchmarks/harness.py": {"export"}}
 
 
 def _imported_packages(path: pathlib.Path) -> set[str]:
@@ -371,3 +373,34 @@ def test_private_access_check_catches_it(tmp_path):
     found = private_access_across_modules(sorted(tmp_path.glob("*.py")))
     assert found == {str(tmp_path / "user.py"): ["line 1: _helper", "line 5: _step", "line 6: _state",
                                                  "line 6: _helper", "line 12: _helper"]}
+
+
+DISTRIBUTION_NAMES = {"strategy", "distribute", "experimental_distribute_dataset", "num_replicas_in_sync"}
+
+
+def distribution_in_code(source: str) -> list[str]:
+    """The names of `DISTRIBUTION_NAMES` that ``source``'s code (not its docstrings or comments)
+    uses, with their lines: what a single-replica Task must not touch."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
+            node.arg if isinstance(node, ast.arg) else None
+        if name in DISTRIBUTION_NAMES or (isinstance(node, ast.alias) and "distribute" in node.name):
+            found.append((node.lineno, f"line {node.lineno}: {name or node.name}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_the_task_is_a_single_replica_view_and_the_trainer_owns_the_strategy():
+    """As in TF Model Garden: `trainers.task` never names a strategy (no ``strategy.run``,
+    ``reduce`` or distributed datasets); the Trainer builds and runs its steps on the replicas."""
+    assert distribution_in_code((PROJECT_ROOT / "trainers" / "task.py").read_text()) == []
+    trainer = (PROJECT_ROOT / "trainers" / "train.py").read_text()
+    assert "distribute.replicated_train_steps(" in trainer and "self.strategy.scope()" in trainer
+
+
+def test_the_single_replica_check_catches_a_strategy():
+    source = ('"""Mentions strategy.run in prose."""\nfrom trainers import distribute\n\n'
+              'def step(self, fn):\n    # strategy in a comment\n    return self.strategy.run(fn)\n\n'
+              'def build(strategy=None):\n    return tf.distribute.get_strategy()\n')
+    assert distribution_in_code(source) == ["line 2: distribute", "line 6: strategy", "line 8: strategy",
+                                            "line 9: distribute"]

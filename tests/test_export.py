@@ -209,13 +209,30 @@ def test_atomic_write_and_no_silent_overwrite(real_images, tmp_path):
     assert again == first and sorted(os.listdir(out / "sa_quadratic_small")) == ["1", "2"]
 
 
+def test_tflite_files_run_in_litert_and_its_absence_names_the_install(monkeypatch):
+    from ai_edge_litert import interpreter as litert
+
+    function = tf.function(lambda x: tf.nn.softmax(x * 2.0), input_signature=[tf.TensorSpec((1, 3), tf.float32)])
+    content = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()], function).convert()
+    interpreter = runtimes.tflite_interpreter(model_content=content)
+    assert isinstance(interpreter, litert.Interpreter)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], np.array([[0.0, 1.0, 2.0]], np.float32))
+    interpreter.invoke()
+    np.testing.assert_allclose(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]),
+                               tf.nn.softmax([[0.0, 2.0, 4.0]]).numpy(), rtol=1e-6)
+    monkeypatch.setitem(sys.modules, "ai_edge_litert.interpreter", None)
+    with pytest.raises(ImportError, match=r"needs LiteRT: pip install ai-edge-litert"):
+        runtimes.tflite_interpreter(model_content=content)
+
+
 def test_tflite_format_is_verified(real_images, tmp_path):
     _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
     version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
                                 formats=["saved_model", "tflite"], log=lambda s: None)
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
     assert meta["verification"]["max_abs_error"]["tflite"] < 1e-4
-    interpreter = tf.lite.Interpreter(model_path=os.path.join(version, "assets.extra", "model.tflite"))
+    interpreter = runtimes.tflite_interpreter(os.path.join(version, "assets.extra", "model.tflite"))
     runner = interpreter.get_signature_runner("serving_default")
     probabilities = runner(images=real_images[:1])["probabilities"]
     assert probabilities.shape == (1, 10)
@@ -359,7 +376,7 @@ def test_int8_export_writes_a_quantized_onnx_file_that_picks_float32s_classes(co
                                 agreement_images=str(root / "held_out.npz"), tf_serving_files=False,
                                 log=lambda s: None)
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
-    assert meta["precision"]["dtype"] == "int8" and meta["precision"]["saved_model"] == int8.SAVED_MODEL_INT8
+    assert meta["precision"]["dtype"] == "int8" and meta["precision"]["saved_model"] == "float32"
     assert list(meta["precision"]["files"]) == ["onnx"]  # no TFLite asked for
     record = meta["precision"]["files"]["onnx"]
     assert record["route"] == int8.OnnxDynamicInt8.route and record["file"] == "assets.extra/model_int8.onnx"
@@ -387,7 +404,7 @@ def test_int8_tflite_is_full_integer_calibrated_on_the_runs_training_images(conf
     assert record["route"] == int8.TFLiteFullInteger.route and record["file"] == "assets.extra/model_int8.tflite"
     assert record["top1_agreement"] >= 0.99
     assert record["megabytes"] < record["float32_megabytes"] / 2
-    interpreter = tf.lite.Interpreter(model_path=os.path.join(version, record["file"]))
+    interpreter = runtimes.tflite_interpreter(os.path.join(version, record["file"]))
     tensors = interpreter.get_tensor_details()
     int8_tensors = [t for t in tensors if t["dtype"] == np.int8]
     assert len(int8_tensors) > len(tensors) / 2  # weights and activations, not weights only
@@ -640,7 +657,7 @@ def test_int8_export_of_every_paper_preset_writes_a_smaller_quantized_file(prese
     # The agreement recorded is the int8 file's own on the held-out images (not the float32 file's).
     int8_classes = runtimes.onnx_runner(os.path.join(version, record["file"]))(held_out).argmax(-1)
     assert precision["dtype"] == "int8" and record["top1_agreement"] == np.mean(int8_classes == classes)
-    assert record["megabytes"] <= record["float32_megabytes"] / 3  # the target, with float16 constants
+    assert record["megabytes"] <= record["float32_megabytes"] / 3  # the target, with float16 constants
     ops = {node.op_type for node in onnx.load(os.path.join(version, record["file"])).graph.node}
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops
 

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import sa_conv
+from trainers import distribute
 from trainers import train as train_lib
 from trainers.config import make_config
 
@@ -77,7 +78,7 @@ def test_float16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path):
     optimizer = trainer.optimizer
     optimizer.dynamic_scale.assign(2.0 ** 40)  # float16 overflows at 65504
     before = [v.numpy().copy() for v in trainer.model.trainable_variables]
-    iterator = iter(trainer.task.train_dataset(0))
+    iterator = iter(distribute.distribute_dataset(trainer.strategy, trainer.task.train_dataset(0)))
     sums = trainer.train_steps(iterator, tf.constant(1)).numpy()
     assert np.isfinite(sums[0])  # the reported loss is the unscaled one
     assert float(optimizer.dynamic_scale.numpy()) == 2.0 ** 39

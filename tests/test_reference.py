@@ -78,7 +78,7 @@ def test_trainer_steps_from_imported_weights_match_the_reference_optimizer(name,
     model = reference.import_reference(_state(fixture), config)
     task = Task(make_config(overrides=dict(
         dataset="synthetic", global_batch_size=len(fixture["images"]), momentum_form="pytorch",
-        weight_decay=1e-4, model_dir=str(tmp_path))), strategy=tf.distribute.get_strategy(), log=lambda s: None)
+        weight_decay=1e-4, model_dir=str(tmp_path))), log=lambda s: None)
     optimizer = PyTorchSGD(learning_rate=0.0, momentum=0.9)
     optimizer.build(model.trainable_variables)
     for lr in fixture["train_learning_rates"]:

@@ -98,7 +98,7 @@ def test_weight_decay_applies_to_exactly_the_listed_variables(tmp_path):
         weight_decay=0.01, model_dir=str(tmp_path), global_batch_size=8, jit_compile=False,
     ))
     config.no_weight_decay = "gamma,beta,bias"  # BERT's convention
-    task = Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+    task = Task(config, log=lambda s: None)
     model = task.build_model()
     optimizer = task.build_optimizer(model, task.build_schedule(task.total_steps()))
     excluded = config.weight_decay_exclusions()
@@ -117,7 +117,7 @@ def test_weight_decay_applies_to_exactly_the_listed_variables(tmp_path):
         np.testing.assert_allclose(diff.numpy(), expected, atol=1e-6, err_msg=v.path)
 
     quadratic = make_config(overrides=dict(model="sa_quadratic_full_small", dataset="synthetic", model_dir=str(tmp_path)))
-    task = Task(quadratic, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+    task = Task(quadratic, log=lambda s: None)
     model = sa_conv.build_model(quadratic.model)
     decayed = {id(v) for v in task.decayed_variables(model)}
     skipped = sorted({v.name for v in model.trainable_variables if id(v) not in decayed})
@@ -130,7 +130,7 @@ def test_weight_decay_follows_what_the_model_declares_not_variable_names(tmp_pat
     from sa_conv.encodings.quadratic import QuadraticEncoding
 
     config = make_config(overrides=dict(model="sa_quadratic_small", dataset="synthetic", model_dir=str(tmp_path)))
-    task = Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+    task = Task(config, log=lambda s: None)
 
     def spared(model):
         decayed = {id(v) for v in task.decayed_variables(model)}
@@ -277,7 +277,7 @@ def test_init_from_run_resumes_from_its_own_checkpoint(tmp_path, monkeypatch):
     source = str(tmp_path / "source.keras")
     config = make_config(overrides=dict(SMALL_RUN, init_from=source, model_dir=str(tmp_path / "run")))
     keras.utils.set_random_seed(1)  # another start than the run's own (seed 0)
-    Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None).build_model().save(source)
+    Task(config, log=lambda s: None).build_model().save(source)
     logs = []
     _stopped_after_first_epoch(config, logs)
     assert any(line.startswith("Initialized ") and source in line for line in logs)
@@ -439,7 +439,7 @@ def test_attention_init_flags_start_the_trained_model_and_are_recorded(tmp_path)
 
     config = make_config(overrides=dict(model="sa_learned_small", num_layers=1, dataset="synthetic",
                                         attention_init="convolutional", locality_strength=2.5, model_dir=str(tmp_path)))
-    task = Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+    task = Task(config, log=lambda s: None)
     assert (task.model_config.attention_init, task.model_config.locality_strength) == ("convolutional", 2.5)
     attention = task.build_model().get_layer("block_0").attention
     probabilities = attention.attention_probabilities(np.zeros((1, 16, 16, 64), "float32")).numpy()
@@ -448,7 +448,7 @@ def test_attention_init_flags_start_the_trained_model_and_are_recorded(tmp_path)
     # The gated presets start convolutional; --attention_init=random overrides it.
     gated = make_config(overrides=dict(model="sa_gated_small", dataset="synthetic", attention_init="random",
                                        model_dir=str(tmp_path)))
-    assert Task(gated, strategy=tf.distribute.get_strategy(), log=lambda s: None).model_config.attention_init == "random"
+    assert Task(gated, log=lambda s: None).model_config.attention_init == "random"
     wrong = make_config(overrides=dict(model="sa_content_plus_learned_bias_small", dataset="synthetic",
                                        attention_init="convolutional", model_dir=str(tmp_path)))
     with pytest.raises(ConfigError, match="has none. Use one of quadratic"):
@@ -462,7 +462,7 @@ def test_attention_init_flags_start_the_trained_model_and_are_recorded(tmp_path)
 def test_pixel_statistics_decide_the_models_normalization(statistics, tmp_path):
     config = make_config(overrides=dict(model="sa_quadratic_small", num_layers=1, dataset="synthetic",
                                         pixel_statistics=statistics, model_dir=str(tmp_path)))
-    task = Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+    task = Task(config, log=lambda s: None)
     model = task.build_model()
     images = task.train_split.images
     # "data": the statistics of the official training split (before the validation hold-out).
@@ -483,7 +483,7 @@ def test_reference_statistics_refuse_other_channel_counts(tmp_path):
     config = make_config(overrides=dict(model="sa_quadratic_small", dataset="synthetic",
                                         pixel_statistics="reference", model_dir=str(tmp_path)))
     with pytest.raises(ConfigError, match="3 channels.*has 1.*--pixel_statistics=data"):
-        Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None, dataset=gray)
+        Task(config, log=lambda s: None, dataset=gray)
 
 
 # ------------------------------------------------------------------------------ --init_from

@@ -127,9 +127,8 @@ class TrainConfig:
     jit_compile: Optional[bool] = _field(
         None,
         "Compile the forward and backward pass with XLA. Unset: off, except for content-based "
-        "encodings. On CPU (TF 2.21) XLA measured slower for every preset, but the per-example "
-        "(batch, heads, N, N) attention tensors of content_plus_learned_bias fit in 24 GB at batch 100 only "
-        "with XLA's buffer reuse (benchmarks/results/throughput.json).",
+        "encodings, whose per-example (batch, heads, N, N) attention tensors XLA's buffer reuse keeps "
+        "in less memory (speed and memory per preset: docs/performance.md).",
     )
     reset_degenerate_heads: bool = _field(
         False,

@@ -1,8 +1,10 @@
-"""`tf.distribute` strategy creation (once per process) and logical CPU devices."""
+"""`tf.distribute` strategy creation (once per process), logical CPU devices, and a Task's
+single-replica steps run on every replica of a strategy (what the Trainer does with its Task)."""
 
 import json
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from trainers.config import ConfigError
@@ -86,3 +88,69 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 def worker_id(strategy: tf.distribute.Strategy) -> int:
     resolver = getattr(strategy, "cluster_resolver", None)
     return int(resolver.task_id) if resolver is not None and resolver.task_id is not None else 0
+
+
+# ------------------------------------------------------------------------------ replicated steps
+
+
+def xla_runs_on(strategy: tf.distribute.Strategy) -> bool:
+    """False where XLA cannot address the replicas: several logical devices of one CPU."""
+    devices = strategy.extended.worker_devices
+    return not (devices and strategy.num_replicas_in_sync > len({d.split("/device:")[0] for d in devices})
+                and not tf.config.list_logical_devices("GPU"))
+
+
+def replicated_train_steps(strategy: tf.distribute.Strategy, step):
+    """``train_steps(iterator, steps)``: ``steps`` optimizer steps, each ``step(images, labels)``
+    (`trainers.task.Task.train_step`) on every replica's share of the next batch of ``iterator``
+    (of a dataset distributed by `distribute_dataset`); returns the steps' sums, reduced across
+    replicas."""
+
+    @tf.function
+    def train_steps(iterator, steps):
+        totals = tf.zeros([3])
+        for _ in tf.range(steps):
+            images, labels = next(iterator)
+            sums = strategy.run(step, args=(images, labels))
+            totals += strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None)
+        return totals
+
+    return train_steps
+
+
+def replicated_eval_step(strategy: tf.distribute.Strategy, step):
+    """``eval_step(batch)``: ``step(images, labels)`` (`trainers.task.Task.eval_step`) on every
+    replica's share of ``batch``, its sums reduced across replicas."""
+
+    @tf.function
+    def eval_step(batch):
+        sums = strategy.run(step, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None)
+
+    return eval_step
+
+
+def distribute_dataset(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):
+    """``dataset``'s global batches split across ``strategy``'s replicas."""
+    return strategy.experimental_distribute_dataset(dataset)
+
+
+def evaluate(strategy: tf.distribute.Strategy, eval_step, dataset: tf.data.Dataset) -> dict:
+    """Mean loss and accuracy over ``dataset`` (`trainers.task.Task.eval_dataset`) with
+    ``eval_step`` (`replicated_eval_step`)."""
+    totals = np.zeros(3)
+    for batch in distribute_dataset(strategy, dataset):
+        totals += eval_step(batch).numpy()
+    return {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
+
+
+def local_train_steps(task, model, optimizer):
+    """`replicated_train_steps` of ``task``'s step on the default strategy (this process's one
+    device), for loops over ``iter(task.train_dataset(epoch))`` (the benchmarks')."""
+    return replicated_train_steps(tf.distribute.get_strategy(), task.train_step(model, optimizer))
+
+
+def local_evaluate(task, model, split) -> dict:
+    """`evaluate` of ``model`` on ``split`` with ``task``'s step on the default strategy."""
+    strategy = tf.distribute.get_strategy()
+    return evaluate(strategy, replicated_eval_step(strategy, task.eval_step(model)), task.eval_dataset(split))

@@ -6,14 +6,17 @@ a training loop needs:
 
 * the model (`build_model`), the learning-rate schedule and optimizer (`build_schedule`,
   `build_optimizer`);
-* the replica step: loss with coupled L2 weight decay and its gradients (`gradients`), and the
-  distributed training and evaluation functions (`train_function`, `eval_function`), with the
+* one replica's steps: loss with coupled L2 weight decay and its gradients (`gradients`), the
+  training step that applies them (`train_step`) and the evaluation step (`eval_step`), with the
   XLA decision (`use_xla`);
-* the datasets: the training split in a deterministic order per epoch (`train_dataset`) and
-  evaluation of any split (`evaluate`).
+* the datasets: the training split in a deterministic order per epoch (`train_dataset`) and any
+  split for evaluation (`eval_dataset`), in global batches.
 
-The `trainers.train.Trainer` runs the loop over a Task (epochs, checkpoints, logs, callbacks);
-the tuner builds its trials' models and the benchmarks their steps through the same API.
+A Task is a single-replica view, as in Model Garden: it never sees a `tf.distribute` strategy.
+The `trainers.train.Trainer` owns the strategy: it builds the model and optimizer under its scope,
+runs the Task's steps on every replica and reduces them (`trainers.distribute.replicated_train_steps`,
+`replicated_eval_step`, `evaluate`), and runs the loop (epochs, checkpoints, logs, callbacks). The
+tuner builds its trials' models and the benchmarks their steps through the same API.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from trainers import data as data_lib
 from trainers import footprint
 from sa_conv.errors import ConfigError
 from sa_conv.reference import REFERENCE_MEAN, REFERENCE_STD
-from trainers import distribute, precision
+from trainers import precision
 from trainers.config import TrainConfig, default_jit_compile, default_keep_freed_memory
 from trainers.optimizers import PyTorchSGD
 from trainers.schedule import make_schedule
@@ -125,8 +128,8 @@ class Task:
 
     Args:
       config: the run's settings (validated here).
-      strategy: the `tf.distribute` strategy, created once by the program; None creates the one
-        ``config.strategy`` names.
+      replicas: how many replicas share a global batch (the strategy's, which the Trainer owns):
+        the batch sizes must divide by it, and the remat decision reads a replica's batch.
       dataset: the data, if already loaded (the tuner loads it once for every trial); None loads
         ``config.dataset``.
       log: where decisions are reported (remat, XLA).
@@ -135,14 +138,13 @@ class Task:
 
     Attributes set once, here: ``model_config`` (the resolved `sa_conv.ModelConfig`),
     ``train_split``, ``val_split`` (held out from the training split, seeded), ``test_split``,
-    ``label_names``, ``steps_per_epoch``, ``replicas``, ``precision`` (the dtype policy, with
+    ``label_names``, ``steps_per_epoch``, ``precision`` (the dtype policy, with
     ``--mixed_precision=auto`` resolved) and ``precision_reason``. The Task changes no
     process-wide state.
     """
 
-    def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy | None = None,
-                 dataset: data_lib.ImageData | None = None, log: Callable[[str], None] = print,
-                 model_fields: dict | None = None):
+    def __init__(self, config: TrainConfig, replicas: int = 1, dataset: data_lib.ImageData | None = None,
+                 log: Callable[[str], None] = print, model_fields: dict | None = None):
         config.validate()
         self.config, self.log = config, log
         # --mixed_precision=auto decided once, from the hardware (trainers.precision).
@@ -151,15 +153,11 @@ class Task:
             sa_conv.get_config(config.model, **config.model_overrides(), **(model_fields or {}))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        # The strategy before the data: MultiWorkerMirroredStrategy must configure collective ops
-        # before anything else initializes TensorFlow's context.
-        self.strategy = strategy or distribute.create_strategy(config.strategy)
-        self.replicas = self.strategy.num_replicas_in_sync
         for name in ("global_batch_size", "eval_batch_size"):
-            if getattr(config, name) % self.replicas:
+            if getattr(config, name) % replicas:
                 raise ConfigError(
-                    f"--{name}={getattr(config, name)} is not divisible by the {self.replicas} replicas; "
-                    f"use a multiple of {self.replicas}.")
+                    f"--{name}={getattr(config, name)} is not divisible by the {replicas} replicas; "
+                    f"use a multiple of {replicas}.")
         dataset = dataset or data_lib.load_dataset(config.dataset, config.data_dir, seed=config.seed,
                                                    image_size=config.image_size, log=log)
         for note in dataset.notes:
@@ -174,7 +172,7 @@ class Task:
         # Image size, classes and normalization statistics (of the official training split) come
         # from the data, so the model and its exports take this dataset's raw pixels.
         self.model_config = resolve_model_config(
-            config, dataset, config.global_batch_size // self.replicas, log, model_fields)
+            config, dataset, config.global_batch_size // replicas, log, model_fields)
         self.steps_per_epoch = len(self.train_split) // config.global_batch_size
         if self.steps_per_epoch < 1:
             raise ConfigError(
@@ -184,10 +182,10 @@ class Task:
     # ------------------------------------------------------------------------- model, optimizer
 
     def build_model(self) -> keras.Model:
-        """A new model of the resolved configuration, under the strategy, in ``--mixed_precision``
-        (as its layers' dtype policy: the global policy is left alone)."""
-        with self.strategy.scope():
-            return sa_conv.build_model(self.model_config, name=self.config.model, dtype=self.precision)
+        """A new model of the resolved configuration in ``--mixed_precision`` (as its layers' dtype
+        policy: the global policy is left alone); its variables go where the caller's strategy
+        scope puts them."""
+        return sa_conv.build_model(self.model_config, name=self.config.model, dtype=self.precision)
 
     def total_steps(self, epochs: int | None = None) -> int:
         """Optimizer steps of ``epochs`` (default ``--epochs``), capped by ``--max_steps``."""
@@ -204,14 +202,13 @@ class Task:
 
     def build_optimizer(self, model: keras.Model, schedule) -> keras.optimizers.Optimizer:
         """SGD (``--momentum_form``) following ``schedule``, loss-scaled under mixed_float16, built
-        for ``model``'s variables under the strategy."""
+        for ``model``'s variables (in the caller's strategy scope, the model's)."""
         c = self.config
-        with self.strategy.scope():
-            sgd = PyTorchSGD if c.momentum_form == "pytorch" else keras.optimizers.SGD
-            optimizer = sgd(schedule, momentum=c.momentum)
-            if self.precision == "mixed_float16":
-                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            optimizer.build(model.trainable_variables)
+        sgd = PyTorchSGD if c.momentum_form == "pytorch" else keras.optimizers.SGD
+        optimizer = sgd(schedule, momentum=c.momentum)
+        if self.precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
         return optimizer
 
     def decayed_variables(self, model: keras.Model) -> list:
@@ -229,18 +226,10 @@ class Task:
 
     def use_xla(self) -> bool:
         """Whether the forward and backward pass compile with XLA: ``--jit_compile``, or its default
-        for the encoding; off with several logical CPU replicas (which XLA cannot address)."""
+        for the encoding (the Trainer turns it off where its strategy's devices cannot run it:
+        `trainers.distribute.xla_runs_on`)."""
         jit = self.config.jit_compile
-        if jit is None:
-            jit = default_jit_compile(self.model_config)
-        if not jit:
-            return False
-        devices = self.strategy.extended.worker_devices
-        if devices and self.replicas > len({d.split("/device:")[0] for d in devices}) \
-                and not tf.config.list_logical_devices("GPU"):
-            self.log("Note: XLA is off with several logical CPU replicas (--jit_compile ignored).")
-            return False
-        return True
+        return default_jit_compile(self.model_config) if jit is None else jit
 
     # ------------------------------------------------------------------------- steps
 
@@ -276,65 +265,45 @@ class Task:
             scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
         return tape.gradient(scaled, model.trainable_variables), self.sums(per_example, labels, logits)
 
-    def train_function(self, model: keras.Model, optimizer):
-        """``train_steps(iterator, steps)``: runs ``steps`` distributed optimizer steps on batches
-        of ``iterator`` (of `train_dataset`) and returns their `sums`, reduced across replicas."""
-        strategy, decayed = self.strategy, self.decayed_variables(model)
-        # XLA compiles the forward and backward pass; the optimizer update (which aggregates
-        # gradients across replicas) runs outside it.
+    def train_step(self, model: keras.Model, optimizer, jit_compile: bool | None = None):
+        """``step(images, labels) -> sums``: one replica's optimizer step on its share of a global
+        batch (`gradients`, then the update) and its `sums`. ``jit_compile`` (default `use_xla`)
+        compiles the forward and backward pass; the update, which aggregates gradients across
+        replicas, runs outside XLA."""
+        decayed = self.decayed_variables(model)
         gradients = tf.function(lambda x, y: self.gradients(model, optimizer, x, y, decayed),
-                                jit_compile=self.use_xla())
+                                jit_compile=self.use_xla() if jit_compile is None else jit_compile)
 
-        def replica_step(images, labels):
+        def step(images, labels):
             grads, sums = gradients(images, labels)
             optimizer.apply(grads, model.trainable_variables)
             return sums
 
-        @tf.function
-        def train_steps(iterator, steps):
-            totals = tf.zeros([3])
-            for _ in tf.range(steps):
-                images, labels = next(iterator)
-                sums = strategy.run(replica_step, args=(images, labels))
-                totals += strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None)
-            return totals
+        return step
 
-        return train_steps
+    def eval_step(self, model: keras.Model):
+        """``step(images, labels) -> sums``: one replica's evaluation of its share of a batch."""
 
-    def eval_function(self, model: keras.Model):
-        """``eval_step(batch)``: the `sums` of a distributed evaluation batch."""
-        strategy = self.strategy
-
-        def replica_step(images, labels):
+        def step(images, labels):
             logits = model(images, training=False)
             return self.sums(self.per_example_loss(labels, logits), labels, logits)
 
-        @tf.function
-        def eval_step(batch):
-            sums = strategy.run(replica_step, args=batch)
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None)
-
-        return eval_step
+        return step
 
     # ------------------------------------------------------------------------- data
 
-    def train_dataset(self, epoch: int):
-        """Epoch ``epoch``'s shuffled, augmented batches of the training split, distributed. One
+    def train_dataset(self, epoch: int) -> tf.data.Dataset:
+        """Epoch ``epoch``'s shuffled, augmented global batches of the training split. One
         deterministic order per epoch, so a resumed epoch sees the data the lost one did."""
         seed = self.config.seed * 100_003 + epoch
-        ds = data_lib.make_dataset(self.train_split, self.config.global_batch_size, training=True, seed=seed,
-                                   image_size=self.model_config.image_size)
-        return self.strategy.experimental_distribute_dataset(ds)
+        return data_lib.make_dataset(self.train_split, self.config.global_batch_size, training=True, seed=seed,
+                                     image_size=self.model_config.image_size)
 
     def images(self, split, count: int) -> np.ndarray:
         """The first ``count`` images of ``split`` as the model sees them in evaluation, uint8."""
         return data_lib.head(split, count, self.model_config.image_size)
 
-    def evaluate(self, eval_step, split: data_lib.Split) -> dict:
-        """Mean loss and accuracy on ``split`` with ``eval_step`` (`eval_function`)."""
-        ds = data_lib.make_dataset(split, self.config.eval_batch_size, training=False, seed=None,
-                                   image_size=self.model_config.image_size)
-        totals = np.zeros(3)
-        for batch in self.strategy.experimental_distribute_dataset(ds):
-            totals += eval_step(batch).numpy()
-        return {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
+    def eval_dataset(self, split: data_lib.Split) -> tf.data.Dataset:
+        """``split`` in global batches of ``--eval_batch_size``, in order, as evaluation sees it."""
+        return data_lib.make_dataset(split, self.config.eval_batch_size, training=False, seed=None,
+                                     image_size=self.model_config.image_size)

@@ -108,8 +108,11 @@ class Trainer:
         config.validate()
         self.config, self.log = config, log
         self.interactive = sys.stdout.isatty() if interactive is None else interactive
-        self.task = task or Task(config, strategy=strategy, dataset=dataset, log=log)
-        self.strategy = self.task.strategy
+        # The strategy before the data: MultiWorkerMirroredStrategy must configure collective ops
+        # before anything else initializes TensorFlow's context.
+        self.strategy = strategy or distribute.create_strategy(config.strategy)
+        self.replicas = self.strategy.num_replicas_in_sync
+        self.task = task or Task(config, replicas=self.replicas, dataset=dataset, log=log)
         self.steps_per_epoch = self.task.steps_per_epoch
         self.total_steps = self.task.total_steps(config.epochs)
         self.total_epochs = -(-self.total_steps // self.steps_per_epoch)
@@ -132,33 +135,48 @@ class Trainer:
     def prepare(self, model: keras.Model | None = None) -> None:
         """Builds the model (or takes ``model``, built under the Task's strategy), the optimizer
         and the step functions."""
-        self.install(model or self.task.build_model())
+        self.install(model or self.build_model())
         pruning.check_gaussian_heads(self.model, self.config)
         self.prepared = True
 
-    def install(self, model: keras.Model) -> None:
-        """Makes ``model`` the one trained: a new optimizer for it, its checkpoint and its Task
-        step functions (after a pruning changes the architecture, too)."""
-        self.model = model
-        self.optimizer = self.task.build_optimizer(model, self.schedule)
+    def build_model(self) -> keras.Model:
+        """The Task's model, its variables placed by the strategy."""
         with self.strategy.scope():
+            return self.task.build_model()
+
+    def xla(self) -> bool:
+        """The Task's XLA decision, off where the strategy's devices cannot run XLA."""
+        if not self.task.use_xla():
+            return False
+        if not distribute.xla_runs_on(self.strategy):
+            self.log("Note: XLA is off with several logical CPU replicas (--jit_compile ignored).")
+            return False
+        return True
+
+    def install(self, model: keras.Model) -> None:
+        """Makes ``model`` the one trained: a new optimizer for it, its checkpoint and the Task's
+        steps on every replica (after a pruning changes the architecture, too)."""
+        self.model = model
+        with self.strategy.scope():
+            self.optimizer = self.task.build_optimizer(model, self.schedule)
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.checkpoint = checkpoints.training_checkpoint(model, self.optimizer, self.epoch)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, os.path.join(self.output_dir, "checkpoints"), max_to_keep=self.config.keep_checkpoints)
-        self.train_steps = self.task.train_function(model, self.optimizer)
-        self.eval_step = self.task.eval_function(model)
+        self.train_steps = distribute.replicated_train_steps(
+            self.strategy, self.task.train_step(model, self.optimizer, jit_compile=self.xla()))
+        self.eval_step = distribute.replicated_eval_step(self.strategy, self.task.eval_step(model))
 
     def evaluate(self, split: data_lib.Split) -> dict:
         """Loss and accuracy of the current model on ``split``."""
-        return self.task.evaluate(self.eval_step, split)
+        return distribute.evaluate(self.strategy, self.eval_step, self.task.eval_dataset(split))
 
     # ----------------------------------------------------------------------------- loops
 
     def _run_epoch(self, epoch: int, step: int) -> tuple[dict, int, float]:
         c = self.config
         steps = min(self.steps_per_epoch, self.total_steps - step)
-        iterator = iter(self.task.train_dataset(epoch))
+        iterator = iter(distribute.distribute_dataset(self.strategy, self.task.train_dataset(epoch)))
         bar = keras.utils.Progbar(steps, stateful_metrics=["loss", "accuracy", "lr"]) if self.interactive else None
         totals, done, start = np.zeros(3), 0, time.perf_counter()
         while done < steps:
@@ -229,13 +247,13 @@ class Trainer:
         if counts == current:
             return
         with self.strategy.scope():
-            model = heads_lib.prune_to(self.task.build_model(), counts)
+            model = heads_lib.prune_to(self.build_model(), counts)
         self.install(model)
         self.log(f"Checkpoint {path} holds a pruned model: heads per block {counts}.")
 
     def _write_config(self):
         resolved = {**self.config.to_dict(), "resolved_model": self.model_config.to_dict(),
-                    "replicas": self.task.replicas, "steps_per_epoch": self.steps_per_epoch,
+                    "replicas": self.replicas, "steps_per_epoch": self.steps_per_epoch,
                     "total_steps": self.total_steps,
                     "precision": {"policy": self.task.precision, "why": self.task.precision_reason},
                     "process": process.describe(self.task.precision)}
@@ -315,7 +333,7 @@ class Trainer:
         params = count_parameters(self.model)
         self.log(
             f"Training {self.config.model} ({params:,} parameters) on {len(self.task.train_split)} images "
-            f"({len(self.task.val_split)} held out for validation), {self.task.replicas} replica(s), "
+            f"({len(self.task.val_split)} held out for validation), {self.replicas} replica(s), "
             f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps in all, "
             f"precision {self.task.precision} ({self.task.precision_reason})."
         )
@@ -335,7 +353,7 @@ class Trainer:
             "parameters": params,
             "epochs": len(history),
             "steps": int(self.optimizer.iterations.numpy()),
-            "replicas": self.task.replicas,
+            "replicas": self.replicas,
             "global_batch_size": self.config.global_batch_size,
             "train_loss": last.get("train_loss"),
             "train_accuracy": last.get("train_accuracy"),

@@ -256,16 +256,20 @@ class SaConvHyperModel(kt.HyperModel):
         self.space, self.base, self.strategy, self.dataset, self.log = space, base, strategy, dataset, log
         self.tasks = {}  # id(model) -> the Task that built it, until its fit
 
+    def task(self, config: TrainConfig) -> Task:
+        return Task(config, replicas=self.strategy.num_replicas_in_sync, dataset=self.dataset, log=self.log)
+
     def build(self, hp):
         """The trial's model, from its `Task` (which ``fit`` then trains: the model configuration
         is resolved once per trial)."""
         values = define_hyperparameters(hp, self.space)
         config = trial_config(self.base, self.space, values, self.base.epochs, self.base.model_dir)
-        task = Task(config, strategy=self.strategy, dataset=self.dataset, log=self.log)
+        task = self.task(config)
         # Every trial starts from --seed: its initial weights, dropout and data order do not depend
         # on the trials before it (nor, in a distributed search, on which worker runs it).
         process.seed(self.base.seed)
-        model = task.build_model()
+        with self.strategy.scope():
+            model = task.build_model()
         self.tasks[id(model)] = task
         return model
 
@@ -273,7 +277,7 @@ class SaConvHyperModel(kt.HyperModel):
         values = {entry["name"]: hp.get(entry["name"]) for entry in self.space["hyperparameters"]}
         config = trial_config(self.base, self.space, values, epochs, trial_dir or self.base.model_dir)
         task = self.tasks.pop(id(model), None)
-        trainer = Trainer(config, log=self.log, task=task or Task(config, self.strategy, self.dataset, self.log))
+        trainer = Trainer(config, strategy=self.strategy, log=self.log, task=task or self.task(config))
         trainer.prepare(model)
         start = time.perf_counter()
         history, _ = trainer.train_epochs(initial_epoch, [], callbacks=callbacks, save=False)
