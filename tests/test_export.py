@@ -616,13 +616,14 @@ PAPER_PRESETS = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", tiers.presets(PAPER_PRESETS + ["sa_gated"])
-                         + ["sa_quadratic_full_small", "sa_gated_small"])
+@pytest.mark.parametrize("preset", tiers.presets(PAPER_PRESETS + ["sa_gated"], tiers.PAPER_EXPORTS_IN_MAKE_TEST)
+                         + ["sa_quadratic_full_small", "sa_gated_small", "sa_content_plus_learned_bias_small"])
 def test_bfloat16_export_of_every_paper_preset_passes_its_checks(preset, tmp_path, made_once):
     """The paper-size models are where a fixed 1e-3 refused the bfloat16 export (0.0012 measured
     for sa_learned and sa_quadratic): the bound that follows from the precision takes them, and
-    the served classes are the float32 model's. Two small twins keep the dense serving path (full
-    quadratic, gated) in `make test`, whose paper-size presets are position-only and content. The agreement images are those whose float32
+    the served classes are the float32 model's. Small twins keep in `make test` the dense serving
+    path (full quadratic, gated) and the content encoding's folded form; its paper-size preset is
+    position-only (`tiers.PAPER_EXPORTS_IN_MAKE_TEST`). The agreement images are those whose float32
     margin between the first two classes is clear of bfloat16's rounding, so that what is asserted
     does not hang on a near tie of random weights."""
     directory = _paper_model(preset, made_once)
@@ -638,7 +639,8 @@ def test_bfloat16_export_of_every_paper_preset_passes_its_checks(preset, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", tiers.presets(PAPER_PRESETS))
+@pytest.mark.parametrize("preset", tiers.presets(PAPER_PRESETS, tiers.PAPER_EXPORTS_IN_MAKE_TEST)
+                         + ["sa_content_plus_learned_bias_small"])
 def test_int8_export_of_every_paper_preset_writes_a_smaller_quantized_file(preset, tmp_path, made_once, monkeypatch):
     """Every paper preset converts and quantizes, and its agreement is measured and recorded.
     Random weights leave margins that int8's per-tensor activations flip (measured here: down to
@@ -657,7 +659,9 @@ def test_int8_export_of_every_paper_preset_writes_a_smaller_quantized_file(prese
     # The agreement recorded is the int8 file's own on the held-out images (not the float32 file's).
     int8_classes = runtimes.onnx_runner(os.path.join(version, record["file"]))(held_out).argmax(-1)
     assert precision["dtype"] == "int8" and record["top1_agreement"] == np.mean(int8_classes == classes)
-    assert record["megabytes"] <= record["float32_megabytes"] / 3  # the target, with float16 constants
+    # The target, with float16 constants: a third at paper size, where the weights dominate; at
+    # small size the content encoding's position constants (kept float16) weigh more.
+    assert record["megabytes"] <= record["float32_megabytes"] / (3 if tiers.is_paper_size(preset) else 2)
     ops = {node.op_type for node in onnx.load(os.path.join(version, record["file"])).graph.node}
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops
 

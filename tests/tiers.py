@@ -18,6 +18,11 @@ import pytest
 # the content encoding (its folded serving form, its largest weights). Every other paper-size
 # preset's encoding runs at small size in every tier; its paper-size exports in `make test-all`.
 PAPER_IN_MAKE_TEST = ("sa_quadratic", "sa_content_plus_learned_bias")
+# The low-precision exports keep the position-only one at paper size; the content encoding's run
+# at small size there (the same folded serving form and export code), at paper size in `make
+# test-all`: where bfloat16 is emulated (no AVX512_BF16), its paper-size bfloat16 export alone
+# takes minutes.
+PAPER_EXPORTS_IN_MAKE_TEST = ("sa_quadratic",)
 
 
 def is_paper_size(preset: str) -> bool:
@@ -26,7 +31,9 @@ def is_paper_size(preset: str) -> bool:
     return not preset.endswith("_small") and preset != "resnet18"
 
 
-def presets(names):
-    """``names`` as ``pytest.param``s with their tier's mark."""
-    return [pytest.param(name, marks=pytest.mark.paper_subset if name in PAPER_IN_MAKE_TEST else pytest.mark.paper)
+def presets(names, in_make_test=PAPER_IN_MAKE_TEST):
+    """``names`` as ``pytest.param``s with their tier's mark: the paper-size ones of
+    ``in_make_test`` (a subset of `PAPER_IN_MAKE_TEST`) in ``make test``, the others in ``--all``."""
+    assert set(in_make_test) <= set(PAPER_IN_MAKE_TEST)
+    return [pytest.param(name, marks=pytest.mark.paper_subset if name in in_make_test else pytest.mark.paper)
             if is_paper_size(name) else name for name in names]
