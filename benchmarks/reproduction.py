@@ -155,10 +155,13 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
         "best_val_accuracy": results["best_val_accuracy"],
         "parameters": results["parameters"],
         "train_seconds": round(sum(h.get("train_seconds", 0.0) for h in history), 1),
+        # Robust to epochs slowed by other work on the machine (a run beside the test suite).
+        "median_epoch_seconds": round(statistics.median(h["train_seconds"] for h in history), 2),
         "images_per_second": results["images_per_second"],
         "weights_sha256": results["weights_sha256"],
         "history": [{k: (round(h[k], 5) if isinstance(h[k], float) else h[k])
-                     for k in ("epoch", "train_loss", "train_accuracy", "val_accuracy")} for h in history],
+                     for k in ("epoch", "train_seconds", "train_loss", "train_accuracy", "val_accuracy")}
+                    for h in history],
         "snapshots": snapshots,
     }
 
@@ -184,7 +187,7 @@ def layer_summary(heads_metrics: list) -> dict:
 
 def summarize(runs: dict) -> dict:
     """Per ``model|epochs=E``, over its seeds: ``seeds``; ``test_accuracy`` (`_spread`: mean,
-    sample std, range, n); ``train_seconds``; ``curve`` (per snapshot epoch, the test accuracy's
+    sample std, range, n); ``train_seconds`` and ``median_epoch_seconds``; ``curve`` (per snapshot epoch, the test accuracy's
     spread); ``last_quarter_change`` (per seed, the test accuracy at the end minus at the last
     snapshot at or before three quarters of the epochs; its spread) and ``flattened`` (whether its
     mean magnitude is below the final accuracy's std; None with one seed); and for attention
@@ -206,7 +209,8 @@ def summarize(runs: dict) -> dict:
             if quarter is not None and common and quarter != common[-1] else []
         change = _spread(changes)
         entry = {"seeds": [seed for seed, _ in members], "test_accuracy": final,
-                 "train_seconds": _spread([r["train_seconds"] for r in runs_]), "curve": curve,
+                 "train_seconds": _spread([r["train_seconds"] for r in runs_]),
+                 "median_epoch_seconds": _spread([r.get("median_epoch_seconds") for r in runs_]), "curve": curve,
                  "quarter_epoch": quarter, "last_quarter_change": change,
                  "flattened": (None if final["std"] is None or change is None
                                else abs(change["mean"]) < final["std"])}
@@ -284,12 +288,13 @@ def read_report(path: str) -> dict:
 
 
 def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: int, snapshot_every: int,
-            locality_images: int = 32, keep_snapshots: bool = False, note: str | None = None,
+            locality_images: int = 32, prune_snapshots: bool = False, note: str | None = None,
             train=train, log=print) -> dict:
     """Trains and reads every (model, seed) of the plan that the report at ``output`` does not
     have (`train(flags, model_dir)`, resuming a run ``work_dir`` holds), writes the report after
-    each run with its summary and claims, and returns it. Once read, a run's snapshots other than
-    its first and last are deleted unless ``keep_snapshots`` (ResNet18's are 45 MB each)."""
+    each run with its summary and claims, and returns it. Once a run is read, its checkpoints are
+    deleted and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are
+    45 MB each; kept, they let a later version of the analysis read the run again)."""
     for model in models:
         if model not in MODELS:
             raise ValueError(f"Unknown model {model!r}; choose from {', '.join(MODELS)}.")
@@ -329,11 +334,11 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
                              inline_numbers=True)
         log(f"[{index}/{len(plan)}] {key}: test accuracy {run['test_accuracy']:.4f} "
             f"({run['train_seconds']:.0f} s of training)")
-        if not keep_snapshots:
+        shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
+        if prune_snapshots:
             kept = {min(snapshot_epochs(model_dir)), max(snapshot_epochs(model_dir))}
             for epoch in set(snapshot_epochs(model_dir)) - kept:
                 os.remove(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"))
-            shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
     return report
 
 
@@ -348,7 +353,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=60, help="the budget: the same for every model")
     parser.add_argument("--snapshot_every", type=int, default=5)
     parser.add_argument("--locality_images", type=int, default=32)
-    parser.add_argument("--keep_snapshots", action="store_true")
+    parser.add_argument("--prune_snapshots", action="store_true",
+                        help="delete a read run's snapshots but its first and last")
     parser.add_argument("--note", default=None, help="a note kept in the report (e.g. why fewer seeds)")
     args = harness.parse(parser)
 
@@ -357,7 +363,7 @@ def main():
 
     measure(args.output, os.path.abspath(args.data_dir), os.path.abspath(args.work_dir), items(args.models),
             [int(s) for s in items(args.seeds)], args.epochs, args.snapshot_every, args.locality_images,
-            args.keep_snapshots, args.note, log=lambda line: print(line, file=sys.stderr, flush=True))
+            args.prune_snapshots, args.note, log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 if __name__ == "__main__":

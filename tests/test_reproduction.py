@@ -40,7 +40,7 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
 
     with pytest.raises(RuntimeError, match="killed"):
         rp.measure(output, data_dir, work, ["learned", "quadratic"], [0], epochs=2, snapshot_every=1,
-                   locality_images=4, train=fails_on_quadratic, log=lambda s: None)
+                   locality_images=4, prune_snapshots=True, train=fails_on_quadratic, log=lambda s: None)
     with open(output) as f:
         report = json.load(f)
     assert list(report["runs"]) == ["learned|seed=0|epochs=2"] and trained == ["sa_learned_small"]
@@ -61,14 +61,19 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
     # Probabilities rounded to 4 decimals: each map sums to 1 within 256 roundings.
     np.testing.assert_allclose(maps.sum((-1, -2)), 1.0, atol=256 * 0.5e-4)
     assert "maps" not in run["snapshots"][0] and "centers" not in last
-    # Read snapshots other than the first and last are gone, as are the checkpoints.
+    # Pruned: the read snapshots other than the first and last are gone, as are the checkpoints.
     assert sorted(os.listdir(os.path.join(work, "learned_seed0_epochs2", "snapshots"))) == \
         ["epoch_000.keras", "epoch_002.keras"]
+    assert not os.path.exists(os.path.join(work, "learned_seed0_epochs2", "checkpoints"))
+    assert [h["epoch"] for h in run["history"]] == [1, 2]
+    assert run["median_epoch_seconds"] == pytest.approx(np.median([h["train_seconds"] for h in run["history"]]),
+                                                        abs=0.01)
 
     trained.clear()
     report = rp.measure(output, data_dir, work, ["learned", "quadratic"], [0], epochs=2, snapshot_every=1,
                         locality_images=4, train=_tiny_train(trained), log=lambda s: None)
     assert trained == ["sa_quadratic_small"]  # the learned run was not trained again
+    assert len(os.listdir(os.path.join(work, "quadratic_seed0_epochs2", "snapshots"))) == 3  # kept by default
     quadratic = report["runs"]["quadratic|seed=0|epochs=2"]["snapshots"]
     assert np.array(quadratic[-1]["centers"]).shape == (1, 9, 2)
     assert quadratic[0]["centers"] != quadratic[-1]["centers"]  # the centers moved in training
