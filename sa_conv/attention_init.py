@@ -28,6 +28,10 @@ import math
 import numpy as np
 from keras import ops
 
+from sa_conv.encodings import ENCODINGS
+# The encodings own the pattern they are set to; it is named here too, beside the initialization.
+from sa_conv.encodings.base import convolutional_logits
+
 __all__ = ["ATTENTION_INITS", "AttentionInit", "ConvolutionalInit", "MimeticInit", "RandomInit", "convolutional_logits",
            "get_attention_init", "grid_shifts"]
 
@@ -51,14 +55,6 @@ def grid_shifts(num_heads: int, spacing: float = 1.0) -> np.ndarray:
     distance = np.abs(points - (axis[0] + axis[-1]) / 2).sum(-1)
     nearest = np.sort(np.argsort(distance, kind="stable")[:num_heads])
     return (points[nearest] * spacing).astype(np.float32)
-
-
-def convolutional_logits(shifts, strength, offsets):
-    """``-strength * (offsets - shift)^2`` for each head, float64 ``(heads,) + offsets.shape``:
-    one axis of the pattern (``shifts`` ``(heads,)``); the 2-D logits are the row term plus the
-    column term."""
-    shifts = np.asarray(shifts, np.float64).reshape((-1,) + (1,) * np.ndim(offsets))
-    return -float(strength) * np.square(np.asarray(offsets, np.float64)[None] - shifts)
 
 
 class AttentionInit:
@@ -94,8 +90,6 @@ class ConvolutionalInit(AttentionInit):
 
     def check(self, spec):
         if not spec.cls.convolutional_init:
-            from sa_conv.encodings import ENCODINGS
-
             able = [name for name, s in ENCODINGS.items() if s.cls.convolutional_init]
             raise ValueError(f"attention_init='convolutional' needs an encoding with a positional pattern to set; "
                              f"{spec.name!r} has none. Use one of {', '.join(able)}, or attention_init='random'"

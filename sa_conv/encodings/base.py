@@ -264,3 +264,11 @@ def get_encoding(name: str) -> EncodingSpec:
         return _REGISTRY[ENCODING_ALIASES.resolve(name, stacklevel=2) if isinstance(name, str) else name]
     except (KeyError, TypeError):
         raise ValueError(f"Unknown encoding {name!r}; choose one of {', '.join(_REGISTRY)}.") from None
+
+
+def convolutional_logits(shifts, strength, offsets):
+    """``-strength * (offsets - shift)^2`` for each head, float64 ``(heads,) + offsets.shape``:
+    one axis of the pattern (``shifts`` ``(heads,)``); the 2-D logits are the row term plus the
+    column term."""
+    shifts = np.asarray(shifts, np.float64).reshape((-1,) + (1,) * np.ndim(offsets))
+    return -float(strength) * np.square(np.asarray(offsets, np.float64)[None] - shifts)

@@ -4,8 +4,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from sa_conv.encodings.base import RelativeEncoding, check_table_bound, register_encoding, relative_indices
-from sa_conv.attention_init import convolutional_logits
+from sa_conv.encodings.base import (RelativeEncoding, check_table_bound, convolutional_logits, register_encoding,
+                                    relative_indices)
 from sa_conv.initializers import FanInUniform
 
 

@@ -7,8 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from sa_conv.attention_init import convolutional_logits
-from sa_conv.encodings.base import RelativeEncoding, axis_offsets, register_encoding
+from sa_conv.encodings.base import RelativeEncoding, axis_offsets, convolutional_logits, register_encoding
 
 
 def sinusoid_features(offsets, dim):
