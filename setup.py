@@ -10,6 +10,7 @@ TRAIN = [
     "importlib_resources",  # tensorflow-datasets 4.9.10 imports it on Python 3.11
     "absl-py",
     "pyyaml",
+    "ai-edge-litert",  # sa-conv-export runs the TFLite files it writes in LiteRT
 ]
 SEARCH = [
     "keras-tuner==1.4.8",
@@ -48,7 +49,7 @@ setup(
         "openvino": ["openvino"],
         # Reading the reference implementation's PyTorch checkpoints and YAML configs.
         "reference": ["torch", "pyyaml"],
-        "all": TRAIN + SEARCH + PLOTS + ["ai-edge-litert"],
+        "all": TRAIN + SEARCH + PLOTS,
         "test": ["pytest", "pytest-xdist", "pytest-random-order", "hypothesis", "tf2onnx", "onnxruntime", "openvino",
                  "ai-edge-litert"],
     },

@@ -106,7 +106,10 @@ class Version:
             model=preset, dataset="synthetic", global_batch_size=TRAIN_BATCH, eval_batch_size=TRAIN_BATCH,
             validation_size=TRAIN_BATCH, epochs=1, strategy="one_device", remat="none",
             model_dir=tempfile.mkdtemp(prefix="model_", dir=workdir)))
-        task = self.task.Task(config, log=lambda s: None)
+        # Both trees on the default strategy (this process's one device), as the new tree's Task
+        # steps run in the benchmarks.
+        task = (self.task.Task(config, strategy=tf.distribute.get_strategy(), log=lambda s: None)
+                if hasattr(self.task.Task, "train_function") else self.task.Task(config, log=lambda s: None))
         if not self.suffix:  # process-wide, the first call decides: this tree's setting for the model
             from trainers import process
 

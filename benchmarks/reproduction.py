@@ -76,6 +76,8 @@ def train(flags: dict, model_dir: str) -> None:
 
 def snapshot_epochs(model_dir: str) -> list[int]:
     folder = os.path.join(model_dir, "snapshots")
+    if not os.path.isdir(folder):
+        return []
     return sorted(int(name[len("epoch_"):-len(".keras")]) for name in os.listdir(folder)
                   if name.startswith("epoch_") and name.endswith(".keras"))
 
@@ -143,6 +145,9 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
         history = json.load(f)
     test = data_lib.load_cifar10_files(data_dir).test
     epochs = snapshot_epochs(model_dir)
+    if not epochs or not history:
+        raise RuntimeError(f"{model_dir} has no snapshots or no history: train it with --snapshot_every "
+                           f"(delete the directory to train it again).")
     snapshots = []
     for epoch in epochs:
         log(f"    reading the snapshot at epoch {epoch} ...")
@@ -156,7 +161,8 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
         "parameters": results["parameters"],
         "train_seconds": round(sum(h.get("train_seconds", 0.0) for h in history), 1),
         # Robust to epochs slowed by other work on the machine (a run beside the test suite).
-        "median_epoch_seconds": round(statistics.median(h["train_seconds"] for h in history), 2),
+        "median_epoch_seconds": round(statistics.median(h.get("train_seconds", 0.0) for h in history), 2),
+        "locality_images": locality_images,
         "images_per_second": results["images_per_second"],
         "weights_sha256": results["weights_sha256"],
         "history": [{k: (round(h[k], 5) if isinstance(h[k], float) else h[k])
@@ -204,7 +210,10 @@ def summarize(runs: dict) -> dict:
         snapshot_sets = [{s["epoch"]: s for s in r["snapshots"]} for r in runs_]
         common = sorted(set.intersection(*(set(s) for s in snapshot_sets)))
         curve = {str(e): _spread([s[e]["test_accuracy"] for s in snapshot_sets]) for e in common}
+        # The last snapshot at or before three quarters of training; none when the snapshots are
+        # too sparse to tell a last quarter from the whole run.
         quarter = max((e for e in common if e <= 0.75 * epochs), default=None)
+        quarter = quarter if quarter is not None and quarter >= epochs / 2 else None
         changes = [s[common[-1]]["test_accuracy"] - s[quarter]["test_accuracy"] for s in snapshot_sets] \
             if quarter is not None and common and quarter != common[-1] else []
         change = _spread(changes)
@@ -224,6 +233,24 @@ def summarize(runs: dict) -> dict:
     return summary
 
 
+def starts_at_random(model: str) -> bool:
+    """Whether ``model``'s attention starts from its random initialization (not a convolution)."""
+    if model == "resnet18":
+        return True
+    import sa_conv
+
+    return sa_conv.get_config(data_efficiency.parse_variant(model)["model"]).attention_init == "random"
+
+
+def main_budget(runs: dict) -> int | None:
+    """The epochs of most runs (the larger on a tie): the study's budget, the others comparisons."""
+    counts: dict[int, int] = {}
+    for key in runs:
+        epochs = split_key(key)[2]
+        counts[epochs] = counts.get(epochs, 0) + 1
+    return max(counts, key=lambda e: (counts[e], e)) if counts else None
+
+
 def _differs(a: dict, b: dict) -> bool | None:
     """Whether two `_spread` means differ by more than the larger std (None without a std)."""
     spreads = [s["std"] for s in (a, b) if s["std"] is not None]
@@ -236,7 +263,8 @@ def claims(summary: dict, epochs: int) -> list[dict]:
     ``partly`` or ``not here``; models not measured are left out.
 
     * Localized heads emerge in training (Sec. 4.2, Fig. 4): the first layer's mean attention
-      distance falls from the start to the end and its 3x3 mass rises, each beyond the spread.
+      distance falls from the start to the end and its 3x3 mass rises, each beyond the spread
+      (models that start at random; ``gated`` starts as a convolution).
     * The first layers attend to close pixels, deeper ones to larger regions: the last layer's
       mean distance at the end is above the first's, beyond the spread (models of two layers
       or more).
@@ -251,6 +279,7 @@ def claims(summary: dict, epochs: int) -> list[dict]:
         locality = entry.get("locality")
         if locality:
             start, end = locality[min(locality, key=int)], locality[max(locality, key=int)]
+        if locality and starts_at_random(model):
             fell = _differs(start[0]["mean_distance"], end[0]["mean_distance"])
             rose = _differs(start[0]["mass_3x3"], end[0]["mass_3x3"])
             closer = end[0]["mean_distance"]["mean"] < start[0]["mean_distance"]["mean"]
@@ -261,13 +290,13 @@ def claims(summary: dict, epochs: int) -> list[dict]:
                          "start": {"mean_distance": start[0]["mean_distance"], "mass_3x3": start[0]["mass_3x3"]},
                          "end": {"mean_distance": end[0]["mean_distance"], "mass_3x3": end[0]["mass_3x3"]},
                          "seeds": len(entry["seeds"]), "verdict": verdict})
-            if len(end) > 1:
-                first, last = end[0]["mean_distance"], end[-1]["mean_distance"]
-                wider = last["mean"] > first["mean"]
-                verdict = "held" if wider and _differs(first, last) else "partly" if wider else "not here"
-                rows.append({"claim": "deeper layers attend to larger regions", "model": model,
-                             "first_layer": first, "last_layer": last, "seeds": len(entry["seeds"]),
-                             "verdict": verdict})
+        if locality and len(end) > 1:
+            first, last = end[0]["mean_distance"], end[-1]["mean_distance"]
+            wider = last["mean"] > first["mean"]
+            verdict = "held" if wider and _differs(first, last) else "partly" if wider else "not here"
+            rows.append({"claim": "deeper layers attend to larger regions", "model": model,
+                         "first_layer": first, "last_layer": last, "seeds": len(entry["seeds"]),
+                         "verdict": verdict})
         if resnet is not None and model != "resnet18":
             ours, theirs = entry["test_accuracy"], resnet["test_accuracy"]
             gap = ours["mean"] - theirs["mean"]
@@ -308,9 +337,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
     notes = report.setdefault("notes", [])
     if note and note not in notes:
         notes.append(note)
-    report["data"] = {"training_images": len(data.train), "test_images": len(data.test),
-                      "locality_images": locality_images}
-    report.setdefault("budget", epochs)
+    report["data"] = {"training_images": len(data.train), "test_images": len(data.test)}
     plan = [(model, seed) for model in models for seed in seeds]
     for index, (model, seed) in enumerate(plan, 1):
         key = run_key(model, seed, epochs)
@@ -329,6 +356,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
         run["session_seconds"] = round(time.perf_counter() - start, 1)
         runs[key] = run
         report["summary"] = summarize(runs)
+        report["budget"] = main_budget(runs)
         report["claims"] = claims(report["summary"], report["budget"])
         harness.write_report(output, {k: v for k, v in report.items() if k not in ("date", "machine")},
                              inline_numbers=True)

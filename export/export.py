@@ -262,6 +262,12 @@ def export_onnx(model: keras.Model, target: str, images: np.ndarray, expected: n
 
 
 def export_tflite(saved_model_dir: str, target: str, images: np.ndarray, expected: np.ndarray) -> float:
+    """Writes the SavedModel's ``serving_default`` as TFLite and checks it in LiteRT against the
+    Keras model's probabilities."""
+    try:
+        import ai_edge_litert  # noqa: F401  (only to name the package when it is missing)
+    except ImportError:
+        raise ExportError(f"--formats=tflite checks the file in LiteRT: {runtimes.LITERT_INSTALL}.") from None
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=["serving_default"])
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
     with open(target, "wb") as f:

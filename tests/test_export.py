@@ -720,7 +720,7 @@ def test_every_runtime_side_of_the_serving_benchmark_reads_the_exported_files(re
         record = {}
         # float32 asked for: OpenVINO would infer in bfloat16 on an AVX512_BF16 or AMX CPU.
         run, shape = serving_benchmark.runtime(side, os.path.join(version, "assets.extra", file), record, float32=True)
-        assert shape == (32, 32, 3) and record["runtime"].split()[0] in ("tflite", "onnxruntime", "openvino")
+        assert shape == (32, 32, 3) and record["runtime"].split()[0] in ("litert", "onnxruntime", "openvino")
         if side == "openvino":
             assert record["inference_precision"] in ("f32", "<Type: 'float32'>"), record["inference_precision"]
         out = np.asarray(run(images))

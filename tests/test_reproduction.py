@@ -147,13 +147,28 @@ def test_one_seed_has_no_spread_and_no_flattening_verdict():
 
 def test_json_number_lists_are_written_on_one_line_and_read_back_equal(tmp_path):
     value = {"maps": [[[0.1, 0.25], [1e-05, -2]], [[3, 4], [5, 6]]], "names": ["a", "b"], "empty": [],
-             "nested": {"offset": [-1.5, 2.0], "mixed": [1, "x"]}}
+             "nested": {"offset": [-1.5, 2.0], "mixed": [1, "x"]}, "note": "seeds [0,1] and [ 2 ]"}
     path = str(tmp_path / "r.json")
     files.write_json(path, value, inline_numbers=True)
     with open(path) as f:
         text = f.read()
-    assert json.loads(text) == value
+    assert json.loads(text) == value and '"seeds [0,1] and [ 2 ]"' in text  # strings as they were
     assert "[0.1, 0.25]" in text and "[1e-05, -2]" in text and "[-1.5, 2.0]" in text
     files.write_json(path, value)
     with open(path) as f:
         assert "[0.1, 0.25]" not in f.read()
+
+
+def test_the_budget_is_the_epochs_of_most_runs_and_gated_is_not_asked_to_grow_local():
+    runs = {f"learned|seed={s}|epochs=60": None for s in range(3)}
+    runs.update({"learned|seed=0|epochs=30": None, "resnet18|seed=0|epochs=30": None})
+    assert rp.main_budget(runs) == 60 and rp.main_budget({}) is None
+    assert rp.main_budget({"a|seed=0|epochs=30": None, "a|seed=0|epochs=60": None}) == 60  # a tie: the longer
+    assert rp.starts_at_random("learned") and rp.starts_at_random("content") and not rp.starts_at_random("gated")
+    summary = rp.summarize({"gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.2, 4: 0.3}, {0: [1.0, 2.0], 2: [2.0, 3.0],
+                                                                                     4: [3.0, 4.0]},
+                                                          {0: [0.9, 0.5], 2: [0.5, 0.4], 4: [0.3, 0.3]})})
+    assert [row["claim"] for row in rp.claims(summary, 4)] == ["deeper layers attend to larger regions"]
+    # Snapshots too sparse to have a last quarter: no flattening verdict.
+    sparse = rp.summarize({f"learned|seed={s}|epochs=8": _run({0: 0.1, 8: 0.5 + s / 100}) for s in range(2)})
+    assert sparse["learned|epochs=8"]["quarter_epoch"] is None and sparse["learned|epochs=8"]["flattened"] is None

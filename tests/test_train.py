@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import sa_conv
 from tests.conftest import PROJECT_ROOT, read_until, reserved_port
+from trainers import distribute
 from trainers import train as train_lib
 from trainers.task import Task, decays
 from trainers.config import ConfigError, default_jit_compile, make_config
@@ -193,6 +194,18 @@ def test_xla_is_on_by_default_only_for_content_attention():
     on = {name for name in sa_conv.PRESETS if default_jit_compile(sa_conv.get_config(name))}
     assert on == {"sa_content_plus_learned_bias", "sa_content_plus_learned_bias_small", "sa_gated", "sa_gated_small"}
     assert default_jit_compile(sa_conv.get_config("sa_quadratic_small", encoding="content_with_relative_keys"))
+
+
+def test_xla_runs_on_one_device_and_a_task_must_fit_the_trainers_replicas(tmp_path):
+    """XLA stays on with the default and one-device strategies (no several logical CPU replicas);
+    a Task made for another replica count than the Trainer's strategy is refused by name."""
+    assert distribute.xla_runs_on(tf.distribute.get_strategy())
+    assert distribute.xla_runs_on(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    config = make_config(overrides=dict(SMALL_RUN, model_dir=str(tmp_path)))
+    task = Task(config, replicas=2, log=lambda s: None)
+    with pytest.raises(ConfigError, match=r"made for 2 replica\(s\), the strategy has 1: make it with "
+                                          r"Task\(config, replicas=1\)"):
+        train_lib.Trainer(config, strategy=tf.distribute.OneDeviceStrategy("/cpu:0"), task=task)
 
 
 def test_batch_not_divisible_by_replicas(tmp_path):

@@ -95,9 +95,12 @@ def worker_id(strategy: tf.distribute.Strategy) -> int:
 
 def xla_runs_on(strategy: tf.distribute.Strategy) -> bool:
     """False where XLA cannot address the replicas: several logical devices of one CPU."""
-    devices = strategy.extended.worker_devices
-    return not (devices and strategy.num_replicas_in_sync > len({d.split("/device:")[0] for d in devices})
-                and not tf.config.list_logical_devices("GPU"))
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: this process's one device
+        return True
+    on_cpus = bool(devices) and all("CPU" in d.upper().rsplit("/DEVICE:", 1)[-1] for d in devices)
+    return not (on_cpus and strategy.num_replicas_in_sync > len({d.split("/device:")[0] for d in devices}))
 
 
 def replicated_train_steps(strategy: tf.distribute.Strategy, step):
@@ -146,7 +149,8 @@ def evaluate(strategy: tf.distribute.Strategy, eval_step, dataset: tf.data.Datas
 
 def local_train_steps(task, model, optimizer):
     """`replicated_train_steps` of ``task``'s step on the default strategy (this process's one
-    device), for loops over ``iter(task.train_dataset(epoch))`` (the benchmarks')."""
+    device, outside any strategy scope), for loops over ``iter(task.train_dataset(epoch))`` (the
+    benchmarks')."""
     return replicated_train_steps(tf.distribute.get_strategy(), task.train_step(model, optimizer))
 
 

@@ -32,7 +32,9 @@ def _write(path, content, mode):
         raise
 
 
-_NUMBER_LIST = re.compile(r"\[\s*(-?[0-9][-+0-9.eE]*(?:,\s*-?[0-9][-+0-9.eE]*)*)\s*\]")
+# A list of numbers as json.dumps lays it out with an indent: one number a line. JSON strings hold
+# no raw newline, so no text inside a string matches.
+_NUMBER_LIST = re.compile(r"\[\n\s*(-?[0-9][-+0-9.eE]*(?:,\n\s*-?[0-9][-+0-9.eE]*)*)\n\s*\]")
 
 
 def write_json(path: str, value, inline_numbers: bool = False, **kwargs) -> None:

@@ -138,7 +138,7 @@ class Task:
 
     Attributes set once, here: ``model_config`` (the resolved `sa_conv.ModelConfig`),
     ``train_split``, ``val_split`` (held out from the training split, seeded), ``test_split``,
-    ``label_names``, ``steps_per_epoch``, ``precision`` (the dtype policy, with
+    ``label_names``, ``steps_per_epoch``, ``replicas``, ``precision`` (the dtype policy, with
     ``--mixed_precision=auto`` resolved) and ``precision_reason``. The Task changes no
     process-wide state.
     """
@@ -153,6 +153,7 @@ class Task:
             sa_conv.get_config(config.model, **config.model_overrides(), **(model_fields or {}))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        self.replicas = replicas
         for name in ("global_batch_size", "eval_batch_size"):
             if getattr(config, name) % replicas:
                 raise ConfigError(

@@ -86,7 +86,9 @@ class Trainer:
     Args:
       config: the run's settings; ``epochs``, ``max_steps``, ``model_dir`` and the per-epoch
         options are the loop's, the rest the Task's.
-      strategy, dataset: for the Task (see `Task`), when ``task`` is None.
+      strategy: the `tf.distribute` strategy the Trainer runs the Task's steps on; None creates
+        the one ``config.strategy`` names.
+      dataset: for the Task (see `Task`), when ``task`` is None.
       log: where progress lines go.
       interactive: show a progress bar (default: when stdout is a terminal).
       task: a Task built for a config with the same model and data settings (the tuner builds
@@ -113,6 +115,9 @@ class Trainer:
         self.strategy = strategy or distribute.create_strategy(config.strategy)
         self.replicas = self.strategy.num_replicas_in_sync
         self.task = task or Task(config, replicas=self.replicas, dataset=dataset, log=log)
+        if self.task.replicas != self.replicas:
+            raise ConfigError(f"The Task was made for {self.task.replicas} replica(s), the strategy has "
+                              f"{self.replicas}: make it with Task(config, replicas={self.replicas}).")
         self.steps_per_epoch = self.task.steps_per_epoch
         self.total_steps = self.task.total_steps(config.epochs)
         self.total_epochs = -(-self.total_steps // self.steps_per_epoch)
@@ -133,8 +138,8 @@ class Trainer:
     # ----------------------------------------------------------------------------- set-up
 
     def prepare(self, model: keras.Model | None = None) -> None:
-        """Builds the model (or takes ``model``, built under the Task's strategy), the optimizer
-        and the step functions."""
+        """Builds the model (or takes ``model``, built under the Trainer's strategy scope), the
+        optimizer and the step functions."""
         self.install(model or self.build_model())
         pruning.check_gaussian_heads(self.model, self.config)
         self.prepared = True
