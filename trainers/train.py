@@ -251,8 +251,8 @@ class Trainer:
             or [self.model_config.num_heads] * len(current)
         if counts == current:
             return
-        with self.strategy.scope():
-            model = heads_lib.prune_to(self.build_model(), counts)
+        with self.strategy.scope():  # the pruned copy's variables too
+            model = heads_lib.prune_to(self.task.build_model(), counts)
         self.install(model)
         self.log(f"Checkpoint {path} holds a pruned model: heads per block {counts}.")
 
