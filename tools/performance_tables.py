@@ -581,7 +581,8 @@ def reproduction_first_accuracy():
     data, budget, entries = _reproduction()
     parts = [f"{_model_name(m)} {_spread(e['test_accuracy'])} ({len(e['seeds'])} seed{'s' if len(e['seeds']) > 1 else ''})"
              for m, e in entries.items()]
-    return (f"Trained {budget} epochs on cifar10-mini ({data['data']['training_images']} images), test accuracy: "
+    return (f"Trained {budget} epochs on cifar10-mini ({data['data']['training_images']} training images, a tenth "
+            f"held out for validation), test accuracy: "
             + "; ".join(parts) + ".")
 
 
