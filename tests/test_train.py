@@ -208,6 +208,19 @@ def test_xla_runs_on_one_device_and_a_task_must_fit_the_trainers_replicas(tmp_pa
         train_lib.Trainer(config, strategy=tf.distribute.OneDeviceStrategy("/cpu:0"), task=task)
 
 
+def test_auto_strategy_is_one_device_on_one_device_and_mirrored_on_several():
+    """In this process TensorFlow has one CPU device: ``auto`` takes OneDeviceStrategy there (a
+    MirroredStrategy over one device spent seconds deleting each epoch's iterator); the
+    two-replica tests run ``auto``'s other branch in processes with two logical CPUs."""
+    assert len(tf.config.list_logical_devices("CPU")) == 1
+    assert isinstance(distribute.create_strategy("auto"), tf.distribute.OneDeviceStrategy)
+    code = ("from trainers import distribute; distribute.configure_cpu_devices(2); "
+            "s = distribute.create_strategy('auto'); print(type(s).__name__, s.num_replicas_in_sync)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=str(PROJECT_ROOT))
+    assert proc.stdout.split()[-2:] == ["MirroredStrategy", "2"], proc.stderr[-2000:]
+
+
 def test_batch_not_divisible_by_replicas(tmp_path):
     proc = _cli("--dataset=synthetic", "--cpu_devices=2", "--strategy=mirrored",
                 "--global_batch_size=33", f"--model_dir={tmp_path}")
