@@ -429,11 +429,7 @@ def data_efficiency_targets():
 def plot_data_efficiency(path):
     """The curve: mean test accuracy against training images on the cifar10-mini subsets, one
     line per variant, bars from the lowest to the highest seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _plt()
     data = _load("data_efficiency")
     epochs, groups = _efficiency_groups(data)
     variants = groups[epochs]
