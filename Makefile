@@ -7,7 +7,7 @@ CIFAR10_DIR ?=
 DEMO_DIR ?= demo_output
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-fast test-all test-backends demo bazel-test check-install clean
+.PHONY: venv test test-fast test-all test-kernels test-backends demo bazel-test check-install clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,10 @@ test-all: $(STAMP)
 	TF_ENABLE_ONEDNN_OPTS=1 $(PY) -m pytest $(PYTEST_ARGS) --all tests
 	TF_ENABLE_ONEDNN_OPTS=0 $(PY) -m pytest $(PYTEST_ARGS) --all tests
 	$(MAKE) test-backends BACKENDS_TIER=--all
+# The kernel-sensitive files (tests/tiers.py) on their fast tier under TensorFlow's own kernels
+# (oneDNN off): CI runs `make test` with oneDNN, so each kernel set holds them.
+test-kernels: $(STAMP)
+	TF_ENABLE_ONEDNN_OPTS=0 $(PY) -m pytest $(PYTEST_ARGS) --fast $$($(PY) -m tests.tiers)
 
 # The backend-independent tests (layers, models, Theorem 1, the separable path, save and
 # reload) under Keras's JAX and PyTorch backends, in a second virtualenv without TensorFlow.

@@ -6,6 +6,7 @@ is evaluated here with stand-ins for the rules that record the targets."""
 import ast
 import pathlib
 
+from tests import tiers
 from tests.conftest import PROJECT_ROOT
 
 FIRST_PARTY = {"epfml_reference", "sa_conv", "trainers", "export", "programs", "benchmarks", "tools", "tests"}
@@ -106,6 +107,8 @@ def test_every_test_file_has_a_target_whose_deps_cover_its_imports():
     # The shared deps of the tests are what the tests import, and their support library.
     (shared,) = {tuple(t["deps"]) for t in tests.values()}
     assert set(shared) == imported | {"test_support"}
+    # `make test-kernels` names files that exist.
+    assert set(tiers.KERNEL_SENSITIVE) <= files
 
 
 def test_every_source_file_is_in_exactly_one_library():

@@ -19,13 +19,12 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", 
 ENV["PYTHONPATH"] = str(PROJECT_ROOT)
 
 
-def _run(module, *args, timeout=300):
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=PROJECT_ROOT, env=ENV,
+def _run(module, *args, timeout=300, env=ENV):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("module,prog,args,message", [
-    ("trainers.train", "sa-conv-train", ["--global_batch_size=0"], "--global_batch_size must be a positive integer"),
     ("trainers.tune", "sa-conv-tune", ["--search_space=nope"], "neither a named space"),
     ("export.export", "sa-conv-export", ["--model_path=/nonexistent.keras"], "does not exist"),
     ("programs.visualize", "sa-conv-visualize", [], "exactly one of --model_dir or --model_path"),
@@ -61,12 +60,19 @@ def test_config_file_is_read_by_tune_like_the_trainer(tmp_path):
 
 
 @pytest.mark.slow
-def test_console_is_quiet_unless_verbosity_asks(tmp_path):
+def test_console_is_quiet_unless_verbosity_asks_and_records_the_kernels(tmp_path):
     """Quiet by default: standard output holds the run's own three lines (start, epoch, result),
-    and the run records that it hid TensorFlow's C++ logs; --verbosity=1 leaves them on."""
+    and the run records that it hid TensorFlow's C++ logs; --verbosity=1 leaves them on.
+
+    The program turns TensorFlow's oneDNN kernels on on x86-64 unless the user set
+    TF_ENABLE_ONEDNN_OPTS, whose setting wins; config.json says which ran and why. (What
+    TensorFlow does by default on this CPU is not asserted: it differs between CPUs.) The user's
+    settings, "0" and "1", are `test_process.py`'s, in process: the quiet run, started without
+    the variable, shows that the program records what `trainers.process` decided."""
     args = ["--dataset=synthetic", "--num_layers=1", "--hidden_size=16", "--mlp_size=16", "--epochs=1",
             "--max_steps=2", "--global_batch_size=20", "--eval_batch_size=100", "--strategy=one_device"]
-    quiet = _run("trainers.train", *args, f"--model_dir={tmp_path / 'a'}")
+    unset = {k: v for k, v in ENV.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    quiet = _run("trainers.train", *args, f"--model_dir={tmp_path / 'a'}", env=unset)
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     lines = quiet.stdout.strip().splitlines()
     assert len(lines) == 3, lines
@@ -74,25 +80,6 @@ def test_console_is_quiet_unless_verbosity_asks(tmp_path):
     assert "Test accuracy" in lines[-1]
     recorded = json.loads((tmp_path / "a" / "config.json").read_text())["process"]
     assert recorded["configured_by_program"] and recorded["environment"]["TF_CPP_MIN_LOG_LEVEL"] == "2"
-    loud = _run("trainers.train", *args, f"--model_dir={tmp_path / 'b'}", "--verbosity=1")
-    assert loud.returncode == 0
-    assert "TF_CPP_MIN_LOG_LEVEL" not in json.loads((tmp_path / "b" / "config.json").read_text())["process"]["environment"]
-
-
-@pytest.mark.slow
-def test_programs_record_the_kernels_they_ran_with(tmp_path):
-    """The program turns TensorFlow's oneDNN kernels on on x86-64 unless the user set
-    TF_ENABLE_ONEDNN_OPTS, whose setting wins; config.json says which ran and why. (What
-    TensorFlow does by default on this CPU is not asserted: it differs between CPUs.) The user's
-    settings, "0" and "1", are `test_process.py`'s, in process: one training shows that the
-    program records what `trainers.process` decided."""
-    env = {k: v for k, v in ENV.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
-    proc = subprocess.run([sys.executable, "-m", "trainers.train", "--dataset=synthetic", "--num_layers=1",
-                           "--hidden_size=16", "--mlp_size=16", "--epochs=1", "--max_steps=1", "--global_batch_size=20",
-                           "--eval_batch_size=100", "--strategy=one_device", f"--model_dir={tmp_path}"],
-                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    recorded = json.loads((tmp_path / "config.json").read_text())["process"]
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     assert recorded["cpu"]["machine"] == platform.machine() and recorded["tensorflow"]
     setting = "1" if x86 else None
@@ -100,6 +87,9 @@ def test_programs_record_the_kernels_they_ran_with(tmp_path):
     if setting is not None:
         assert recorded["onednn"]["on"] is (setting == "1")
         assert recorded["onednn"]["why"].endswith("this program (on x86-64)")
+    loud = _run("trainers.train", *args, f"--model_dir={tmp_path / 'b'}", "--verbosity=1")
+    assert loud.returncode == 0
+    assert "TF_CPP_MIN_LOG_LEVEL" not in json.loads((tmp_path / "b" / "config.json").read_text())["process"]["environment"]
 
 
 def test_make_type_checks_values_from_files():

@@ -16,11 +16,10 @@ pytest.importorskip("tensorflow", reason="the training step's gradients are take
 # `test_each_bound_fails_on_a_real_change` shows each one failing on a changed computation.
 
 
-@pytest.fixture(params=tiers.presets(golden.presets()))
+@pytest.fixture(params=tiers.presets(golden.presets(), tiers.GOLDEN_PAPER_IN_MAKE_TEST))
 def recorded(request, made_once):
-    """``(preset, the fixture's arrays, what it computes now)``; computed once per test run, however
-    a random order interleaves the four tests of a preset with others and spreads them over
-    workers (a module-scoped fixture recomputed it after each interruption: up to 4x a paper model)."""
+    """``(preset, the fixture's arrays, what it computes now)``; computed once per test run
+    (`test_each_bound_fails_on_a_real_change` reads the small quadratic preset's too)."""
     return _recorded(request.param, made_once)
 
 
@@ -35,9 +34,6 @@ def _recorded(preset, made_once):
     return preset, want, dict(np.load(directory / "got.npz"))
 
 
-def test_the_same_arrays_are_recorded(recorded):
-    _, want, got = recorded
-    assert sorted(got) == sorted(want)
 
 
 def check_inference(preset, want, got):
@@ -84,16 +80,15 @@ def check_serving(preset, want, got):
     tolerances.assert_close_to_scale(got["bfloat16"], got["frozen"], bound, "bfloat16")
 
 
-def test_inference_logits_and_attention_maps(recorded):
-    check_inference(*recorded)
-
-
-def test_training_gradients_with_and_without_remat_and_attention_dropout(recorded):
-    check_gradients(*recorded)
-
-
-def test_serving_copies(recorded):
-    check_serving(*recorded)
+def test_each_preset_computes_what_it_recorded(recorded):
+    """The same arrays; inference logits and attention maps, the training gradients with and
+    without remat and attention dropout, the serving copies. One test per preset: the recording
+    is computed once, and no worker waits for another to compute it."""
+    preset, want, got = recorded
+    assert sorted(got) == sorted(want)
+    check_inference(preset, want, got)
+    check_gradients(preset, want, got)
+    check_serving(preset, want, got)
 
 
 def _scaled(path, factor):

@@ -27,11 +27,11 @@ def _config(tmp_path, policy, **overrides):
     return make_config(overrides={**settings, **overrides})
 
 
-@pytest.fixture(scope="module")
-def float32_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("float32")
-    results = train_lib.train(_config(tmp, "float32"), log=lambda s: None)
-    return results, json.loads((tmp / "float32" / "history.json").read_text())
+@pytest.fixture
+def float32_run(made_once):
+    """The float32 run's ``(results, history)``, trained once per test run for both policies."""
+    root = made_once("precision-float32", lambda d: train_lib.train(_config(d, "float32"), log=lambda s: None))
+    return tuple(json.loads((root / "float32" / name).read_text()) for name in ("results.json", "history.json"))
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])

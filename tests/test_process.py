@@ -63,14 +63,14 @@ def _changed(probe):
     return {k: after.get(k) for k in set(before) | set(after) if before.get(k) != after.get(k)}
 
 
-@pytest.mark.parametrize("package", ["sa_conv", "trainers", "export", "programs", "benchmarks"])
-def test_importing_a_package_and_all_its_modules_changes_no_process_state(package):
-    """Imported first in a fresh process, every module of the package: no environment variable
-    beyond what its third-party dependencies set themselves on import (measured in a second
+def test_importing_the_packages_and_all_their_modules_changes_no_process_state():
+    """Imported in a fresh process, every module of every package: no environment variable
+    beyond what their third-party dependencies set themselves on import (measured in a second
     process importing just them), standard error untouched (not even redirected for a while),
     the global dtype policy float32, no logging filter or handler added, matplotlib's backend
-    not chosen."""
-    ours = _probe("package", package)
+    not chosen. One process for all five packages: each check compares the state before the
+    first import with the state after the last, so a change by any module shows."""
+    ours = _probe("package", "sa_conv", "trainers", "export", "programs", "benchmarks")
     theirs = _probe("modules", *ours["third_party"])
     assert {"keras", "numpy"} <= set(ours["third_party"])  # the probe saw the imports
     assert _changed(ours) == _changed(theirs)

@@ -1,6 +1,5 @@
 """Rematerialized transformer blocks: same gradients, recomputed activations, the trainer's --remat."""
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -250,9 +249,12 @@ def test_auto_remat_follows_the_memory_budget(tmp_path):
         make_config(overrides={"memory_budget_gb": 0})
 
 
-def test_trainer_with_remat_trains_the_same_weights(tmp_path):
+def test_trainer_with_remat_trains_the_same_weights(tmp_path, monkeypatch):
     """Three SGD steps with dropout through the trainer's strategy loop, --remat=blocks against
-    --remat=none: the same weights and loss."""
+    --remat=none: the same weights and loss. The Trainer itself never sets the allocator (the
+    run's entry point does: the next test)."""
+    calls = []
+    monkeypatch.setattr(train_lib.process, "keep_freed_memory", lambda keep: calls.append(keep) or keep)
     runs = {}
     for mode in ("none", "blocks"):
         trainer, _ = _trainer(tmp_path / mode, remat=mode, dropout=0.1, attention_dropout=0.1)
@@ -260,6 +262,7 @@ def test_trainer_with_remat_trains_the_same_weights(tmp_path):
         runs[mode] = (trainer.model, results)
         with open(tmp_path / mode / "config.json") as f:
             assert json.load(f)["resolved_model"]["remat"] is (mode == "blocks")
+    assert calls == []
     (plain, a), (remat, b) = runs["none"], runs["blocks"]
     assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
     for u, v in zip(plain.trainable_variables, remat.trainable_variables):
@@ -270,20 +273,18 @@ def test_trainer_with_remat_trains_the_same_weights(tmp_path):
                                                  ("blocks", True, True), ("none", False, False)])
 def test_freed_memory_is_returned_by_default_when_blocks_are_rematerialized(remat, keep, expected, tmp_path,
                                                                              monkeypatch):
-    """The run's entry point (`train`) sets the allocator from the trainer's decision; the
-    Trainer itself never touches it."""
+    """The run's entry point (`train`) sets the allocator from the trainer's decision, made when
+    the trainer is prepared (the training itself is not needed: `Trainer.run` is replaced)."""
     calls = []
     monkeypatch.setattr(train_lib.process, "keep_freed_memory", lambda keep: calls.append(keep) or keep)
+    monkeypatch.setattr(train_lib.Trainer, "run", lambda self: {"remat": self.model_config.remat})
     config = make_config(overrides=dict(
         model="sa_quadratic_small", num_layers=2, dataset="synthetic", global_batch_size=8, eval_batch_size=50,
         validation_size=50, epochs=1, max_steps=3, strategy="one_device", model_dir=str(tmp_path), remat=remat,
         keep_freed_memory=keep))
     results = train_lib.train(config, log=lambda s: None)
-    assert bool(results["model_config"]["remat"]) == (remat == "blocks")
+    assert bool(results["remat"]) == (remat == "blocks")
     assert calls == [expected]  # glibc's thresholds are raised only when memory is kept
-    calls.clear()
-    train_lib.Trainer(dataclasses.replace(config, model_dir=str(tmp_path / "b")), log=lambda s: None).run()
-    assert calls == []
 
 
 def test_rematerialized_blocks_train_and_the_library_adds_no_logging_filter():

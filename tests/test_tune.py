@@ -27,7 +27,9 @@ def _rows(project):
 def test_tiny_search_writes_reports(tuner, tiny_cifar, tmp_path):
     base = make_config(overrides=dict(dataset="cifar10_files", data_dir=tiny_cifar[0], global_batch_size=25,
                                       validation_size=50, strategy="one_device", epochs=1))
-    config = tune_lib.TuneConfig(tuner=tuner, max_trials=2, max_epochs=2, search_space="tiny",
+    # One epoch a trial, but hyperband's brackets need at least two.
+    config = tune_lib.TuneConfig(tuner=tuner, max_trials=2, max_epochs=2 if tuner == "hyperband" else 1,
+                                 search_space="tiny",
                                  directory=str(tmp_path), project_name="p")
     summary = tune_lib.tune(config, base, log=lambda s: None)
     project = tmp_path / "p"
@@ -71,7 +73,7 @@ def test_retrain_best_leaves_an_exportable_model_dir(tiny_cifar, tmp_path):
 @pytest.mark.slow
 def test_sigkill_then_rerun_reuses_finished_trials(tmp_path):
     args = [sys.executable, "-m", "trainers.tune", "--search_space=tiny", "--tuner=random", "--max_trials=2",
-            "--max_epochs=2", f"--directory={tmp_path}", "--project_name=p", "--dataset=synthetic",
+            "--max_epochs=1", f"--directory={tmp_path}", "--project_name=p", "--dataset=synthetic",
             "--global_batch_size=50", "--strategy=one_device"]
     proc = subprocess.Popen(args, cwd=PROJECT_ROOT, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
@@ -101,9 +103,9 @@ def test_distributed_search_chief_and_two_workers_survives_a_killed_worker(tmp_p
     with the same id: it gets its unfinished trial back. Every trial completes; the others ran
     exactly once; the count equals a single-process search's (--max_trials); the chief alone
     writes the reports."""
-    max_trials = 4
+    max_trials = 3
     args = [sys.executable, "-m", "trainers.tune", "--search_space=tiny", "--tuner=random",
-            f"--max_trials={max_trials}", "--max_epochs=2", f"--directory={tmp_path}", "--project_name=p",
+            f"--max_trials={max_trials}", "--max_epochs=1", f"--directory={tmp_path}", "--project_name=p",
             "--dataset=synthetic", "--global_batch_size=50", "--strategy=one_device"]
     port = reserved_port()
 

@@ -7,6 +7,9 @@ when to run which):
   `PAPER_IN_MAKE_TEST`;
 * ``make test-all`` (``--all``): everything, every preset at paper size.
 
+`KERNEL_SENSITIVE` names the files ``make test-kernels`` runs on the kernel set ``make test`` does
+not use in CI.
+
 A test parametrized over presets takes them through `presets`, which marks each paper-size
 preset ``paper`` (only ``--all`` runs it) or, for the named subset, ``paper_subset`` (``make test``
 runs it, ``--fast`` does not).
@@ -15,14 +18,18 @@ runs it, ``--fast`` does not).
 import pytest
 
 # The paper-size presets `make test` keeps: one position-only encoding on the separable path and
-# the content encoding (its folded serving form, its largest weights). Every other paper-size
+# the content encoding (its largest weights). Every other paper-size
 # preset's encoding runs at small size in every tier; its paper-size exports in `make test-all`.
 PAPER_IN_MAKE_TEST = ("sa_quadratic", "sa_content_plus_learned_bias")
-# The low-precision exports keep the position-only one at paper size; the content encoding's run
-# at small size there (the same folded serving form and export code), at paper size in `make
-# test-all`: where bfloat16 is emulated (no AVX512_BF16), its paper-size bfloat16 export alone
-# takes minutes.
-PAPER_EXPORTS_IN_MAKE_TEST = ("sa_quadratic",)
+# The golden recordings keep the position-only one at paper size; the content encoding's run at
+# small size in `make test` (the same encoding, folded serving form and gradient variants).
+GOLDEN_PAPER_IN_MAKE_TEST = ("sa_quadratic",)
+# The files whose results depend on TensorFlow's kernel set (another order of summation): layers,
+# encodings, Theorem 1, the serving copy and the golden recordings held to float tolerances.
+KERNEL_SENSITIVE = ("test_layers", "test_fast_attention", "test_conversion", "test_compat", "test_keras_native",
+                    "test_sinusoidal", "test_mlp_encoding", "test_heads", "test_reference", "test_remat",
+                    "test_optimizers", "test_separable", "test_seeded_dropout", "test_serving", "test_golden",
+                    "test_attention_init", "test_gated")
 
 
 def is_paper_size(preset: str) -> bool:
@@ -37,3 +44,7 @@ def presets(names, in_make_test=PAPER_IN_MAKE_TEST):
     assert set(in_make_test) <= set(PAPER_IN_MAKE_TEST)
     return [pytest.param(name, marks=pytest.mark.paper_subset if name in in_make_test else pytest.mark.paper)
             if is_paper_size(name) else name for name in names]
+
+
+if __name__ == "__main__":  # the Makefile's list of `KERNEL_SENSITIVE` files
+    print(" ".join(f"tests/{name}.py" for name in KERNEL_SENSITIVE))

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # `make bazel-test`: Bazel 4.2.3 from Debian (bazel-bootstrap), fully offline, with the
-# project's virtualenv interpreter. Builds every target, runs the test targets tagged "numeric"
-# (BUILD: the files whose results depend on TensorFlow's kernel set) on their fast tier
-# (`--fast`, tests/tiers.py), and starts every binary with --helpshort. `make test` runs every test
-# file from the same sources; tests/test_build.py checks the targets' deps statically.
-# BAZEL_TARGETS, BAZEL_TEST_ARGS and BAZEL_TAGS override (e.g. BAZEL_TAGS=
+# project's virtualenv interpreter. Builds every target, runs test targets through the py_test rule
+# (BAZEL_TESTS, default two small ones: every test file runs in `make test` from the same sources,
+# and tests/test_build.py checks every target's deps statically), and starts every binary with
+# --helpshort. BAZEL_TARGETS, BAZEL_TESTS and BAZEL_TEST_ARGS override (e.g. BAZEL_TESTS=//:all
 # BAZEL_TEST_ARGS=--test_arg=--all for every target on every tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,12 +18,12 @@ python="$(pwd)/.venv/bin/python"
 # Bazel needs an absolute interpreter path.
 printf 'build --python_path=%s\n' "$python" > .bazelrc.user
 targets=${BAZEL_TARGETS:-"//:all"}
+tests=${BAZEL_TESTS:-"//:test_build //:test_layers"}
 test_args=${BAZEL_TEST_ARGS---test_arg=--fast}
-tags=${BAZEL_TAGS-numeric}
 # Bazel runs whatever python3 is first on PATH for its own helpers: put the venv's first.
 export PATH="$(pwd)/.venv/bin:$PATH"
 bazel build $targets
-bazel test ${tags:+--test_tag_filters=$tags} $test_args $targets
+bazel test $test_args $tests
 # Every binary starts and parses its flags (absl exits 1 after printing help).
 for binary in train tune export_model demo import_reference visualize; do
   help=$(bazel-bin/$binary --helpshort 2>&1 || true)
