@@ -14,17 +14,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Exports in tests measure batch 1 only for the batching parameters, not a minute of doublings
 # (export/tf_serving.py); the tests about the batching set their own budget.
 os.environ.setdefault("SA_CONV_BATCHING_SECONDS", "0")
-# Under xdist each worker's backend, and the programs its tests start, would run one op's kernels
-# on a thread per core: two workers on two cores then keep twice as many threads busy as there are
-# cores. Each worker gets its share of the cores instead (TensorFlow's, PyTorch's and XLA's
-# setting), unless the user chose.
+# Under xdist each worker's TensorFlow or PyTorch, and the programs its tests start, would run one
+# op's kernels on a thread per core: two workers on two cores then keep twice as many threads busy
+# as there are cores. Each worker gets its share of the cores instead, unless the user chose.
+# (XLA's CPU client is left alone: one thread per op made the JAX pass slower.)
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-_SHARE = max(1, len(os.sched_getaffinity(0)) // _WORKERS)
 if _WORKERS > 1:
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(_SHARE))
-    os.environ.setdefault("OMP_NUM_THREADS", str(_SHARE))
-    if _SHARE == 1:
-        os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    _SHARE = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", _SHARE)
+    os.environ.setdefault("OMP_NUM_THREADS", _SHARE)
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CIFAR10_MINI = pathlib.Path(

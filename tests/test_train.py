@@ -382,7 +382,7 @@ def test_run_killed_mid_epoch_and_resumed_ends_as_the_uninterrupted_run(replicas
     Killed with SIGKILL in its second and last epoch and started again, a run ends with the losses
     and, bit for bit, the weights of the same run left alone: on one replica, and on two under
     MirroredStrategy."""
-    args = ["--model=sa_quadratic_small", "--dataset=synthetic", "--epochs=2", "--validation_size=100",
+    args = ["--model=sa_quadratic_small", "--dataset=synthetic", "--epochs=2", "--validation_size=400",
             "--global_batch_size=50", "--eval_batch_size=100", "--num_layers=1", "--seed=3",  # dropout 0.1
             f"--cpu_devices={replicas}", "--strategy=mirrored" if replicas > 1 else "--strategy=one_device"]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
