@@ -37,7 +37,8 @@ test-all: $(STAMP)
 # The kernel-sensitive files (tests/tiers.py) on their fast tier under TensorFlow's own kernels
 # (oneDNN off): CI runs `make test` with oneDNN, so each kernel set holds them.
 test-kernels: $(STAMP)
-	TF_ENABLE_ONEDNN_OPTS=0 $(PY) -m pytest $(PYTEST_ARGS) --fast $$($(PY) -m tests.tiers)
+	files="$$($(PY) -m tests.tiers)" && test -n "$$files" && \
+		TF_ENABLE_ONEDNN_OPTS=0 $(PY) -m pytest $(PYTEST_ARGS) --fast $$files
 
 # The backend-independent tests (layers, models, Theorem 1, the separable path, save and
 # reload) under Keras's JAX and PyTorch backends, in a second virtualenv without TensorFlow.

@@ -34,8 +34,6 @@ def _recorded(preset, made_once):
     return preset, want, dict(np.load(directory / "got.npz"))
 
 
-
-
 def check_inference(preset, want, got):
     """Logits through every block, block 0's attention probabilities through one: float32."""
     config = sa_conv.get_config(preset)

@@ -54,8 +54,8 @@ def _train_step(model, images, labels, steps=2, optimizer=None):
     return losses, changed
 
 
-# At paper size in `make test-all`: in `make test` the golden recordings of paper sa_quadratic and
-# content hold their forward pass and a step's gradients, and every small twin fits a batch.
+# At paper size in `make test-all`: in `make test` the golden recording of paper sa_quadratic holds
+# its forward pass and a step's gradients, and every small twin fits a batch.
 @pytest.mark.slow
 @pytest.mark.parametrize("name", tiers.presets(list(PAPER_PARAMETERS) + list(OTHER_PARAMETERS), in_make_test=()))
 def test_paper_presets_run_a_forward_and_training_step(name):

@@ -3,8 +3,9 @@ when to run which):
 
 * ``make test-fast`` (``--fast``): every test not marked ``slow`` (end-to-end: a program in its own
   process, a search, an export) and no forward or training pass at paper size;
-* ``make test`` (the README's command, CI's): everything but the paper-size cases outside
-  `PAPER_IN_MAKE_TEST`;
+* ``make test`` (the README's command, CI's): everything but the paper-size cases outside the
+  subset each test names (`PAPER_IN_MAKE_TEST` by default, `GOLDEN_PAPER_IN_MAKE_TEST`, or none:
+  its one-block or small twins);
 * ``make test-all`` (``--all``): everything, every preset at paper size.
 
 `KERNEL_SENSITIVE` names the files ``make test-kernels`` runs on the kernel set ``make test`` does
