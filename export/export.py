@@ -257,8 +257,7 @@ def export_onnx(model: keras.Model, target: str, images: np.ndarray, expected: n
         raise ExportError("--formats=onnx needs tf2onnx and onnxruntime: pip install -e '.[onnx]'.") from None
     model.export(target, format="onnx", verbose=False)
     onnx_files.fold_constant_shapes(target)
-    logits = runtimes.onnx_runner(target)(images)
-    return _verify("The ONNX model", expected, tf.nn.softmax(logits).numpy(), 1e-4)
+    return _verify("The ONNX model", expected, runtimes.onnx_runner(target)(images), 1e-4)
 
 
 def export_tflite(saved_model_dir: str, target: str, images: np.ndarray, expected: np.ndarray) -> float:
@@ -385,7 +384,6 @@ def export(
     image_size: int | None = None,
     tf_serving_files: bool = True,
     log=print,
-    _fail_before_rename: bool = False,
 ) -> str:
     """Exports a trained model; returns the version directory. Flag-free, see the module doc."""
     formats = tuple(formats)
@@ -501,15 +499,7 @@ def export(
             "tf_serving": serving_files,
         }
         files.write_json(os.path.join(tmp, METADATA), metadata, sort_keys=True)
-        if _fail_before_rename:
-            raise RuntimeError("simulated failure before the rename")
-        if os.path.exists(target):  # --overwrite: move the old version aside, then swap
-            trash = f"{tmp}-old"
-            os.rename(target, trash)
-            os.rename(tmp, target)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
+        _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"Exported {model_name} version {version} to {target} "
@@ -518,6 +508,18 @@ def export(
         + "".join(f"; {what} top-1 agrees with float32 on {record['top1_agreement']:.2%} of {record['agreement_images']}"
                   for what, record in _agreements(dtype, precision_record)) + ")")
     return target
+
+
+def _publish(tmp: str, target: str) -> None:
+    """Moves the finished version ``tmp`` to ``target`` by renames, so that a server never sees
+    half a version; with --overwrite the old version is moved aside first, then removed."""
+    if os.path.exists(target):
+        trash = f"{tmp}-old"
+        os.rename(target, trash)
+        os.rename(tmp, target)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
 
 
 def _agreements(dtype: str, record: dict):

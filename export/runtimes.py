@@ -8,16 +8,23 @@ import os
 import numpy as np
 
 
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Probabilities of ``logits`` ``(batch, classes)`` over the last axis, in their dtype."""
+    exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
 def onnx_runner(path: str):
-    """``images (uint8) -> logits`` of an ONNX file in ONNX Runtime, on all cores."""
+    """``images (uint8) -> probabilities`` of an ONNX file (whose output is the model's logits,
+    as Keras's exporter writes it) in ONNX Runtime, on all cores."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = os.cpu_count()
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
-    return lambda images: np.concatenate([session.run(None, {name: images[i: i + 64].astype(np.float32)})[0]
-                                          for i in range(0, len(images), 64)])
+    return lambda images: softmax(np.concatenate([session.run(None, {name: images[i: i + 64].astype(np.float32)})[0]
+                                                  for i in range(0, len(images), 64)]))
 
 
 LITERT_INSTALL = "pip install ai-edge-litert (or sa-conv[tflite])"
