@@ -499,7 +499,7 @@ def export(
             "tf_serving": serving_files,
         }
         files.write_json(os.path.join(tmp, METADATA), metadata, sort_keys=True)
-        _publish(tmp, target)
+        publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"Exported {model_name} version {version} to {target} "
@@ -510,7 +510,7 @@ def export(
     return target
 
 
-def _publish(tmp: str, target: str) -> None:
+def publish(tmp: str, target: str) -> None:
     """Moves the finished version ``tmp`` to ``target`` by renames, so that a server never sees
     half a version; with --overwrite the old version is moved aside first, then removed."""
     if os.path.exists(target):

@@ -24,6 +24,7 @@ import os
 
 import numpy as np
 
+import sa_conv
 from export.onnx_files import store_float16
 from export.runtimes import onnx_runner, tflite_runner
 
@@ -54,7 +55,7 @@ class OnnxDynamicInt8:
 
         extra = os.path.join(version_dir, "assets.extra")
         source, target = os.path.join(extra, "model.onnx"), os.path.join(extra, self.file)
-        constants = [np.sort(np.asarray(w.numpy()).ravel()) for w in serving.weights if "probabilities" in w.path]
+        constants = [np.sort(np.asarray(v.numpy()).ravel()) for v in sa_conv.serving.probability_constants(serving)]
         sizes = {c.size for c in constants}
         graph = onnx.load(source).graph
         kept = set()

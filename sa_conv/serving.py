@@ -41,8 +41,8 @@ from sa_conv.models import copy_weights
 from sa_conv.transformer import TransformerBlock, exact_gelu
 
 __all__ = ["FoldedContentAttention", "PrecomputedAttention", "PrecomputedGatedAttention", "ServingTransformerBlock", "fold_query_key",
-           "freeze_for_inference", "is_frozen", "legacy_serving_layer", "separable_pays_with_constants", "serving_attention",
-           "summary"]
+           "freeze_for_inference", "is_frozen", "legacy_serving_layer", "probability_constants",
+           "separable_pays_with_constants", "serving_attention", "summary"]
 
 
 def _refuse_training(layer):
@@ -118,6 +118,11 @@ class PrecomputedAttention(keras.layers.Layer):
         """Whether the probabilities are held as separable factors (needs a built layer)."""
         return self.aggregation.takes_factors(dropout=False)
 
+    @property
+    def probability_constants(self) -> list:
+        """The variables holding attention probabilities (dense, or the row and column factors)."""
+        return list(self.constants.values())
+
     def set_probabilities(self, probabilities):
         """Stores the probabilities: `sa_conv.aggregation.Factors` ``(heads, H, H)``,
         ``(heads, W, W)`` where the layer is `factored`, else dense ``(heads, N, N)``."""
@@ -192,6 +197,11 @@ class FoldedContentAttention(keras.layers.Layer):
         self.value_dense = _value_dense(self, self.output_dim or d)
         self.value_dense.build(tuple(input_shape[:-1]) + (self.num_heads * d,))
 
+    @property
+    def probability_constants(self) -> list:
+        """None: its constant is a term of the logits, not probabilities."""
+        return []
+
     def logits(self, inputs):
         """``(batch, N, heads, N)`` (query, head, key), float32."""
         _, height, width, d = inputs.shape
@@ -248,6 +258,11 @@ class PrecomputedGatedAttention(keras.layers.Layer):
                                                trainable=False, autocast=False)
         self.value_dense = _value_dense(self, self.output_dim or d)
         self.value_dense.build(tuple(input_shape[:-1]) + (heads * d,))
+
+    @property
+    def probability_constants(self) -> list:
+        """``C``: the gated positional probabilities."""
+        return [self.positional]
 
     def set_constants(self, encoding, height, width):
         """``C`` and ``1 - g`` from the trained ``encoding``."""
@@ -497,6 +512,13 @@ def _blocks(model):
 def is_frozen(model: keras.Model) -> bool:
     """Whether ``model`` is a serving copy (it has serving blocks)."""
     return any(isinstance(layer, ServingTransformerBlock) for layer in model.layers)
+
+
+def probability_constants(model: keras.Model) -> list:
+    """The variables of a serving copy that hold attention probabilities (each serving attention
+    layer names its own; a copied content attention holds none)."""
+    return [variable for block in _blocks(model) if isinstance(block, ServingTransformerBlock)
+            for variable in getattr(block.attention, "probability_constants", [])]
 
 
 def summary(model: keras.Model) -> dict:

@@ -198,7 +198,7 @@ def test_atomic_write_and_no_silent_overwrite(real_images, tmp_path, monkeypatch
         raise RuntimeError("simulated failure before the rename")
 
     with monkeypatch.context() as patched:
-        patched.setattr(export_lib, "_publish", fail)
+        patched.setattr(export_lib, "publish", fail)
         with pytest.raises(RuntimeError, match="simulated failure"):
             export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), version=1,
                               log=lambda s: None)
@@ -474,7 +474,7 @@ def test_int8_keeps_precomputed_probabilities_float32(tmp_path):
     # The (heads, 64, 64) constant is in the int8 file (in the layout the converter gave it) as
     # float16, its values rounded to float16, and a Cast gives the float32 products its old name.
     frozen = sa_conv.freeze_for_inference(keras.models.load_model(tmp_path / "m.keras"))
-    (probabilities,) = [np.sort(w.numpy().ravel()) for w in frozen.weights if "probabilities" in w.path]
+    (probabilities,) = [np.sort(v.numpy().ravel()) for v in sa_conv.serving.probability_constants(frozen)]
     stored = {i.name: i for i in after.initializer if i.data_type == onnx.TensorProto.FLOAT16
               and int(np.prod(i.dims)) == probabilities.size
               and np.array_equal(np.sort(onnx.numpy_helper.to_array(i).ravel()), probabilities.astype(np.float16))}

@@ -172,6 +172,22 @@ def test_each_encoding_is_served_by_one_class(encoding, served):
         sa_conv.TransformerBlock(8, fold_attention_output=True)
 
 
+@pytest.mark.parametrize("encoding,pooling_width,shapes", [
+    ("quadratic", 2, [(4, 16, 16), (4, 16, 16)]),  # 16x16 grid: separable row and column factors
+    ("quadratic", 4, [(4, 64, 64)]),  # 8x8 grid: dense
+    ("gated", 2, [(256, 4, 256)]),  # the gated positional half, (query, head, key)
+    ("content_plus_learned_bias", 2, [])])  # a term of the logits, not probabilities
+def test_a_serving_copy_names_its_probability_constants(encoding, pooling_width, shapes):
+    """The variables the int8 ONNX route keeps float32 are those each serving attention layer
+    names, per block: found by what holds them, not by a name."""
+    keras.utils.set_random_seed(0)
+    model = sa_conv.build_model("sa_quadratic_small", encoding=encoding, num_layers=1, num_heads=4,
+                                pooling_width=pooling_width)
+    constants = serving.probability_constants(sa_conv.freeze_for_inference(model))
+    assert [tuple(v.shape) for v in constants] == shapes
+    assert serving.probability_constants(model) == []  # a trained model has none
+
+
 def _with_batch_statistics(model, seed=3):
     """Moving statistics and affine parameters away from their initial 0/1, as after training."""
     rng = np.random.default_rng(seed)
