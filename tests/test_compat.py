@@ -8,6 +8,7 @@ from keras import ops
 
 import sa_conv  # noqa: F401  (registers the classes the files name, as a user would import it)
 
+from tests import tolerances
 from tests.conftest import PROJECT_ROOT
 
 LEGACY = PROJECT_ROOT / "tests" / "fixtures" / "legacy"
@@ -40,6 +41,36 @@ def test_serving_copies_saved_when_serving_was_a_flag_of_the_layers_load_unchang
     again = keras.models.load_model(tmp_path / "again.keras")
     np.testing.assert_allclose(ops.convert_to_numpy(again(expected["images"], training=False)), got, rtol=1e-6,
                                atol=1e-7)
+
+
+# Serving copies written by today's serving classes (`ServingTransformerBlock` holding
+# `PrecomputedAttention`, `FoldedContentAttention`, `PrecomputedGatedAttention` or a copy of the
+# trained attention; tests/fixtures/legacy/README.md): (preset, overrides) they were made from.
+SERVING_FIXTURES = {
+    "sa_quadratic_small": ("sa_quadratic_small", dict(fast_position_attention=True, image_size=32)),
+    "sa_learned_small": ("sa_learned_small", dict(fast_position_attention=False, image_size=16)),
+    "sa_content_plus_learned_bias_small": ("sa_content_plus_learned_bias_small", dict(image_size=16)),
+    "sa_gated_small": ("sa_gated_small", dict(image_size=16)),
+    "sa_learned_content_small": ("sa_quadratic_small", dict(encoding="content_with_relative_keys", image_size=16)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SERVING_FIXTURES))
+def test_serving_copies_saved_by_the_serving_classes_load_unchanged(name, tmp_path):
+    """A serving copy saved by `sa_conv.freeze_for_inference` as it is written today loads, serves
+    the same outputs (to float32's bound for the computation) and saves and loads again: what a
+    change of the serving classes must keep."""
+    expected = np.load(LEGACY / "expected_serving.npz")
+    preset, overrides = SERVING_FIXTURES[name]
+    config = sa_conv.get_config(preset, num_layers=1, hidden_size=16, mlp_size=16, **overrides)
+    images = expected[f"{name}/images"].astype(np.float32)
+    model = keras.models.load_model(LEGACY / f"serving_{name}.keras")
+    got = ops.convert_to_numpy(model(images, training=False))
+    tolerances.assert_close_to_scale(got, expected[name], tolerances.float32_relative(config), name)
+    model.save(tmp_path / "again.keras")
+    again = keras.models.load_model(tmp_path / "again.keras")
+    tolerances.assert_close_to_scale(ops.convert_to_numpy(again(images, training=False)), got,
+                                     tolerances.float32_relative(config), name)
 
 
 def test_a_trained_model_saved_with_the_former_serving_flags_loads_and_trains(tmp_path):
