@@ -517,8 +517,8 @@ def is_frozen(model: keras.Model) -> bool:
 def probability_constants(model: keras.Model) -> list:
     """The variables of a serving copy that hold attention probabilities (each serving attention
     layer names its own; a copied content attention holds none)."""
-    return [variable for block in _blocks(model) if isinstance(block, ServingTransformerBlock)
-            for variable in getattr(block.attention, "probability_constants", [])]
+    return [variable for layer in model.layers if isinstance(layer, ServingTransformerBlock)
+            for variable in getattr(layer.attention, "probability_constants", [])]
 
 
 def summary(model: keras.Model) -> dict:
