@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CIFAR10_DIR ?=
 DEMO_DIR ?= demo_output
-PYTEST_ARGS ?= -n 2
+PYTEST_ARGS ?= -n 2 --dist=worksteal
 
 .PHONY: venv test test-fast test-all test-kernels test-backends demo bazel-test check-install clean
 

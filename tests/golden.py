@@ -129,21 +129,26 @@ def inference(preset: str, model) -> dict[str, np.ndarray]:
     return out
 
 
-def serving(model) -> dict[str, np.ndarray]:
-    """``frozen`` and ``bfloat16``: the logits of the float32 and bfloat16 serving copies."""
+def serving(model, bfloat16: bool = True) -> dict[str, np.ndarray]:
+    """``frozen`` and (with ``bfloat16``) ``bfloat16``: the logits of the float32 and bfloat16
+    serving copies."""
     images, _ = inputs()
     out = {"frozen": ops.convert_to_numpy(sa_conv.freeze_for_inference(model)(images, training=False))}
-    mixed = sa_conv.freeze_for_inference(sa_conv.with_dtype_policy(model, "mixed_bfloat16"))
-    out["bfloat16"] = ops.convert_to_numpy(mixed(images, training=False)).astype(np.float32)
+    if bfloat16:
+        mixed = sa_conv.freeze_for_inference(sa_conv.with_dtype_policy(model, "mixed_bfloat16"))
+        out["bfloat16"] = ops.convert_to_numpy(mixed(images, training=False)).astype(np.float32)
     return out
 
 
-def record(preset: str, change=None) -> dict[str, np.ndarray]:
+def record(preset: str, change=None, part: bool = False) -> dict[str, np.ndarray]:
+    """Every array of the module doc for ``preset``; with ``part``, the arrays of `PART` only."""
     images, labels = inputs()
     model = build(preset, change)
     out = inference(preset, model)
     attention = sa_conv.get_config(preset).architecture == "attention"
     variants = VARIANTS if attention else {"plain": (False, 0.0)}
+    if part:
+        variants = {name: variants[name] for name in PART_VARIANTS}
     for variant, (remat, rate) in variants.items():
         overrides = dict(remat=remat, attention_dropout=rate) if attention else {}
         grads = _gradients(build(preset, change, **overrides), images[:GRAD_BATCH], labels[:GRAD_BATCH])
@@ -152,7 +157,21 @@ def record(preset: str, change=None) -> dict[str, np.ndarray]:
                 out[f"grad/{variant}/{path}"] = g
             else:
                 out[f"sketch/{variant}/{path}"] = sketch(path, g)
-    return {**out, **serving(model)}
+    return {**out, **serving(model, bfloat16=not part)}
+
+
+# A part of a recording (`record(..., part=True)`): inference, one training step's gradients without
+# remat or dropout, and the float32 serving copy. Where a paper-size preset's whole recording costs
+# too much for a tier, this keeps its forward pass, backward pass and serving fold at paper size;
+# the other variants and the bfloat16 copy are the same code at every size.
+PART_VARIANTS = ("plain",)
+
+
+def in_part(key: str) -> bool:
+    """Whether the recorded array ``key`` is one that ``record(..., part=True)`` computes."""
+    if key.startswith(("grad/", "sketch/")):
+        return key.split("/")[1] in PART_VARIANTS
+    return key != "bfloat16"
 
 
 def main(argv=None):

@@ -30,18 +30,28 @@ def _run(module, *args, timeout=300, env=ENV):
     ("programs.visualize", "sa-conv-visualize", [], "exactly one of --model_dir or --model_path"),
     ("programs.demo", "make demo", ["--dataset=mnist"], "Unknown dataset 'mnist'"),
     ("trainers.train", "sa-conv-train", ["stray"], "unexpected arguments ['stray']"),
-    ("trainers.train", "sa-conv-train", ["--strategy=multi_worker"], "needs TF_CONFIG"),
     ("programs.import_reference", "sa-conv-import-reference", ["--checkpoint=/nonexistent.npz",
      "--config=/nonexistent.yaml", "--model_dir=/tmp/unused"], "--config '/nonexistent.yaml' does not exist"),
-    ("programs.import_reference", "sa-conv-import-reference", ["--config=x"], "--checkpoint is required"),
 ])
 def test_project_errors_exit_2_with_the_message_and_no_traceback(module, prog, args, message):
-    """Every program's own errors; the flag checks behind them are tested in process (test_schedule,
-    test_data, test_train, test_models)."""
+    """Every program's own errors; the flag checks behind them are tested in process (below,
+    test_schedule, test_data, test_train, test_models)."""
     proc = _run(module, *args)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{prog}: error: " in proc.stderr and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_more_of_the_programs_errors_in_process(monkeypatch, tmp_path):
+    """Errors that reach the exit above by the same `cli.run` (one process per program there)."""
+    from programs.import_reference import import_checkpoint
+    from trainers import distribute
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match="--strategy=multi_worker needs TF_CONFIG"):
+        distribute.create_strategy("multi_worker")
+    with pytest.raises(ConfigError, match="--checkpoint is required"):
+        import_checkpoint(checkpoint=None, config="x", model_dir=str(tmp_path))
 
 
 @pytest.mark.slow
