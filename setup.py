@@ -45,13 +45,13 @@ setup(
         "onnx": ["tf2onnx", "onnxruntime"],
         # Running TFLite files (the export's check of them, the serving benchmark): LiteRT.
         "tflite": ["ai-edge-litert"],
-        # The serving benchmark's OpenVINO side (it reads the exported ONNX file).
-        "openvino": ["openvino"],
+        # `sa-conv-export --formats=...,openvino`: OpenVINO's IR, and its int8 version by NNCF.
+        "openvino": ["openvino", "nncf"],
         # Reading the reference implementation's PyTorch checkpoints and YAML configs.
         "reference": ["torch", "pyyaml"],
         "all": TRAIN + SEARCH + PLOTS,
         "test": ["pytest", "pytest-xdist", "pytest-random-order", "hypothesis", "tf2onnx", "onnxruntime", "openvino",
-                 "ai-edge-litert"],
+                 "nncf", "ai-edge-litert"],
     },
     entry_points={
         "console_scripts": [

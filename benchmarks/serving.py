@@ -22,9 +22,10 @@ random images) and starts one child per side:
   interpreter (its default XNNPACK delegate), with LiteRT's own float32 and int8 peaks;
 * ``onnx``, ``onnx_int8``: the ONNX file and its dynamic int8 quantization in ONNX Runtime,
   with ONNX Runtime's own float32 and int8 (``MatMulInteger``) peaks;
-* ``openvino``: the same ONNX file in OpenVINO's CPU plugin (its default precision for the CPU:
-  bfloat16 where the CPU has it, float32 otherwise; recorded), with OpenVINO's own float32
-  matmul peak. Optional: without ``pip install openvino`` the side is recorded as skipped.
+* ``openvino``, ``openvino_int8``: the export's OpenVINO IR (``--formats=...,openvino``) and its
+  NNCF int8 quantization in OpenVINO's CPU plugin (its default precision for the CPU: bfloat16
+  where the CPU has it, float32 otherwise; recorded), with OpenVINO's own float32 matmul peak.
+  Optional: without ``pip install openvino nncf`` the sides are recorded as skipped.
 
 * ``reference`` (with ``--reference_dir``, a clone of ``epfml/attention-cnn``, and
   ``--reference_python``, an interpreter with torch): the reference's ``BertImage`` of the same
@@ -50,20 +51,22 @@ from benchmarks import harness
 
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
 SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16", "tflite", "tflite_int8", "onnx",
-         "onnx_int8", "openvino")
+         "onnx_int8", "openvino", "openvino_int8")
 # The exported file each runtime side reads, in the float32 export's assets.extra.
 # (The int8 files' names are export.int8's; imported in the functions, after the process is configured.)
-RUNTIME_SIDES = ("tflite", "tflite_int8", "onnx", "onnx_int8", "openvino")
+RUNTIME_SIDES = ("tflite", "tflite_int8", "onnx", "onnx_int8", "openvino", "openvino_int8")
 
 
 def runtime_files() -> dict:
-    """``{side: the file it reads}`` for the `RUNTIME_SIDES`."""
-    from export import int8
+    """``{side: the file it reads}``, relative to the export's version directory, for the
+    `RUNTIME_SIDES`: what the formats of `export.precisions.FORMATS` and `export.int8` write."""
+    from export import formats, int8
 
-    return {"tflite": "model.tflite", "tflite_int8": int8.TFLiteFullInteger.file, "onnx": "model.onnx",
-            "onnx_int8": int8.OnnxDynamicInt8.file, "openvino": "model.onnx"}
-# Sides whose runtime is not a dependency of sa-conv: {side: the module it needs}.
-OPTIONAL_RUNTIMES = {"openvino": "openvino"}
+    return {"tflite": formats.TFLite.file, "tflite_int8": int8.TFLiteFullInteger.file, "onnx": formats.Onnx.file,
+            "onnx_int8": int8.OnnxDynamicInt8.file, "openvino": formats.OpenVINO.file,
+            "openvino_int8": int8.OpenVINOInt8.file}
+# Sides whose runtime is not a dependency of sa-conv: {side: the modules they need}.
+OPTIONAL_RUNTIMES = {"openvino": ("openvino",), "openvino_int8": ("openvino", "nncf")}
 BATCHES = (1, 100)
 
 
@@ -106,7 +109,7 @@ def child(args):
         steps = args.steps if batch == 1 else max(2, args.steps // 5)
         result[f"images_per_second_batch{batch}"] = batch / harness.fastest(lambda: run(x), steps)
     # ONNX Runtime's, OpenVINO's and LiteRT's own peaks for their sides.
-    framework = ("onnxruntime" if args.side.startswith("onnx") else "openvino" if args.side == "openvino"
+    framework = ("onnxruntime" if args.side.startswith("onnx") else "openvino" if args.side.startswith("openvino")
                  else "tflite" if args.side.startswith("tflite") else "tensorflow")
     result["matmul_gflops"] = harness.matmul_peaks(framework, args.matmul_size)
     harness.print_result(result)
@@ -158,15 +161,16 @@ def runtime(side, path, result, float32=False):
         shape = tuple(runner.get_input_details()["images"]["shape"][1:])
         result["runtime"] = f"litert {metadata.version('ai-edge-litert')}"
         return (lambda x: runner(images=x)["probabilities"]), shape
-    if side == "openvino":
+    if side.startswith("openvino"):
         import openvino
 
-        core = openvino.Core()
-        config = {"INFERENCE_NUM_THREADS": threads, **({"INFERENCE_PRECISION_HINT": "f32"} if float32 else {})}
-        compiled = core.compile_model(core.read_model(path), "CPU", config)
+        from export import runtimes
+
+        result["file_megabytes"] = os.path.getsize(path.replace(".xml", ".bin")) / 2**20  # the IR's weights
+        compiled = runtimes.openvino_compiled(path, "f32" if float32 else None, threads)
         request = compiled.create_infer_request()
         result["runtime"] = f"openvino {openvino.__version__}"
-        result["inference_precision"] = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        result["inference_precision"] = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
         shape = tuple(int(d.get_length()) for d in compiled.input(0).get_partial_shape()[1:])  # batch is dynamic
         output = compiled.output(0)
         return (lambda x: request.infer({0: x.astype(np.float32)})[output]), shape
@@ -231,16 +235,19 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     model = sa_conv.build_model(config, name=preset)
     path = os.path.join(workdir, f"{preset}.keras")
     model.save(path)
+    openvino = all(importlib.util.find_spec(m) for m in OPTIONAL_RUNTIMES["openvino_int8"])
     exports = {"saved_model": export(model_path=path, export_dir=os.path.join(workdir, "f32"),
-                                     formats=("saved_model", "tflite", "onnx"), log=lambda s: None)}
-    extra = os.path.join(exports["saved_model"], "assets.extra")
-    # The int8 files the export writes for --precision=int8 (see export.int8).
+                                     formats=("saved_model", "tflite", "onnx") + (("openvino",) if openvino else ()),
+                                     log=lambda s: None)}
+    # The int8 files the export writes for --precision=int8 (see export.int8), from the float32 ones.
     calibration = np.random.default_rng(1).integers(0, 256, (int8.CALIBRATION_IMAGES, *model.inputs[0].shape[1:]),
                                                     dtype=np.uint8)
     frozen = sa_conv.freeze_for_inference(model)
-    for route in int8.ROUTES.values():
-        route.write(exports["saved_model"], frozen, calibration)
-    exports.update({side: os.path.join(extra, name) for side, name in runtime_files().items()})
+    int8.OnnxDynamicInt8().quantize(exports["saved_model"], frozen)
+    int8.TFLiteFullInteger().quantize(exports["saved_model"], calibration)
+    if openvino:
+        int8.OpenVINOInt8().quantize(exports["saved_model"], frozen, calibration)
+    exports.update({side: os.path.join(exports["saved_model"], name) for side, name in runtime_files().items()})
     # Random weights decide nothing of speed, but the agreement check needs a trained model's
     # margins: it is measured by the export tests, not here.
     from export import export as export_lib
@@ -253,8 +260,9 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
         export_lib.MIN_TOP1_AGREEMENT = minimum
     sides = {}
     for side in SIDES:
-        if side in OPTIONAL_RUNTIMES and importlib.util.find_spec(OPTIONAL_RUNTIMES[side]) is None:
-            sides[side] = {"skipped": f"{OPTIONAL_RUNTIMES[side]} is not installed (pip install {OPTIONAL_RUNTIMES[side]})"}
+        missing = [m for m in OPTIONAL_RUNTIMES.get(side, ()) if importlib.util.find_spec(m) is None]
+        if missing:
+            sides[side] = {"skipped": f"{', '.join(missing)} not installed (pip install {' '.join(missing)})"}
             continue
         sides[side] = _child(side, exports.get(side, path), steps, matmul_size)
     if reference_dir:
@@ -283,7 +291,9 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
                          "onnx_int8_over_saved_model": ("onnx_int8", "saved_model"),
                          "onnx_int8_over_onnx": ("onnx_int8", "onnx"),
                          "openvino_over_saved_model": ("openvino", "saved_model"),
-                         "openvino_over_onnx": ("openvino", "onnx")}.items():
+                         "openvino_over_onnx": ("openvino", "onnx"),
+                         "openvino_int8_over_saved_model": ("openvino_int8", "saved_model"),
+                         "openvino_int8_over_openvino": ("openvino_int8", "openvino")}.items():
         if a not in measured or b not in measured:
             continue
         ratios[name] = {f"batch{n}": sides[a][f"images_per_second_batch{n}"] / sides[b][f"images_per_second_batch{n}"]

@@ -1,5 +1,5 @@
-"""int8 files beside the float32 SavedModel (``sa-conv-export --precision=int8``): one route per
-format, chosen once in `ROUTES`.
+"""int8 files beside the float32 SavedModel (``sa-conv-export --precision=int8``): one
+`export.formats.Format` per float32 file it quantizes (`QUANTIZED`).
 
 * ``onnx`` (`OnnxDynamicInt8`, always written): ONNX Runtime's dynamic quantization of the
   float32 ONNX file, ``assets.extra/model_int8.onnx``: int8 weights per tensor, uint8 activations
@@ -9,13 +9,19 @@ format, chosen once in `ROUTES`.
   their ranges calibrated on training images of the run (`CALIBRATION_IMAGES` of them), float32
   kept only where an op has no int8 kernel; uint8 images in, probabilities out, as the float32
   file.
+* ``openvino`` (`OpenVINOInt8`, with ``--formats=...,openvino``): NNCF's post-training
+  quantization of the OpenVINO IR, ``assets.extra/openvino/model_int8.xml``: int8 weights and
+  activations calibrated on `CALIBRATION_IMAGES` training images of the run; what stays float
+  runs in the plugin's precision (bfloat16 on CPUs with AVX512_BF16 or AMX).
 * The SavedModel stays float32 (`SAVED_MODEL_DTYPE`): the int8 files are the ONNX and TFLite
   routes. Which file serves fastest on which CPU is measured by ``benchmarks/serving.py``
   (``docs/performance.md``), not decided here.
 
 Products with precomputed attention probabilities (values in [0, 1], a (heads, N, N) constant
-per block) stay float32 in the ONNX route: a per-tensor int8 scale would round their small
-entries to zero. Each file must pick the float32 model's class on `export.MIN_TOP1_AGREEMENT` of
+per block, or its row and column factors) are left out of the quantization in the ONNX and
+OpenVINO files: a per-tensor int8 scale would round their small entries to zero. (NNCF 3.4
+quantizes neither an ``Einsum`` nor a product of broadcast constants by itself; the files say so
+anyway, in their ``float_nodes``.) Each file must pick the float32 model's class on `export.MIN_TOP1_AGREEMENT` of
 held-out images, as the export checks."""
 
 from __future__ import annotations
@@ -25,36 +31,53 @@ import os
 import numpy as np
 
 import sa_conv
+from export.formats import EXTRA, ExportJob, Format
 from export.onnx_files import store_float16
-from export.runtimes import onnx_runner, tflite_runner
+from export.runtimes import onnx_runner, openvino_default_precision, openvino_runner, tflite_runner
 
 CALIBRATION_IMAGES = 100  # ranges of a full-integer file: enough to cover a dataset's activations
-SAVED_MODEL_DTYPE = "float32"  # the int8 export's SavedModel: its int8 files are the routes below
+SAVED_MODEL_DTYPE = "float32"  # the int8 export's SavedModel: its int8 files are the formats below
 
 
-class OnnxDynamicInt8:
+class Quantized(Format):
+    """An int8 file written from the float32 file of the format ``quantizes`` names. It is
+    checked by the user's criterion only, top-1 agreement with the float32 model (int8 moves
+    probabilities by more than any bound that would still tell a changed computation)."""
+
+    quantizes: str
+    route: str
+
+    def check(self, job: ExportJob) -> dict:
+        return job.agreement(job.served(self), self.what)
+
+
+class OnnxDynamicInt8(Quantized):
     """ONNX Runtime's dynamic quantization of ``assets.extra/model.onnx``."""
 
-    format = "onnx"
-    name = "int8 ONNX file"
-    file = "model_int8.onnx"
+    name = "onnx_int8"
+    quantizes = "onnx"
+    what = "int8 ONNX file"
+    file = os.path.join(EXTRA, "model_int8.onnx")
     route = ("onnxruntime dynamic quantization of the ONNX file (int8 weights per tensor, uint8 activations "
              "quantized per call); precomputed attention probabilities computed in float32; large float32 "
              "constants stored float16")
-    runner = staticmethod(onnx_runner)
 
-    def write(self, version_dir: str, serving, calibration: np.ndarray) -> dict:
+    def write(self, job: ExportJob) -> dict:
         """Writes the file; returns what ``metadata.json`` records of it. The products that read
-        a precomputed probability constant of ``serving`` stay float32, and the large constants
-        left float32 are stored float16 (`store_float16`): otherwise they are most of the file's
-        bytes, and float16 keeps their entries to 2**-11 relative. ``calibration`` is unused: the
-        ranges of activations are measured per call."""
+        a precomputed probability constant of the serving copy stay float32, and the large
+        constants left float32 are stored float16 (`store_float16`): otherwise they are most of
+        the file's bytes, and float16 keeps their entries to 2**-11 relative. The ranges of
+        activations are measured per call: no calibration."""
+        return self.quantize(job.directory, job.serving)
+
+    def quantize(self, version_dir: str, serving) -> dict:
+        """`write` from the float32 ONNX file of ``version_dir`` and the serving copy ``serving``."""
         import onnx
         from onnx import numpy_helper
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        extra = os.path.join(version_dir, "assets.extra")
-        source, target = os.path.join(extra, "model.onnx"), os.path.join(extra, self.file)
+        source = os.path.join(version_dir, EXTRA, "model.onnx")
+        target = os.path.join(version_dir, self.file)
         constants = [np.sort(np.asarray(v.numpy()).ravel()) for v in sa_conv.serving.probability_constants(serving)]
         sizes = {c.size for c in constants}
         graph = onnx.load(source).graph
@@ -70,39 +93,130 @@ class OnnxDynamicInt8:
         # What the quantizer left float32 and is large: the probability constants, and constants
         # no product reads as a weight (a content encoding's (heads, N, N) position logits).
         halved = store_float16(target)
-        return {"route": self.route, "file": os.path.join("assets.extra", self.file),
+        return {"route": self.route, "file": self.file,
                 "megabytes": os.path.getsize(target) / 2**20, "float32_megabytes": os.path.getsize(source) / 2**20,
                 "float32_nodes": float32_nodes, "float16_constants": halved}
 
+    def runner(self, path):
+        return onnx_runner(path)
 
-class TFLiteFullInteger:
+
+class TFLiteFullInteger(Quantized):
     """The TFLite converter's full-integer quantization of the SavedModel's ``serving_default``."""
 
-    format = "tflite"
-    name = "int8 TFLite file"
-    file = "model_int8.tflite"
+    name = "tflite_int8"
+    quantizes = "tflite"
+    what = "int8 TFLite file"
+    file = os.path.join(EXTRA, "model_int8.tflite")
     route = ("TFLite full-integer quantization (int8 weights per channel and activations, ranges calibrated on "
              "training images of the run; float32 only where an op has no int8 kernel)")
-    runner = staticmethod(tflite_runner)
 
-    def write(self, version_dir: str, serving, calibration: np.ndarray) -> dict:
-        """Converts the SavedModel in ``version_dir`` with ``calibration`` (uint8 images) as the
-        representative dataset; returns what ``metadata.json`` records of the file."""
+    def write(self, job: ExportJob) -> dict:
+        """Converts the SavedModel with `CALIBRATION_IMAGES` training images of the run as the
+        representative dataset (``job.calibration``); returns what ``metadata.json`` records."""
+        calibration, source = job.calibration()
+        return {**self.quantize(job.directory, calibration), "calibration_images": f"{len(calibration)} {source}"}
+
+    def quantize(self, version_dir: str, calibration: np.ndarray) -> dict:
+        """`write` from the SavedModel in ``version_dir``, ``calibration`` (uint8 images) as the
+        representative dataset."""
         import tensorflow as tf
 
-        extra = os.path.join(version_dir, "assets.extra")
         converter = tf.lite.TFLiteConverter.from_saved_model(version_dir, signature_keys=["serving_default"])
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.representative_dataset = lambda: ({"images": calibration[i: i + 1]} for i in range(len(calibration)))
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
-        target = os.path.join(extra, self.file)
+        target = os.path.join(version_dir, self.file)
         with open(target, "wb") as f:
             f.write(converter.convert())
-        float32 = os.path.join(extra, "model.tflite")
-        return {"route": self.route, "file": os.path.join("assets.extra", self.file),
+        float32 = os.path.join(version_dir, EXTRA, "model.tflite")
+        return {"route": self.route, "file": self.file,
                 "megabytes": os.path.getsize(target) / 2**20,
                 "float32_megabytes": os.path.getsize(float32) / 2**20 if os.path.exists(float32) else None,
                 "calibration_images": len(calibration)}
 
+    def runner(self, path):
+        return tflite_runner(path)
 
-ROUTES = {route.format: route for route in (OnnxDynamicInt8(), TFLiteFullInteger())}
+
+class OpenVINOInt8(Quantized):
+    """NNCF's post-training quantization of the OpenVINO IR (``assets.extra/openvino/model.xml``)."""
+
+    name = "openvino_int8"
+    quantizes = "openvino"
+    what = "int8 OpenVINO model"
+    file = os.path.join(EXTRA, "openvino", "model_int8.xml")
+    route = ("NNCF post-training quantization of the OpenVINO IR (int8 weights and activations, ranges calibrated on "
+             "training images of the run); products with precomputed attention probabilities left in the plugin's "
+             "float precision")
+
+    def require(self):
+        import importlib.util
+
+        from export.verify import ExportError
+
+        if importlib.util.find_spec("nncf") is None:
+            raise ExportError("--precision=int8 with --formats=...,openvino quantizes with NNCF: pip install nncf "
+                              "(or sa-conv[openvino]).")
+
+    def write(self, job: ExportJob) -> dict:
+        """Quantizes the IR with `CALIBRATION_IMAGES` training images of the run (``job.calibration``)."""
+        calibration, source = job.calibration()
+        return {**self.quantize(job.directory, job.serving, calibration),
+                "calibration_images": f"{len(calibration)} {source}"}
+
+    def quantize(self, version_dir: str, serving, calibration: np.ndarray) -> dict:
+        """`write` from the float32 IR of ``version_dir``, its products with the probability
+        constants of ``serving`` (found by their values) left unquantized."""
+        import nncf
+        import openvino
+
+        source = os.path.join(version_dir, EXTRA, "openvino", "model.xml")
+        target = os.path.join(version_dir, self.file)
+        model = openvino.Core().read_model(source)
+        constants = [np.sort(np.asarray(v.numpy()).ravel()) for v in sa_conv.serving.probability_constants(serving)]
+        sizes = {c.size for c in constants}
+        kept = set()
+        for op in model.get_ops():
+            if op.get_type_name() != "Constant" or int(np.prod(list(op.get_output_shape(0)))) not in sizes:
+                continue
+            values = np.sort(op.get_data().astype(np.float32).ravel())
+            if any(values.shape == c.shape and np.array_equal(values, c) for c in constants):
+                kept.add(op.get_friendly_name())
+        float_nodes = sorted(_consumers(model, kept))
+        dataset = nncf.Dataset([calibration[i: i + 1].astype(np.float32) for i in range(len(calibration))])
+        quantized = nncf.quantize(model, dataset, subset_size=len(calibration),
+                                  ignored_scope=nncf.IgnoredScope(names=float_nodes, validate=False))
+        openvino.save_model(quantized, target, compress_to_fp16=False)
+        float32 = source.replace(".xml", ".bin")
+        return {"route": self.route, "file": self.file,
+                "megabytes": os.path.getsize(target.replace(".xml", ".bin")) / 2**20,
+                "float32_megabytes": os.path.getsize(float32) / 2**20, "float_nodes": float_nodes,
+                "inference_precision": openvino_default_precision()}
+
+    def runner(self, path):
+        return openvino_runner(path)  # the plugin's default precision for what stays float: what a server runs
+
+
+# Ops that move or reshape a constant without computing with it: a product reads the constant through them.
+_LAYOUT_OPS = {"Broadcast", "BroadcastTo", "Reshape", "Transpose", "Convert", "Squeeze", "Unsqueeze", "Tile",
+               "Gather", "Concat", "StridedSlice", "Slice"}
+
+
+def _consumers(model, constants: set[str]) -> set[str]:
+    """The friendly names of the ops of the OpenVINO ``model`` that compute with one of the
+    Constant ops named ``constants``, read directly or through `_LAYOUT_OPS`."""
+    found, frontier = set(), [op for op in model.get_ops() if op.get_friendly_name() in constants]
+    while frontier:
+        op = frontier.pop()
+        for output in op.outputs():
+            for target in output.get_target_inputs():
+                node = target.get_node()
+                if node.get_type_name() in _LAYOUT_OPS:
+                    frontier.append(node)
+                else:
+                    found.add(node.get_friendly_name())
+    return found
+
+
+QUANTIZED = (OnnxDynamicInt8(), TFLiteFullInteger(), OpenVINOInt8())

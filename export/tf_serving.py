@@ -191,3 +191,33 @@ def read_batching(path: str):
 
     with open(path) as f:
         return text_format.Parse(f.read(), batching_message()())
+
+
+def write_files(version_dir: str, loaded, model_name: str, images: np.ndarray, max_batch_size: int,
+                log=print) -> dict:
+    """Writes `BATCHING_FILE` from the throughput of ``loaded``'s ``serving_default`` measured at
+    doubling batches, and `WARMUP_FILE` (when ``tensorflow-serving-api`` is installed): every
+    signature at batch 1 and at the batching's largest batch, from ``images`` (uint8
+    ``(N, H, W, C)``). Returns what ``metadata.json`` records of them."""
+    serve = loaded.signatures["serving_default"]
+    throughput = measure_throughput(lambda **x: serve(**x), {"images": images[0]}, max_batch_size)
+    params = batching_parameters(throughput)
+    write_batching(os.path.join(version_dir, BATCHING_FILE), params)
+    record = {"batching_parameters": BATCHING_FILE, "max_batch_size": params.max_batch_size.value,
+              "allowed_batch_sizes": list(params.allowed_batch_sizes),
+              "measured_images_per_second": {str(b): round(v, 2) for b, v in throughput.items()}}
+    if not available():
+        log(f"No TensorFlow Serving warm-up records: {INSTALL} to write them.")
+        return {**record, "warmup_requests": 0}
+    examples = {}
+    for batch in sorted({1, params.max_batch_size.value}):
+        chosen = np.resize(images, (batch,) + images.shape[1:])
+        png = np.array([tf.io.encode_png(image).numpy() for image in chosen], dtype=object)
+        examples.setdefault("serving_default", []).append({"images": chosen})
+        examples.setdefault("predict_encoded", []).append({"image_bytes": png})
+        if "attention_maps" in loaded.signatures:
+            examples.setdefault("attention_maps", []).append({"images": chosen,
+                                                              "query_pixel": np.zeros(2, np.int32)})
+    logs = warmup_requests(model_name, examples)
+    write_warmup(os.path.join(version_dir, WARMUP_FILE), logs)
+    return {**record, "warmup_requests": len(logs), "warmup_file": WARMUP_FILE}

@@ -1,5 +1,6 @@
 """Serving export: SavedModel layout, signatures, reloading, bad input, atomicity."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -292,6 +293,38 @@ def test_onnx_format_is_verified_with_onnx_runtime(real_images, tmp_path):
     _check_onnx(version, model, real_images)
 
 
+def test_openvino_format_writes_an_ir_checked_in_float32_and_records_the_plugins_precision(real_images, tmp_path,
+                                                                                          monkeypatch):
+    """``--formats=openvino``: OpenVINO's IR beside the SavedModel, checked against the Keras model
+    in float32 whatever the CPU, with the precision the plugin picks by itself recorded. An IR of
+    other weights is refused by that check."""
+    pytest.importorskip("openvino")
+    keras.utils.set_random_seed(0)
+    model = sa_conv.build_model("sa_quadratic_small", num_layers=1)
+    model.save(tmp_path / "m.keras")
+    version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
+                                formats=["saved_model", "openvino"], tf_serving_files=False, log=lambda s: None)
+    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    record = meta["files"]["openvino"]
+    assert record["file"] == "assets.extra/openvino/model.xml" and record["checked_inference_precision"] == "f32"
+    assert record["default_inference_precision"] == runtimes.openvino_default_precision()
+    assert os.path.isfile(os.path.join(version, "assets.extra", "openvino", "model.bin"))
+    assert meta["verification"]["max_abs_error"]["openvino"] < 1e-4
+    probabilities = runtimes.openvino_runner(os.path.join(version, record["file"]), "f32")(real_images)
+    np.testing.assert_allclose(probabilities, tf.nn.softmax(model.predict(real_images, verbose=0)).numpy(), atol=1e-4)
+    # The IR of another model (other weights): the check refuses it, and no version is left.
+    from export import formats
+
+    other = sa_conv.build_model("sa_quadratic_small", num_layers=1)
+    write = formats.OpenVINO.write
+    monkeypatch.setattr(formats.OpenVINO, "write", lambda self, job: write(self, dataclasses.replace(
+        job, serving=sa_conv.freeze_for_inference(other))))
+    with pytest.raises(export_lib.ExportError, match="The OpenVINO model disagrees with the Keras model"):
+        export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "refused"),
+                          formats=["saved_model", "openvino"], tf_serving_files=False, log=lambda s: None)
+    assert list((tmp_path / "refused").glob("*/*")) == []
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
@@ -398,6 +431,37 @@ def test_int8_export_writes_a_quantized_onnx_file_that_picks_float32s_classes(co
     assert np.mean(probabilities.argmax(-1) == model.predict(held_out, verbose=0).argmax(-1)) >= 0.99
     # The SavedModel itself stays float32 and is checked as float32 exports are.
     assert meta["verification"]["max_abs_error"]["saved_model"] <= 1e-5
+
+
+def test_int8_openvino_is_quantized_by_nncf_and_keeps_the_probability_products_float(confident_model, tmp_path):
+    """With --formats=...,openvino the int8 export adds NNCF's quantization of the IR, calibrated
+    on the run's images, under the same agreement guard; the products with the precomputed
+    attention probabilities are left out of the quantization."""
+    pytest.importorskip("nncf")
+    import openvino
+
+    model, root = confident_model
+    held_out = np.load(root / "held_out.npz")["images"]
+    version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(tmp_path / "out"), precision="int8",
+                                formats=("saved_model", "openvino"), agreement_images=str(root / "held_out.npz"),
+                                tf_serving_files=False, log=lambda s: None)
+    files = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))["precision"]["files"]
+    assert sorted(files) == ["onnx", "openvino"]
+    record = files["openvino"]
+    assert record["route"] == int8.OpenVINOInt8.route and record["file"] == "assets.extra/openvino/model_int8.xml"
+    assert record["top1_agreement"] >= 0.99 and record["megabytes"] < record["float32_megabytes"] / 2
+    ir = openvino.Core().read_model(os.path.join(version, record["file"]))
+    quantizers = {op.get_friendly_name() for op in ir.get_ops() if op.get_type_name() == "FakeQuantize"}
+    assert quantizers  # int8 activations and weights
+    # The two products of the separable path read the row and column probabilities unquantized
+    # (found in the float32 IR: quantized, the products read them through FakeQuantize ops).
+    assert len(record["float_nodes"]) == 2
+    for name in record["float_nodes"]:
+        [op] = [op for op in ir.get_ops() if op.get_friendly_name() == name]
+        sources = {i.get_source_output().get_node().get_type_name() for i in op.inputs()}
+        assert "FakeQuantize" not in sources and sources & {"Broadcast", "Constant"}, (name, sources)
+    probabilities = runtimes.openvino_runner(os.path.join(version, record["file"]))(held_out)
+    assert np.mean(probabilities.argmax(-1) == model.predict(held_out, verbose=0).argmax(-1)) >= 0.99
 
 
 def test_int8_tflite_is_full_integer_calibrated_on_the_runs_training_images(confident_model, tmp_path):
@@ -550,9 +614,9 @@ def test_int8_guard_scores_the_int8_file_not_the_float32_one(tmp_path, monkeypat
 
     write = int8.OnnxDynamicInt8.write
 
-    def write_then_negate(self, version_dir, serving, calibration):
-        record = write(self, version_dir, serving, calibration)
-        path = os.path.join(version_dir, record["file"])
+    def write_then_negate(self, job):
+        record = write(self, job)
+        path = os.path.join(job.directory, record["file"])
         model = onnx.load(path)
         output = model.graph.output[0].name
         for node in model.graph.node:
@@ -740,13 +804,14 @@ def test_agreement_images_from_npy_and_npz_and_clear_errors(tmp_path):
 
 def test_every_runtime_side_of_the_serving_benchmark_reads_the_exported_files(real_images, tmp_path):
     """What `benchmarks/serving.py` times is what the export wrote, in each runtime: LiteRT's
-    probabilities, and ONNX Runtime's and OpenVINO's logits of the same ONNX file, equal to the
+    probabilities, ONNX Runtime's logits of the ONNX file and OpenVINO's of the IR, equal to the
     Keras model's."""
     from benchmarks import serving as serving_benchmark
 
     model = _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
     version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
-                                formats=["saved_model", "tflite", "onnx"], tf_serving_files=False, log=lambda s: None)
+                                formats=["saved_model", "tflite", "onnx", "openvino"], tf_serving_files=False,
+                                log=lambda s: None)
     images = real_images[:2]
     logits = model(images.astype(np.float32)).numpy()
     for side, file in serving_benchmark.runtime_files().items():
@@ -754,10 +819,10 @@ def test_every_runtime_side_of_the_serving_benchmark_reads_the_exported_files(re
             continue  # quantized: its agreement is the int8 export tests'
         record = {}
         # float32 asked for: OpenVINO would infer in bfloat16 on an AVX512_BF16 or AMX CPU.
-        run, shape = serving_benchmark.runtime(side, os.path.join(version, "assets.extra", file), record, float32=True)
+        run, shape = serving_benchmark.runtime(side, os.path.join(version, file), record, float32=True)
         assert shape == (32, 32, 3) and record["runtime"].split()[0] in ("litert", "onnxruntime", "openvino")
         if side == "openvino":
-            assert record["inference_precision"] in ("f32", "<Type: 'float32'>"), record["inference_precision"]
+            assert record["inference_precision"] == "f32", record["inference_precision"]
         out = np.asarray(run(images))
         want = tf.nn.softmax(logits).numpy() if side == "tflite" else logits
         np.testing.assert_allclose(out, want, atol=1e-4, err_msg=side)

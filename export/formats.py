@@ -1,0 +1,202 @@
+"""The files an export writes: one class per format.
+
+A `Format` names what it needs installed (`require`), writes its file into the version being
+exported (`write`, from an `ExportJob`), and runs that file in the runtime that serves it
+(`runner`: ``images (N, H, W, C) uint8 -> probabilities (N, classes)``). The export's
+`precisions.Precision` chooses the formats and checks each file the same way (`Format.check`):
+against the Keras model it was written from, to its precision's bound. A new format is one class
+here (a quantized one, in `export.int8`) and its entry in `precisions.FORMATS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Callable
+
+import numpy as np
+
+from export import onnx_files, runtimes, signatures, tf_serving
+from export.verify import CONVERTED_FLOAT32_TOLERANCE, FLOAT32_TOLERANCE, ExportError, Top1Agreement
+
+EXTRA = "assets.extra"
+
+
+@dataclasses.dataclass
+class ExportJob:
+    """One export in progress: what every format reads.
+
+    ``model`` is the trained float32 model every file is compared with; ``serving`` its serving
+    copy (`sa_conv.freeze_for_inference`) in the export's precision, which the files are written
+    from; ``directory`` the version being written (the SavedModel's root); ``images`` uint8
+    ``(N, H, W, C)`` verification images (``source`` says which) and ``expected`` the float32
+    model's probabilities ``(N, classes)`` on them."""
+
+    model: object
+    serving: object
+    precision: object
+    directory: str
+    model_name: str
+    class_names: list
+    images: np.ndarray
+    source: str
+    expected: np.ndarray
+    agreement: Top1Agreement
+    calibration: Callable[[], tuple[np.ndarray, str]]
+    max_image_pixels: int = signatures.DEFAULT_MAX_IMAGE_PIXELS
+    max_batch_size: int = signatures.DEFAULT_MAX_BATCH_SIZE
+    tf_serving_files: bool = True
+    log: Callable = print
+    runners: dict = dataclasses.field(default_factory=dict)
+
+    def path(self, fmt: "Format") -> str:
+        return os.path.join(self.directory, fmt.file)
+
+    def served(self, fmt: "Format"):
+        """``fmt``'s file as a function of images, made once per export."""
+        if fmt.name not in self.runners:
+            self.runners[fmt.name] = fmt.runner(self.path(fmt))
+        return self.runners[fmt.name]
+
+
+class Format:
+    """One exported file. ``name`` is its key in ``--formats`` and ``metadata.json``; ``file`` its
+    path in the version directory; ``what`` how messages name it; ``tolerance`` the largest
+    |difference| of probabilities from the float32 Keras model accepted in float32."""
+
+    name: str
+    file: str
+    what: str
+    tolerance = CONVERTED_FLOAT32_TOLERANCE
+
+    def require(self) -> None:
+        """ExportError naming the install when what the file is written or checked with is
+        missing; called before anything is written."""
+
+    def write(self, job: ExportJob) -> dict:
+        """Writes the file; returns what ``metadata.json`` records of it."""
+        raise NotImplementedError
+
+    def runner(self, path: str) -> Callable[[np.ndarray], np.ndarray]:
+        """``images (N, H, W, C) uint8 -> probabilities (N, classes)`` of the file at ``path``."""
+        raise NotImplementedError
+
+    def check(self, job: ExportJob) -> dict:
+        """The file against the Keras model, as the export's precision checks a file of it:
+        ``{"max_abs_error", "tolerance"}`` (and the top-1 agreement where the precision asks)."""
+        return job.precision.check(self, job.served(self), job)
+
+
+class SavedModel(Format):
+    """The SavedModel TensorFlow Serving loads (the version directory itself), with its
+    signatures (`signatures.build_archive`) and, when asked, TensorFlow Serving's batching
+    parameters and warm-up records (`tf_serving.write_files`)."""
+
+    name = "saved_model"
+    file = ""
+    what = "SavedModel"
+    tolerance = FLOAT32_TOLERANCE  # the same graph as the Keras model's, in TensorFlow
+
+    def write(self, job):
+        import tensorflow as tf
+
+        archive = signatures.build_archive(job.serving, job.class_names, job.max_image_pixels, job.max_batch_size)
+        archive.write_out(job.directory, verbose=False)
+        loaded = tf.saved_model.load(job.directory)
+        job.runners[self.name] = self._served(loaded, job.max_batch_size)
+        os.makedirs(os.path.join(job.directory, EXTRA), exist_ok=True)
+        files = (tf_serving.write_files(job.directory, loaded, job.model_name, job.images, job.max_batch_size, job.log)
+                 if job.tf_serving_files else None)
+        return {"signatures": sorted(loaded.signatures.keys()), "tf_serving": files}
+
+    def runner(self, path):
+        import tensorflow as tf
+
+        return self._served(tf.saved_model.load(path), signatures.DEFAULT_MAX_BATCH_SIZE)
+
+    @staticmethod
+    def _served(loaded, max_batch_size):
+        import tensorflow as tf
+
+        serve = loaded.signatures["serving_default"]
+        return lambda images: np.concatenate([
+            serve(images=tf.constant(images[i: i + max_batch_size]))["probabilities"].numpy()
+            for i in range(0, len(images), max_batch_size)])
+
+
+class TFLite(Format):
+    """The SavedModel's ``serving_default`` as a TFLite file, builtin ops only (LiteRT has no
+    TensorFlow-op delegate: an op without a TFLite kernel fails here, by name, not when served)."""
+
+    name = "tflite"
+    file = os.path.join(EXTRA, "model.tflite")
+    what = "TFLite model"
+
+    def require(self):
+        try:
+            import ai_edge_litert  # noqa: F401  (only to name the package when it is missing)
+        except ImportError:
+            raise ExportError(f"--formats=tflite checks the file in LiteRT: {runtimes.LITERT_INSTALL}.") from None
+
+    def write(self, job):
+        import tensorflow as tf
+
+        converter = tf.lite.TFLiteConverter.from_saved_model(job.directory, signature_keys=["serving_default"])
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        with open(job.path(self), "wb") as f:
+            f.write(converter.convert())
+        return {"file": self.file}
+
+    def runner(self, path):
+        return runtimes.tflite_runner(path)
+
+
+class Onnx(Format):
+    """The serving copy as ONNX (Keras's exporter, through tf2onnx), its constant shapes folded
+    (`onnx_files.fold_constant_shapes`), run in ONNX Runtime."""
+
+    name = "onnx"
+    file = os.path.join(EXTRA, "model.onnx")
+    what = "ONNX model"
+
+    def require(self):
+        try:
+            import onnxruntime  # noqa: F401
+            import tf2onnx  # noqa: F401
+        except ImportError:
+            raise ExportError("--formats=onnx needs tf2onnx and onnxruntime: pip install -e '.[onnx]'.") from None
+
+    def write(self, job):
+        job.serving.export(job.path(self), format="onnx", verbose=False)
+        onnx_files.fold_constant_shapes(job.path(self))
+        return {"file": self.file}
+
+    def runner(self, path):
+        return runtimes.onnx_runner(path)
+
+
+class OpenVINO(Format):
+    """OpenVINO's IR of the serving copy (``model.xml``, its weights in ``model.bin`` beside it;
+    Keras's exporter, through `openvino.convert_model`), run in OpenVINO's CPU plugin. It is
+    checked in float32 (the plugin's ``INFERENCE_PRECISION_HINT=f32``); ``metadata.json`` records
+    the precision the plugin picks by itself on the exporting CPU (bfloat16 where it has
+    AVX512_BF16 or AMX), which is what a server that sets no hint runs."""
+
+    name = "openvino"
+    file = os.path.join(EXTRA, "openvino", "model.xml")
+    what = "OpenVINO model"
+
+    def require(self):
+        if importlib.util.find_spec("openvino") is None:
+            raise ExportError(f"--formats=openvino needs OpenVINO: {runtimes.OPENVINO_INSTALL}.")
+
+    def write(self, job):
+        os.makedirs(os.path.dirname(job.path(self)), exist_ok=True)
+        job.serving.export(job.path(self), format="openvino", verbose=False)
+        return {"file": self.file, "checked_inference_precision": "f32",
+                "default_inference_precision": runtimes.openvino_default_precision()}
+
+    def runner(self, path):
+        return runtimes.openvino_runner(path, inference_precision="f32")
+
