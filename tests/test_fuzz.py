@@ -49,6 +49,26 @@ def test_bit_flipped_batch_files(flips):
     _parse(bytes(blob))
 
 
+def test_a_corrupt_memo_index_is_refused_without_growing_the_memo():
+    """A bit flip that turns a memo write into a long one with a large index (the index of a
+    ``LONG_BINPUT``) made the unpickler allocate and fill a memo of that size (21 GB, killed by
+    the kernel): the file is refused as corrupt, allocating nothing of that size."""
+    import struct
+    import tracemalloc
+
+    blob = bytearray(_valid_batch())
+    put = blob.index(pickle.BINPUT)  # the first memo write: BINPUT <1-byte index>
+    blob[put: put + 2] = pickle.LONG_BINPUT + struct.pack("<I", 2 ** 24)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DatasetError, match="truncated or corrupt"):
+            data.parse_batch(bytes(blob), "fuzzed")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 ** 24  # the memo alone would be 8 bytes a slot, 2 ** 25 slots
+
+
 _VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True), st.text(max_size=5),
     st.binary(max_size=5), st.lists(st.integers(-20, 20), max_size=5),

@@ -34,6 +34,7 @@ import functools
 import io
 import os
 import pickle
+import pickletools
 import socket
 import tarfile
 import urllib.parse
@@ -160,6 +161,20 @@ class _RefusedGlobal(pickle.UnpicklingError):
     pass
 
 
+# The opcodes that index the unpickler's memo: a writer numbers its entries from 0, one per opcode
+# at most, but a corrupt index makes the unpickler grow its memo to that size and fill it (a
+# flipped bit asked for 21 GB).
+_MEMO_OPCODES = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"})
+
+
+def _check_memo_indices(blob: bytes) -> None:
+    """UnpicklingError when a memo index of the pickle ``blob`` is beyond its count of opcodes
+    (read without running anything)."""
+    for count, (opcode, argument, _) in enumerate(pickletools.genops(blob), start=1):
+        if opcode.name in _MEMO_OPCODES and int(argument) > count:
+            raise pickle.UnpicklingError(f"memo index {argument} at opcode {count}")
+
+
 def safe_unpickle(blob: bytes, name: str):
     """Unpickles an official CIFAR file, refusing every global that those files do not use.
 
@@ -168,6 +183,7 @@ def safe_unpickle(blob: bytes, name: str):
         the file is truncated or corrupt.
     """
     try:
+        _check_memo_indices(blob)
         return _RestrictedUnpickler(io.BytesIO(blob), encoding="bytes").load()
     except _RefusedGlobal as exc:
         raise DatasetError(
