@@ -226,7 +226,7 @@ def matmul_peaks(framework: str = "tensorflow", size: int = 2048, repeats: int =
     """GFLOP/s of a ``size``-square matmul in float32 and bfloat16 (best of ``repeats``), with
     ``framework`` (``"tensorflow"`` or ``"torch"``) in this process: the peak a side's achieved
     FLOP rate is a fraction of. ``"onnxruntime"``: float32 and int8 (`_onnxruntime_peaks`);
-    ``"openvino"``: float32 (`_openvino_peaks`); ``"tflite"``: float32 and int8 (`_tflite_peaks`)."""
+    ``"openvino"``: float32 and int8 (`_openvino_peaks`); ``"tflite"``: float32 and int8 (`_tflite_peaks`)."""
     flop = 2 * size ** 3
     peaks = {}
     if framework == "onnxruntime":
@@ -315,21 +315,35 @@ def _tflite_peaks(size: int, repeats: int) -> dict:
 
 
 def _openvino_peaks(size: int, repeats: int) -> dict:
-    """OpenVINO's float32 GFLOP/s of a ``size``-square matmul (a constant right factor, as a
-    model's weights) on its CPU plugin, all cores, at float32 inference precision."""
+    """OpenVINO's GFLOP/s of a ``size``-square matmul (a constant right factor, as a model's
+    weights) on its CPU plugin, all cores: in float32 (float32 inference precision), and in int8
+    (both factors through ``FakeQuantize``, as NNCF writes a quantized product; the plugin runs
+    it as an int8 matmul)."""
     import numpy as np
     import openvino
     from openvino import opset13 as ops
 
     rng = np.random.default_rng(0)
-    a = ops.parameter([size, size], np.float32)
-    model = openvino.Model([ops.matmul(a, ops.constant(rng.standard_normal((size, size)).astype(np.float32)),
-                                       False, False)], [a])
-    compiled = openvino.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": os.cpu_count(),
-                                                            "INFERENCE_PRECISION_HINT": "f32"})
-    request = compiled.create_infer_request()
     x = rng.standard_normal((size, size)).astype(np.float32)
-    return {"float32": 2 * size ** 3 / fastest(lambda: request.infer({0: x}), repeats) / 1e9}
+    weights = rng.standard_normal((size, size)).astype(np.float32)
+
+    def quantized(node, low, high, levels):
+        low, high = np.float32(low), np.float32(high)
+        return ops.fake_quantize(node, low, high, low, high, levels)
+
+    # int8: signed activations (256 levels, -128..127 steps) and symmetric weights (255 levels), the
+    # ranges the plugin's low-precision transformations turn into an int8 matmul.
+    wraps = {"float32": (lambda node: node, lambda node: node),
+             "int8": (lambda node: quantized(node, -4.0, 4.0 * 127 / 128, 256), lambda node: quantized(node, -4.0, 4.0, 255))}
+    peaks = {}
+    for precision, (activations, constant) in wraps.items():
+        a = ops.parameter([size, size], np.float32)
+        model = openvino.Model([ops.matmul(activations(a), constant(ops.constant(weights)), False, False)], [a])
+        compiled = openvino.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": os.cpu_count(),
+                                                                "INFERENCE_PRECISION_HINT": "f32"})
+        request = compiled.create_infer_request()
+        peaks[precision] = 2 * size ** 3 / fastest(lambda: request.infer({0: x}), repeats) / 1e9
+    return peaks
 
 
 def machine(peaks: dict | None = None) -> dict:

@@ -150,7 +150,7 @@ def runtime(side, path, result, float32=False):
     import numpy as np
 
     threads = os.cpu_count()
-    result["file_megabytes"] = os.path.getsize(path) / 2**20
+    result["file"], result["file_megabytes"] = os.path.basename(path), os.path.getsize(path) / 2**20
     if side.startswith("tflite"):
         from importlib import metadata
 
@@ -223,7 +223,11 @@ def _child(side, path, steps, matmul_size, python=None, reference_dir=None):
     return harness.run_side(__name__, side, args, python, env=process.child_environment())
 
 
-def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=None, matmul_size=2048):
+def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=None, matmul_size=2048,
+                   only=SIDES, earlier=None):
+    """The sides ``only`` of ``preset`` (and the reference's with ``reference_dir``), beside the
+    sides of ``earlier`` (this preset's entry of an earlier run, with ``--merge``) not measured
+    again; each side's fraction of its peak and the ratios between sides."""
     import numpy as np
 
     import sa_conv
@@ -235,17 +239,19 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     model = sa_conv.build_model(config, name=preset)
     path = os.path.join(workdir, f"{preset}.keras")
     model.save(path)
-    openvino = all(importlib.util.find_spec(m) for m in OPTIONAL_RUNTIMES["openvino_int8"])
+    only = [side for side in only if not [m for m in OPTIONAL_RUNTIMES.get(side, ()) if not importlib.util.find_spec(m)]]
+    formats = [name for name in ("tflite", "onnx", "openvino") if any(s.startswith(name) for s in only)]
     exports = {"saved_model": export(model_path=path, export_dir=os.path.join(workdir, "f32"),
-                                     formats=("saved_model", "tflite", "onnx") + (("openvino",) if openvino else ()),
-                                     log=lambda s: None)}
+                                     formats=["saved_model", *formats], log=lambda s: None)}
     # The int8 files the export writes for --precision=int8 (see export.int8), from the float32 ones.
     calibration = np.random.default_rng(1).integers(0, 256, (int8.CALIBRATION_IMAGES, *model.inputs[0].shape[1:]),
                                                     dtype=np.uint8)
     frozen = sa_conv.freeze_for_inference(model)
-    int8.OnnxDynamicInt8().quantize(exports["saved_model"], frozen)
-    int8.TFLiteFullInteger().quantize(exports["saved_model"], calibration)
-    if openvino:
+    if "onnx_int8" in only:
+        int8.OnnxDynamicInt8().quantize(exports["saved_model"], frozen)
+    if "tflite_int8" in only:
+        int8.TFLiteFullInteger().quantize(exports["saved_model"], calibration)
+    if "openvino_int8" in only:
         int8.OpenVINOInt8().quantize(exports["saved_model"], frozen, calibration)
     exports.update({side: os.path.join(exports["saved_model"], name) for side, name in runtime_files().items()})
     # Random weights decide nothing of speed, but the agreement check needs a trained model's
@@ -254,17 +260,22 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
 
     minimum, export_lib.MIN_TOP1_AGREEMENT = export_lib.MIN_TOP1_AGREEMENT, 0.0
     try:
-        exports["saved_model_bfloat16"] = export(model_path=path, export_dir=os.path.join(workdir, "bf16"),
-                                                 precision="bfloat16", tf_serving_files=False, log=lambda s: None)
+        if "saved_model_bfloat16" in only:
+            exports["saved_model_bfloat16"] = export(model_path=path, export_dir=os.path.join(workdir, "bf16"),
+                                                     precision="bfloat16", tf_serving_files=False,
+                                                     log=lambda s: None)
     finally:
         export_lib.MIN_TOP1_AGREEMENT = minimum
-    sides = {}
+    today = datetime.date.today().isoformat()
+    # An earlier run's sides keep the day they were timed; this run's get today.
+    sides = {side: {"date": earlier.get("date"), **run} for side, run in (earlier or {}).get("sides", {}).items()}
     for side in SIDES:
         missing = [m for m in OPTIONAL_RUNTIMES.get(side, ()) if importlib.util.find_spec(m) is None]
         if missing:
             sides[side] = {"skipped": f"{', '.join(missing)} not installed (pip install {' '.join(missing)})"}
-            continue
-        sides[side] = _child(side, exports.get(side, path), steps, matmul_size)
+        elif side in only:
+            print(f"{preset}: timing {side} ...", flush=True)
+            sides[side] = {**_child(side, exports.get(side, path), steps, matmul_size), "date": today}
     if reference_dir:
         sides["reference"] = _child("reference", json.dumps(config.to_dict()), steps, matmul_size, reference_python,
                                     reference_dir)
@@ -273,6 +284,8 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     forwards = {"in_process_live": flops.forward_flops(config), "reference": flops.forward_flops(config, fast=False)}
     measured = {side: run for side, run in sides.items() if "skipped" not in run}
     for side, run in measured.items():  # the reference computes in float32
+        if side not in only and not (side == "reference" and reference_dir):
+            continue  # an earlier run's, with its own figures
         precision = "bfloat16" if side.endswith("bfloat16") else "int8" if side.endswith("int8") else "float32"
         peak = run["matmul_gflops"][precision]
         forward = forwards.get(side, flops.forward_flops(config, frozen=True))
@@ -280,31 +293,44 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
         for batch in BATCHES:
             achieved = run[f"images_per_second_batch{batch}"] * forward / 1e9
             run[f"fraction_of_matmul_peak_batch{batch}"] = achieved / peak
-    ratios = {}
-    for name, (a, b) in {"saved_model_over_in_process": ("saved_model", "in_process"),
-                         "in_process_over_live": ("in_process", "in_process_live"),
-                         "bfloat16_over_float32_export": ("saved_model_bfloat16", "saved_model"),
-                         "tflite_over_saved_model": ("tflite", "saved_model"),
-                         "onnx_over_saved_model": ("onnx", "saved_model"),
-                         "tflite_int8_over_saved_model": ("tflite_int8", "saved_model"),
-                         "tflite_int8_over_tflite": ("tflite_int8", "tflite"),
-                         "onnx_int8_over_saved_model": ("onnx_int8", "saved_model"),
-                         "onnx_int8_over_onnx": ("onnx_int8", "onnx"),
-                         "openvino_over_saved_model": ("openvino", "saved_model"),
-                         "openvino_over_onnx": ("openvino", "onnx"),
-                         "openvino_int8_over_saved_model": ("openvino_int8", "saved_model"),
-                         "openvino_int8_over_openvino": ("openvino_int8", "openvino")}.items():
-        if a not in measured or b not in measured:
-            continue
-        ratios[name] = {f"batch{n}": sides[a][f"images_per_second_batch{n}"] / sides[b][f"images_per_second_batch{n}"]
-                        for n in BATCHES}
-    if "reference" in sides:
-        for side in measured:
-            ratios[f"{side}_over_reference"] = {
-                f"batch{n}": sides[side][f"images_per_second_batch{n}"] / sides["reference"][f"images_per_second_batch{n}"]
-                for n in BATCHES}
-    return {"date": datetime.date.today().isoformat(), "forward_gflops_per_image": forwards["in_process_live"] / 1e9,
+    fresh = set(only) | ({"reference"} if reference_dir else set())
+    ratios = ratios_of(sides, fresh, (earlier or {}).get("ratios", {}))
+    return {"date": today, "forward_gflops_per_image": forwards["in_process_live"] / 1e9,
             "sides": sides, "ratios": ratios}
+
+
+RATIOS = {"saved_model_over_in_process": ("saved_model", "in_process"),
+          "in_process_over_live": ("in_process", "in_process_live"),
+          "bfloat16_over_float32_export": ("saved_model_bfloat16", "saved_model"),
+          "tflite_over_saved_model": ("tflite", "saved_model"),
+          "onnx_over_saved_model": ("onnx", "saved_model"),
+          "tflite_int8_over_saved_model": ("tflite_int8", "saved_model"),
+          "tflite_int8_over_tflite": ("tflite_int8", "tflite"),
+          "onnx_int8_over_saved_model": ("onnx_int8", "saved_model"),
+          "onnx_int8_over_onnx": ("onnx_int8", "onnx"),
+          "openvino_over_saved_model": ("openvino", "saved_model"),
+          "openvino_over_onnx": ("openvino", "onnx"),
+          "openvino_int8_over_saved_model": ("openvino_int8", "saved_model"),
+          "openvino_int8_over_openvino": ("openvino_int8", "openvino")}
+
+
+def ratios_of(sides: dict, fresh: set, earlier: dict) -> dict:
+    """``{name: {"batch<n>": images/s of a over b}}`` for the pairs of `RATIOS` and every side over
+    the reference, from ``sides`` (``{side: its record}``, skipped ones without figures). A ratio is
+    of sides timed side by side in one run: of two ``fresh`` sides (timed now), computed; of two
+    sides of an earlier run, that run's (``earlier``); of one of each, none."""
+    measured = {side for side, run in sides.items() if "skipped" not in run}
+    pairs = {**RATIOS, **{f"{side}_over_reference": (side, "reference") for side in SIDES}}
+    ratios = {}
+    for name, (a, b) in pairs.items():
+        if a not in measured or b not in measured or (a in fresh) != (b in fresh):
+            continue
+        if a in fresh:
+            ratios[name] = {f"batch{n}": sides[a][f"images_per_second_batch{n}"] / sides[b][f"images_per_second_batch{n}"]
+                            for n in BATCHES}
+        elif name in earlier:
+            ratios[name] = earlier[name]
+    return ratios
 
 
 def aggregation(steps, grids=(4, 8, 12, 16, 24), batches=BATCHES):
@@ -338,6 +364,8 @@ def main():
     parser = harness.arguments(__doc__, "serving.json")
     parser.add_argument("--presets", default=",".join(PAPER))
     parser.add_argument("--steps", type=int, default=10, help="timed calls at batch 1 (batch 100: a fifth)")
+    parser.add_argument("--sides", default=",".join(SIDES), help="the sides to time (with --merge, the others of "
+                        "each preset's earlier entry stay)")
     parser.add_argument("--aggregation_only", action="store_true")
     parser.add_argument("--reference_dir", help="a clone of epfml/attention-cnn: adds the reference side")
     parser.add_argument("--reference_python", default=None, help="an interpreter with torch for the reference side")
@@ -357,10 +385,19 @@ def main():
         harness.write_report(args.output, record, merge=args.merge)
         return
     record["presets"] = {}
+    only = [side for side in args.sides.split(",") if side]
+    unknown = sorted(set(only) - set(SIDES))
+    if unknown:
+        parser.error(f"--sides: unknown {unknown}; the sides are {', '.join(SIDES)}")
+    earlier = {}
+    if args.merge and os.path.exists(args.output):
+        with open(args.output) as f:
+            earlier = json.load(f).get("runs", {}).get(harness.cpu_class(), {}).get("presets", {})
     with tempfile.TemporaryDirectory() as workdir:
         for preset in [p for p in args.presets.split(",") if p]:
             record["presets"][preset] = measure_preset(preset, args.steps, workdir, args.reference_dir,
-                                                       args.reference_python, args.matmul_size)
+                                                       args.reference_python, args.matmul_size, only,
+                                                       earlier.get(preset))
             print(preset, json.dumps(record["presets"][preset]["ratios"]), flush=True)
             # After every preset (an interrupted run keeps the ones it finished), under this CPU's
             # class: which format serves fastest depends on the CPU's matrix units, so the runs of

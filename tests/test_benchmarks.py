@@ -206,3 +206,25 @@ def test_runs_of_other_cpus_stay_and_a_merge_keeps_unmeasured_presets(tmp_path, 
     write({"process": {}, "presets": {"p2": {"x": 5}}})  # no merge: this class's run replaced
     with open(path) as f:
         assert json.load(f)["runs"]["CPU B, AVX-512"]["presets"] == {"p2": {"x": 5}}
+
+
+def test_serving_ratios_are_of_sides_timed_in_one_run():
+    """`benchmarks.serving --sides=... --merge` times some sides again: a ratio of two of them is
+    computed, a ratio of two untouched sides is the earlier run's, and none mixes the two runs."""
+    from benchmarks import serving
+
+    def side(batch1, batch100):
+        return {"images_per_second_batch1": batch1, "images_per_second_batch100": batch100}
+
+    sides = {"saved_model": side(10.0, 100.0), "openvino": side(30.0, 250.0), "onnx": side(20.0, 150.0),
+             "tflite": side(5.0, 40.0), "openvino_int8": {"skipped": "nncf not installed"}}
+    earlier = {"tflite_over_saved_model": {"batch1": 0.25, "batch100": 0.5},
+               "openvino_over_saved_model": {"batch1": 9.0, "batch100": 9.0}}
+    ratios = serving.ratios_of(sides, {"saved_model", "openvino"}, earlier)
+    assert ratios["openvino_over_saved_model"] == {"batch1": 3.0, "batch100": 2.5}  # timed now, not the earlier 9
+    assert "openvino_over_onnx" not in ratios and "onnx_over_saved_model" not in ratios  # one side of each run
+    assert "tflite_over_saved_model" not in ratios  # its saved_model is not the one timed now
+    assert "openvino_int8_over_openvino" not in ratios  # skipped
+    untouched = serving.ratios_of(sides, {"openvino"}, earlier)
+    assert untouched["tflite_over_saved_model"] == {"batch1": 0.25, "batch100": 0.5}  # both of the earlier run
+    assert set(untouched) == {"tflite_over_saved_model"}  # no earlier onnx ratio; openvino is of this run

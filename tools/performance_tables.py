@@ -173,8 +173,16 @@ SERVING_SIDES = {"in_process_live": "in-process, as trained", "in_process": "in-
                  "saved_model": "SavedModel", "saved_model_bfloat16": "SavedModel, bfloat16",
                  "tflite": "TFLite (LiteRT, XNNPACK)", "tflite_int8": "TFLite int8 (LiteRT, XNNPACK)",
                  "onnx": "ONNX (ONNX Runtime)",
-                 "onnx_int8": "ONNX int8 (ONNX Runtime)", "openvino": "ONNX (OpenVINO)",
-                 "reference": "reference (PyTorch)"}
+                 "onnx_int8": "ONNX int8 (ONNX Runtime)", "openvino": "OpenVINO IR (OpenVINO)",
+                 "openvino_int8": "OpenVINO int8 IR (OpenVINO)", "reference": "reference (PyTorch)"}
+
+
+def _side_name(side: str, result: dict) -> str:
+    """How the tables name a side; the ``openvino`` side read the ONNX file until it recorded the
+    file it reads (the export's OpenVINO IR, ``.xml``)."""
+    if side == "openvino" and not result.get("file", "").endswith(".xml"):
+        return "ONNX (OpenVINO)"
+    return SERVING_SIDES.get(side, side)
 
 
 def _serving_runs():
@@ -188,9 +196,9 @@ def _serving_table(run):
     for preset, entry in run["presets"].items():
         for side, result in entry["sides"].items():
             if "skipped" in result:
-                rows.append([_preset(preset), SERVING_SIDES.get(side, side), f"skipped: {result['skipped']}", "", "", ""])
+                rows.append([_preset(preset), _side_name(side, result), f"skipped: {result['skipped']}", "", "", ""])
                 continue
-            rows.append([_preset(preset), SERVING_SIDES.get(side, side), _num(result["images_per_second_batch1"]),
+            rows.append([_preset(preset), _side_name(side, result), _num(result["images_per_second_batch1"]),
                          _num(result["images_per_second_batch100"]), _ratio(result["fraction_of_matmul_peak_batch1"]),
                          _ratio(result["fraction_of_matmul_peak_batch100"])])
     peaks = next(iter(run["presets"].values()))["sides"]["in_process"]["matmul_gflops"]
@@ -212,6 +220,8 @@ SERVING_RATIOS = {"saved_model_over_in_process": "SavedModel / in-process", "in_
                   "onnx_int8_over_saved_model": "int8 ONNX / SavedModel",
                   "tflite_int8_over_saved_model": "int8 TFLite / SavedModel",
                   "openvino_over_saved_model": "OpenVINO / SavedModel",
+                  "openvino_int8_over_saved_model": "int8 OpenVINO / SavedModel",
+                  "openvino_int8_over_openvino": "int8 OpenVINO / OpenVINO",
                   "in_process_over_reference": "in-process / reference",
                   "saved_model_over_reference": "SavedModel / reference",
                   "saved_model_bfloat16_over_reference": "bfloat16 SavedModel / reference"}
@@ -233,24 +243,28 @@ def serving_ratios():
 
 # The exported forms a server loads, with the runtime that serves each (the in-process sides and
 # the reference are not served).
-SERVED_SIDES = ("saved_model", "saved_model_bfloat16", "tflite", "tflite_int8", "onnx", "onnx_int8", "openvino")
+# {side: the ratio of its images/s over the float32 SavedModel's, timed in the same run}.
+SERVED_SIDES = {"saved_model": None, "saved_model_bfloat16": "bfloat16_over_float32_export",
+                "tflite": "tflite_over_saved_model", "tflite_int8": "tflite_int8_over_saved_model",
+                "onnx": "onnx_over_saved_model", "onnx_int8": "onnx_int8_over_saved_model",
+                "openvino": "openvino_over_saved_model", "openvino_int8": "openvino_int8_over_saved_model"}
 
 
 def serving_choice():
     """Which exported form to serve with on which CPU: per CPU class and preset, the fastest
-    served side at each batch size, its images/s over the float32 SavedModel's, and the sides
-    that run was able to time."""
+    served side at each batch size, its images/s over the float32 SavedModel's timed in the same
+    run (the report's ratios), and the sides compared."""
     rows = []
     for cpu, run in _serving_runs():
         for preset, entry in run["presets"].items():
-            sides = {s: r for s, r in entry["sides"].items() if s in SERVED_SIDES and "skipped" not in r}
-            base = sides["saved_model"]
+            over = {side: (lambda batch: 1.0) if name is None else
+                    (lambda batch, name=name: entry["ratios"][name][f"batch{batch}"])
+                    for side, name in SERVED_SIDES.items() if name is None or name in entry["ratios"]}
             cells = []
             for batch in (1, 100):
-                key = f"images_per_second_batch{batch}"
-                best = max(sides, key=lambda s: sides[s][key])
-                cells.append(f"{SERVING_SIDES[best]}: {_ratio(sides[best][key] / base[key])}x")
-            rows.append([cpu, _preset(preset)] + cells + [str(len(sides))])
+                best = max(over, key=lambda side: over[side](batch))
+                cells.append(f"{_side_name(best, entry['sides'][best])}: {_ratio(over[best](batch))}x")
+            rows.append([cpu, _preset(preset)] + cells + [str(len(over))])
     return ("The fastest exported form per CPU class and preset, as images/s over the float32 SavedModel's "
             "(generated from the runs above).\n\n"
             + _table(["CPU", "preset", "batch 1", "batch 100", "forms timed"], rows))
