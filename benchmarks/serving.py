@@ -23,7 +23,7 @@ random images) and starts one child per side:
 * ``onnx``, ``onnx_int8``: the ONNX file and its dynamic int8 quantization in ONNX Runtime,
   with ONNX Runtime's own float32 and int8 (``MatMulInteger``) peaks;
 * ``openvino``, ``openvino_int8``: the export's OpenVINO IR (``--formats=...,openvino``) and its
-  NNCF int8 quantization in OpenVINO's CPU plugin (its default precision for the CPU: bfloat16
+  NNCF int8 weight compression in OpenVINO's CPU plugin (its default precision for the CPU: bfloat16
   where the CPU has it, float32 otherwise; recorded), with OpenVINO's own float32 matmul peak.
   Optional: without ``pip install openvino nncf`` the sides are recorded as skipped.
 
@@ -252,7 +252,7 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     if "tflite_int8" in only:
         int8.TFLiteFullInteger().quantize(exports["saved_model"], calibration)
     if "openvino_int8" in only:
-        int8.OpenVINOInt8().quantize(exports["saved_model"], frozen, calibration)
+        int8.OpenVINOInt8().quantize(exports["saved_model"])
     exports.update({side: os.path.join(exports["saved_model"], name) for side, name in runtime_files().items()})
     # Random weights decide nothing of speed, but the agreement check needs a trained model's
     # margins: it is measured by the export tests, not here.

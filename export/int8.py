@@ -9,19 +9,17 @@
   their ranges calibrated on training images of the run (`CALIBRATION_IMAGES` of them), float32
   kept only where an op has no int8 kernel; uint8 images in, probabilities out, as the float32
   file.
-* ``openvino`` (`OpenVINOInt8`, with ``--formats=...,openvino``): NNCF's post-training
-  quantization of the OpenVINO IR, ``assets.extra/openvino/model_int8.xml``: int8 weights and
-  activations calibrated on `CALIBRATION_IMAGES` training images of the run; what stays float
-  runs in the plugin's precision (bfloat16 on CPUs with AVX512_BF16 or AMX).
+* ``openvino`` (`OpenVINOInt8`, with ``--formats=...,openvino``): NNCF's int8 weight
+  compression of the OpenVINO IR, ``assets.extra/openvino/model_int8.xml``: int8 weights, the
+  activations in the plugin's precision (bfloat16 on CPUs with AVX512_BF16 or AMX).
 * The SavedModel stays float32 (`SAVED_MODEL_DTYPE`): the int8 files are the ONNX and TFLite
   routes. Which file serves fastest on which CPU is measured by ``benchmarks/serving.py``
   (``docs/performance.md``), not decided here.
 
 Products with precomputed attention probabilities (values in [0, 1], a (heads, N, N) constant
-per block, or its row and column factors) are left out of the quantization in the ONNX and
-OpenVINO files: a per-tensor int8 scale would round their small entries to zero. (NNCF 3.4
-quantizes neither an ``Einsum`` nor a product of broadcast constants by itself; the files say so
-anyway, in their ``float_nodes``.) Each file must pick the float32 model's class on `export.MIN_TOP1_AGREEMENT` of
+per block, or its row and column factors) stay float in the ONNX file: a per-tensor int8 scale
+would round their small entries to zero. (NNCF's weight compression takes the weights of
+products only: those constants reach their products through a ``Broadcast`` or an ``Einsum``.) Each file must pick the float32 model's class on `export.MIN_TOP1_AGREEMENT` of
 held-out images, as the export checks."""
 
 from __future__ import annotations
@@ -140,15 +138,17 @@ class TFLiteFullInteger(Quantized):
 
 
 class OpenVINOInt8(Quantized):
-    """NNCF's post-training quantization of the OpenVINO IR (``assets.extra/openvino/model.xml``)."""
+    """NNCF's int8 weight compression of the OpenVINO IR (``assets.extra/openvino/model.xml``):
+    the products' weights stored int8 (per output channel, asymmetric), the activations computed
+    in the plugin's precision. (NNCF's full quantization, int8 activations too, moved the classes
+    of trained models past the agreement guard: docs/export.md.)"""
 
     name = "openvino_int8"
     quantizes = "openvino"
     what = "int8 OpenVINO model"
     file = os.path.join(EXTRA, "openvino", "model_int8.xml")
-    route = ("NNCF post-training quantization of the OpenVINO IR (int8 weights and activations, ranges calibrated on "
-             "training images of the run); products with precomputed attention probabilities left in the plugin's "
-             "float precision")
+    route = ("NNCF int8 weight compression of the OpenVINO IR (int8 weights per output channel; activations in the "
+             "plugin's precision: bfloat16 on CPUs with AVX512_BF16 or AMX, else float32)")
 
     def require(self):
         import importlib.util
@@ -156,67 +156,30 @@ class OpenVINOInt8(Quantized):
         from export.verify import ExportError
 
         if importlib.util.find_spec("nncf") is None:
-            raise ExportError("--precision=int8 with --formats=...,openvino quantizes with NNCF: pip install nncf "
-                              "(or sa-conv[openvino]).")
+            raise ExportError("--precision=int8 with --formats=...,openvino compresses the IR with NNCF: pip install "
+                              "nncf (or sa-conv[openvino]).")
 
     def write(self, job: ExportJob) -> dict:
-        """Quantizes the IR with `CALIBRATION_IMAGES` training images of the run (``job.calibration``)."""
-        calibration, source = job.calibration()
-        return {**self.quantize(job.directory, job.serving, calibration),
-                "calibration_images": f"{len(calibration)} {source}"}
+        return self.quantize(job.directory)
 
-    def quantize(self, version_dir: str, serving, calibration: np.ndarray) -> dict:
-        """`write` from the float32 IR of ``version_dir``, its products with the probability
-        constants of ``serving`` (found by their values) left unquantized."""
+    def quantize(self, version_dir: str) -> dict:
+        """`write` from the float32 IR of ``version_dir``."""
         import nncf
         import openvino
 
         source = os.path.join(version_dir, EXTRA, "openvino", "model.xml")
         target = os.path.join(version_dir, self.file)
-        model = openvino.Core().read_model(source)
-        constants = [np.sort(np.asarray(v.numpy()).ravel()) for v in sa_conv.serving.probability_constants(serving)]
-        sizes = {c.size for c in constants}
-        kept = set()
-        for op in model.get_ops():
-            if op.get_type_name() != "Constant" or int(np.prod(list(op.get_output_shape(0)))) not in sizes:
-                continue
-            values = np.sort(op.get_data().astype(np.float32).ravel())
-            if any(values.shape == c.shape and np.array_equal(values, c) for c in constants):
-                kept.add(op.get_friendly_name())
-        float_nodes = sorted(_consumers(model, kept))
-        dataset = nncf.Dataset([calibration[i: i + 1].astype(np.float32) for i in range(len(calibration))])
-        quantized = nncf.quantize(model, dataset, subset_size=len(calibration),
-                                  ignored_scope=nncf.IgnoredScope(names=float_nodes, validate=False))
-        openvino.save_model(quantized, target, compress_to_fp16=False)
-        float32 = source.replace(".xml", ".bin")
+        compressed = nncf.compress_weights(openvino.Core().read_model(source), mode=nncf.CompressWeightsMode.INT8_ASYM)
+        openvino.save_model(compressed, target, compress_to_fp16=False)
         return {"route": self.route, "file": self.file,
                 "megabytes": os.path.getsize(target.replace(".xml", ".bin")) / 2**20,
-                "float32_megabytes": os.path.getsize(float32) / 2**20, "float_nodes": float_nodes,
+                "float32_megabytes": os.path.getsize(source.replace(".xml", ".bin")) / 2**20,
+                "int8_constants": sum(op.get_type_name() == "Constant" and op.get_element_type().to_string() in ("u8", "i8")
+                                      for op in compressed.get_ops()),
                 "inference_precision": openvino_default_precision()}
 
     def runner(self, path):
-        return openvino_runner(path)  # the plugin's default precision for what stays float: what a server runs
-
-
-# Ops that move or reshape a constant without computing with it: a product reads the constant through them.
-_LAYOUT_OPS = {"Broadcast", "BroadcastTo", "Reshape", "Transpose", "Convert", "Squeeze", "Unsqueeze", "Tile",
-               "Gather", "Concat", "StridedSlice", "Slice"}
-
-
-def _consumers(model, constants: set[str]) -> set[str]:
-    """The friendly names of the ops of the OpenVINO ``model`` that compute with one of the
-    Constant ops named ``constants``, read directly or through `_LAYOUT_OPS`."""
-    found, frontier = set(), [op for op in model.get_ops() if op.get_friendly_name() in constants]
-    while frontier:
-        op = frontier.pop()
-        for output in op.outputs():
-            for target in output.get_target_inputs():
-                node = target.get_node()
-                if node.get_type_name() in _LAYOUT_OPS:
-                    frontier.append(node)
-                else:
-                    found.add(node.get_friendly_name())
-    return found
+        return openvino_runner(path)  # the plugin's default precision for the activations: what a server runs
 
 
 QUANTIZED = (OnnxDynamicInt8(), TFLiteFullInteger(), OpenVINOInt8())
