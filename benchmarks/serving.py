@@ -317,15 +317,15 @@ RATIOS = {"saved_model_over_in_process": ("saved_model", "in_process"),
 def ratios_of(sides: dict, fresh: set, earlier: dict) -> dict:
     """``{name: {"batch<n>": images/s of a over b}}`` for the pairs of `RATIOS` and every side over
     the reference, from ``sides`` (``{side: its record}``, skipped ones without figures). A ratio is
-    of sides timed side by side in one run: of two ``fresh`` sides (timed now), computed; of two
-    sides of an earlier run, that run's (``earlier``); of one of each, none."""
+    of two sides timed side by side in one run: of two ``fresh`` sides (timed now), computed; else
+    the earlier run's (``earlier``), where it timed both; never of one side of each run."""
     measured = {side for side, run in sides.items() if "skipped" not in run}
     pairs = {**RATIOS, **{f"{side}_over_reference": (side, "reference") for side in SIDES}}
     ratios = {}
     for name, (a, b) in pairs.items():
-        if a not in measured or b not in measured or (a in fresh) != (b in fresh):
+        if a not in measured or b not in measured:
             continue
-        if a in fresh:
+        if a in fresh and b in fresh:
             ratios[name] = {f"batch{n}": sides[a][f"images_per_second_batch{n}"] / sides[b][f"images_per_second_batch{n}"]
                             for n in BATCHES}
         elif name in earlier:

@@ -191,6 +191,13 @@ def _serving_runs():
     return sorted(_load("serving")["runs"].items(), key=lambda item: item[1]["date"])
 
 
+def _run_dates(run) -> str:
+    """The days a run's sides were timed (a run merged with ``--sides`` keeps earlier sides)."""
+    days = sorted({side.get("date") or run["date"] for entry in run["presets"].values()
+                   for side in entry["sides"].values()})
+    return days[0] if len(days) == 1 else f"{', '.join(days[:-1])} and {days[-1]} (each side's day in the JSON)"
+
+
 def _serving_table(run):
     rows = []
     for preset, entry in run["presets"].items():
@@ -211,7 +218,7 @@ def _serving_table(run):
 
 def serving():
     """One table per CPU class, oldest first."""
-    return "\n\n".join(f"**{cpu}**, {run['date']}: " + _serving_table(run) for cpu, run in _serving_runs())
+    return "\n\n".join(f"**{cpu}**, {_run_dates(run)}: " + _serving_table(run) for cpu, run in _serving_runs())
 
 
 SERVING_RATIOS = {"saved_model_over_in_process": "SavedModel / in-process", "in_process_over_live": "frozen / as trained",
@@ -236,7 +243,8 @@ def serving_ratios():
         rows = [[_preset(preset)] + [f"{_ratio(e['ratios'][n]['batch1'])} / {_ratio(e['ratios'][n]['batch100'])}"
                                      for n in names]
                 for preset, e in presets.items()]
-        tables.append(f"**{cpu}**, {run['date']}; each cell: batch 1 / batch 100.\n\n"
+        tables.append(f"**{cpu}**, {_run_dates(run)}; each cell: batch 1 / batch 100, of two sides timed in one "
+                      "run.\n\n"
                       + _table(["preset"] + [SERVING_RATIOS[n] for n in names], rows))
     return "\n\n".join(tables)
 
