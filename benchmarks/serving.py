@@ -65,6 +65,9 @@ def runtime_files() -> dict:
     return {"tflite": formats.TFLite.file, "tflite_int8": int8.TFLiteFullInteger.file, "onnx": formats.Onnx.file,
             "onnx_int8": int8.OnnxDynamicInt8.file, "openvino": formats.OpenVINO.file,
             "openvino_int8": int8.OpenVINOInt8.file}
+# The precision of each side's products, whose matmul peak it is a fraction of (float32 otherwise;
+# the int8 OpenVINO file stores int8 weights and computes in the plugin's float precision).
+SIDE_PRECISION = {"saved_model_bfloat16": "bfloat16", "tflite_int8": "int8", "onnx_int8": "int8"}
 # Sides whose runtime is not a dependency of sa-conv: {side: the modules they need}.
 OPTIONAL_RUNTIMES = {"openvino": ("openvino",), "openvino_int8": ("openvino", "nncf")}
 BATCHES = (1, 100)
@@ -239,6 +242,7 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     model = sa_conv.build_model(config, name=preset)
     path = os.path.join(workdir, f"{preset}.keras")
     model.save(path)
+    requested = only
     only = [side for side in only if not [m for m in OPTIONAL_RUNTIMES.get(side, ()) if not importlib.util.find_spec(m)]]
     formats = [name for name in ("tflite", "onnx", "openvino") if any(s.startswith(name) for s in only)]
     exports = {"saved_model": export(model_path=path, export_dir=os.path.join(workdir, "f32"),
@@ -269,16 +273,16 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     today = datetime.date.today().isoformat()
     # An earlier run's sides keep the day they were timed; this run's get today.
     sides = {side: {"date": earlier.get("date"), **run} for side, run in (earlier or {}).get("sides", {}).items()}
-    for side in SIDES:
+    for side in [side for side in SIDES if side in requested]:
         missing = [m for m in OPTIONAL_RUNTIMES.get(side, ()) if importlib.util.find_spec(m) is None]
         if missing:
             sides[side] = {"skipped": f"{', '.join(missing)} not installed (pip install {' '.join(missing)})"}
-        elif side in only:
+        else:
             print(f"{preset}: timing {side} ...", flush=True)
             sides[side] = {**_child(side, exports.get(side, path), steps, matmul_size), "date": today}
     if reference_dir:
-        sides["reference"] = _child("reference", json.dumps(config.to_dict()), steps, matmul_size, reference_python,
-                                    reference_dir)
+        sides["reference"] = {**_child("reference", json.dumps(config.to_dict()), steps, matmul_size,
+                                       reference_python, reference_dir), "date": today}
     # Each side's own arithmetic: the served copy folds maps (`flops.forward_flops` frozen), the
     # reference aggregates densely and maps twice (as the model as trained with the dense path).
     forwards = {"in_process_live": flops.forward_flops(config), "reference": flops.forward_flops(config, fast=False)}
@@ -286,8 +290,7 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     for side, run in measured.items():  # the reference computes in float32
         if side not in only and not (side == "reference" and reference_dir):
             continue  # an earlier run's, with its own figures
-        precision = "bfloat16" if side.endswith("bfloat16") else "int8" if side.endswith("int8") else "float32"
-        peak = run["matmul_gflops"][precision]
+        peak = run["matmul_gflops"][SIDE_PRECISION.get(side, "float32")]
         forward = forwards.get(side, flops.forward_flops(config, frozen=True))
         run["forward_gflops_per_image"] = forward / 1e9
         for batch in BATCHES:
@@ -389,6 +392,9 @@ def main():
     unknown = sorted(set(only) - set(SIDES))
     if unknown:
         parser.error(f"--sides: unknown {unknown}; the sides are {', '.join(SIDES)}")
+    if set(only) != set(SIDES) and not args.merge:
+        parser.error("--sides times part of a run: add --merge, which keeps the other sides of each preset's "
+                     "earlier entry")
     earlier = {}
     if args.merge and os.path.exists(args.output):
         with open(args.output) as f:

@@ -95,6 +95,7 @@ def export(
     precision, chosen = requested_files(formats, precision, max_image_pixels, max_batch_size)
     path, results = resolve_model(model_dir, model_path)
     model = resized(load_keras_model(path), image_size)
+    names = class_names(model, results)
     model_name, version, target = destination(export_dir, model_name or results.get("preset") or model.name,
                                               version, overwrite)
     tmp = os.path.join(os.path.dirname(target), f".tmp-{version}-{uuid.uuid4().hex[:8]}")
@@ -103,7 +104,7 @@ def export(
         image_shape = model.inputs[0].shape[1:]
         job = ExportJob(
             model=model, serving=precision.serving_copy(model), precision=precision, directory=tmp,
-            model_name=model_name, class_names=class_names(model, results), images=images, source=source,
+            model_name=model_name, class_names=names, images=images, source=source,
             expected=tf.nn.softmax(model.predict(images, verbose=0)).numpy(),
             agreement=Top1Agreement(model, results, agreement_images, image_shape, MIN_TOP1_AGREEMENT),
             calibration=lambda: verification_images(results, image_shape, int8.CALIBRATION_IMAGES, "train"),

@@ -49,6 +49,7 @@ class ExportJob:
     tf_serving_files: bool = True
     log: Callable = print
     runners: dict = dataclasses.field(default_factory=dict)
+    saved_model: object = None  # the SavedModel once written, as `tf.saved_model.load` returns it
 
     def path(self, fmt: "Format") -> str:
         return os.path.join(self.directory, fmt.file)
@@ -91,7 +92,8 @@ class Format:
 class SavedModel(Format):
     """The SavedModel TensorFlow Serving loads (the version directory itself), with its
     signatures (`signatures.build_archive`) and, when asked, TensorFlow Serving's batching
-    parameters and warm-up records (`tf_serving.write_files`)."""
+    parameters and warm-up records (`tf_serving.write_files`), written once the SavedModel has
+    passed its check (they time it)."""
 
     name = "saved_model"
     file = ""
@@ -103,17 +105,32 @@ class SavedModel(Format):
 
         archive = signatures.build_archive(job.serving, job.class_names, job.max_image_pixels, job.max_batch_size)
         archive.write_out(job.directory, verbose=False)
+        os.makedirs(os.path.join(job.directory, EXTRA), exist_ok=True)
         loaded = tf.saved_model.load(job.directory)
         job.runners[self.name] = self._served(loaded, job.max_batch_size)
-        os.makedirs(os.path.join(job.directory, EXTRA), exist_ok=True)
-        files = (tf_serving.write_files(job.directory, loaded, job.model_name, job.images, job.max_batch_size, job.log)
-                 if job.tf_serving_files else None)
-        return {"signatures": sorted(loaded.signatures.keys()), "tf_serving": files}
+        job.saved_model = loaded
+        return {"signatures": sorted(loaded.signatures.keys())}
+
+    def check(self, job):
+        checked = super().check(job)
+        files = None
+        if job.tf_serving_files:
+            files = tf_serving.write_files(job.directory, job.saved_model, job.model_name, job.images,
+                                           job.max_batch_size, job.log)
+        return {**checked, "tf_serving": files}
 
     def runner(self, path):
+        """The published version at ``path``, in requests of at most its ``--max_batch_size``."""
+        import json
+
         import tensorflow as tf
 
-        return self._served(tf.saved_model.load(path), signatures.DEFAULT_MAX_BATCH_SIZE)
+        metadata = os.path.join(path, EXTRA, "metadata.json")
+        limit = signatures.DEFAULT_MAX_BATCH_SIZE
+        if os.path.isfile(metadata):
+            with open(metadata) as f:
+                limit = json.load(f).get("limits", {}).get("max_batch_size", limit)
+        return self._served(tf.saved_model.load(path), limit)
 
     @staticmethod
     def _served(loaded, max_batch_size):

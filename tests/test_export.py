@@ -815,6 +815,7 @@ def test_every_runtime_side_of_the_serving_benchmark_reads_the_exported_files(re
     Keras model's."""
     from benchmarks import serving as serving_benchmark
 
+    pytest.importorskip("openvino")
     model = _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
     version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
                                 formats=["saved_model", "tflite", "onnx", "openvino"], tf_serving_files=False,

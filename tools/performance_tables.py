@@ -193,7 +193,7 @@ def _serving_runs():
 
 def _run_dates(run) -> str:
     """The days a run's sides were timed (a run merged with ``--sides`` keeps earlier sides)."""
-    days = sorted({side.get("date") or run["date"] for entry in run["presets"].values()
+    days = sorted({side.get("date") or entry.get("date") or run["date"] for entry in run["presets"].values()
                    for side in entry["sides"].values()})
     return days[0] if len(days) == 1 else f"{', '.join(days[:-1])} and {days[-1]} (each side's day in the JSON)"
 
@@ -208,7 +208,7 @@ def _serving_table(run):
             rows.append([_preset(preset), _side_name(side, result), _num(result["images_per_second_batch1"]),
                          _num(result["images_per_second_batch100"]), _ratio(result["fraction_of_matmul_peak_batch1"]),
                          _ratio(result["fraction_of_matmul_peak_batch100"])])
-    peaks = next(iter(run["presets"].values()))["sides"]["in_process"]["matmul_gflops"]
+    peaks = next(e["sides"]["in_process"] for e in run["presets"].values() if "in_process" in e["sides"])["matmul_gflops"]
     caption = (f"each side in its own process; TensorFlow's matmul peak about {_num(peaks['float32'])} GFLOP/s "
                f"float32 and {_num(peaks['bfloat16'])} bfloat16 (each side's own measurement, and the ONNX Runtime "
                f"and LiteRT int8 peaks the int8 sides are a fraction of, are in the JSON).\n\n")
@@ -244,7 +244,7 @@ def serving_ratios():
                                      for n in names]
                 for preset, e in presets.items()]
         tables.append(f"**{cpu}**, {_run_dates(run)}; each cell: batch 1 / batch 100, of two sides timed in one "
-                      "run.\n\n"
+                      "run (where a side was timed again later, its images/s above are the later run's).\n\n"
                       + _table(["preset"] + [SERVING_RATIOS[n] for n in names], rows))
     return "\n\n".join(tables)
 
@@ -265,6 +265,8 @@ def serving_choice():
     rows = []
     for cpu, run in _serving_runs():
         for preset, entry in run["presets"].items():
+            if "saved_model" not in entry["sides"]:
+                continue
             over = {side: (lambda batch: 1.0) if name is None else
                     (lambda batch, name=name: entry["ratios"][name][f"batch{batch}"])
                     for side, name in SERVED_SIDES.items() if name is None or name in entry["ratios"]}
