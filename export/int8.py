@@ -24,6 +24,7 @@ held-out images, as the export checks."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -169,7 +170,16 @@ class OpenVINOInt8(Quantized):
 
         source = os.path.join(version_dir, EXTRA, "openvino", "model.xml")
         target = os.path.join(version_dir, self.file)
-        compressed = nncf.compress_weights(openvino.Core().read_model(source), mode=nncf.CompressWeightsMode.INT8_ASYM)
+        # NNCF logs a table of what it compressed at INFO: the export's console is its own progress
+        # and results (metadata.json records the count of int8 constants).
+        logger = logging.getLogger("nncf")
+        level = logger.level
+        logger.setLevel(max(level, logging.WARNING))
+        try:
+            compressed = nncf.compress_weights(openvino.Core().read_model(source),
+                                               mode=nncf.CompressWeightsMode.INT8_ASYM)
+        finally:
+            logger.setLevel(level)
         openvino.save_model(compressed, target, compress_to_fp16=False)
         return {"route": self.route, "file": self.file,
                 "megabytes": os.path.getsize(target.replace(".xml", ".bin")) / 2**20,
