@@ -11,7 +11,7 @@ here (a quantized one, in `export.int8`) and its entry in `precisions.FORMATS`.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import importlib
 import os
 from typing import Callable
 
@@ -70,10 +70,18 @@ class Format:
     file: str
     what: str
     tolerance = CONVERTED_FLOAT32_TOLERANCE
+    # The modules the file is written or checked with, and the message naming their install.
+    packages: tuple = ()
+    missing: str = ""
 
     def require(self) -> None:
-        """ExportError naming the install when what the file is written or checked with is
-        missing; called before anything is written."""
+        """ExportError (`missing`) when one of `packages` cannot be imported; called before
+        anything is written."""
+        for package in self.packages:
+            try:
+                importlib.import_module(package)
+            except ImportError:
+                raise ExportError(self.missing) from None
 
     def write(self, job: ExportJob) -> dict:
         """Writes the file; returns what ``metadata.json`` records of it."""
@@ -149,12 +157,8 @@ class TFLite(Format):
     name = "tflite"
     file = os.path.join(EXTRA, "model.tflite")
     what = "TFLite model"
-
-    def require(self):
-        try:
-            import ai_edge_litert  # noqa: F401  (only to name the package when it is missing)
-        except ImportError:
-            raise ExportError(f"--formats=tflite checks the file in LiteRT: {runtimes.LITERT_INSTALL}.") from None
+    packages = ("ai_edge_litert",)
+    missing = f"--formats=tflite checks the file in LiteRT: {runtimes.LITERT_INSTALL}."
 
     def write(self, job):
         import tensorflow as tf
@@ -176,13 +180,8 @@ class Onnx(Format):
     name = "onnx"
     file = os.path.join(EXTRA, "model.onnx")
     what = "ONNX model"
-
-    def require(self):
-        try:
-            import onnxruntime  # noqa: F401
-            import tf2onnx  # noqa: F401
-        except ImportError:
-            raise ExportError("--formats=onnx needs tf2onnx and onnxruntime: pip install -e '.[onnx]'.") from None
+    packages = ("onnxruntime", "tf2onnx")
+    missing = "--formats=onnx needs tf2onnx and onnxruntime: pip install -e '.[onnx]'."
 
     def write(self, job):
         job.serving.export(job.path(self), format="onnx", verbose=False)
@@ -203,10 +202,8 @@ class OpenVINO(Format):
     name = "openvino"
     file = os.path.join(EXTRA, "openvino", "model.xml")
     what = "OpenVINO model"
-
-    def require(self):
-        if importlib.util.find_spec("openvino") is None:
-            raise ExportError(f"--formats=openvino needs OpenVINO: {runtimes.OPENVINO_INSTALL}.")
+    packages = ("openvino",)
+    missing = f"--formats=openvino needs OpenVINO: {runtimes.OPENVINO_INSTALL}."
 
     def write(self, job):
         os.makedirs(os.path.dirname(job.path(self)), exist_ok=True)

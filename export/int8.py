@@ -150,15 +150,9 @@ class OpenVINOInt8(Quantized):
     file = os.path.join(EXTRA, "openvino", "model_int8.xml")
     route = ("NNCF int8 weight compression of the OpenVINO IR (int8 weights per output channel; activations in the "
              "plugin's precision: bfloat16 on CPUs with AVX512_BF16 or AMX, else float32)")
-
-    def require(self):
-        import importlib.util
-
-        from export.verify import ExportError
-
-        if importlib.util.find_spec("nncf") is None:
-            raise ExportError("--precision=int8 with --formats=...,openvino compresses the IR with NNCF: pip install "
-                              "nncf (or sa-conv[openvino]).")
+    packages = ("nncf",)
+    missing = ("--precision=int8 with --formats=...,openvino compresses the IR with NNCF: pip install nncf (or "
+               "sa-conv[openvino]).")
 
     def write(self, job: ExportJob) -> dict:
         return self.quantize(job.directory)

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import tensorflow as tf
 
 import sa_conv
 from export import export as export_lib
-from export import int8, onnx_files, runtimes
+from export import int8, onnx_files, precisions, runtimes
 from tests import image_formats
 from tests.conftest import PROJECT_ROOT
 from trainers import data as data_lib
@@ -235,6 +236,17 @@ def test_tflite_files_run_in_litert_and_its_absence_names_the_install(monkeypatc
         runtimes.tflite_interpreter(model_content=content)
 
 
+@pytest.mark.parametrize("fmt", [fmt for fmt in (*precisions.FORMATS.values(), *int8.QUANTIZED) if fmt.packages],
+                         ids=lambda fmt: fmt.name)
+def test_a_format_whose_package_is_missing_names_its_install_before_anything_is_written(fmt, monkeypatch):
+    for package in fmt.packages:
+        with monkeypatch.context() as patched:
+            patched.setitem(sys.modules, package, None)  # `import package` raises ImportError
+            with pytest.raises(export_lib.ExportError, match=re.escape(fmt.missing)):
+                fmt.require()
+    fmt.require()  # installed here
+
+
 def test_tflite_format_is_verified(real_images, tmp_path):
     _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
     version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
@@ -387,6 +399,16 @@ def confident_model(tiny_cifar, made_once):
     return keras.models.load_model(root / "m.keras"), root
 
 
+def _int8_export(root, tmp_path, formats=("saved_model",)):
+    """``(the held-out images, the version, its metadata)`` of the int8 export of `confident_model`
+    (saved in ``root``) with ``formats``, its agreement checked on the held-out images."""
+    version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(tmp_path / "out"), precision="int8",
+                                formats=formats, agreement_images=str(root / "held_out.npz"), tf_serving_files=False,
+                                log=lambda s: None)
+    with open(os.path.join(version, "assets.extra", "metadata.json")) as f:
+        return np.load(root / "held_out.npz")["images"], version, json.load(f)
+
+
 def test_bfloat16_export_computes_in_bfloat16_and_agrees_with_float32(confident_model, tmp_path):
     model, root = confident_model
     version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(tmp_path / "out"),
@@ -413,11 +435,7 @@ def test_int8_export_writes_a_quantized_onnx_file_that_picks_float32s_classes(co
     import onnx
 
     model, root = confident_model
-    held_out = np.load(root / "held_out.npz")["images"]
-    version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(tmp_path / "out"), precision="int8",
-                                agreement_images=str(root / "held_out.npz"), tf_serving_files=False,
-                                log=lambda s: None)
-    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    held_out, version, meta = _int8_export(root, tmp_path)
     assert meta["precision"]["dtype"] == "int8" and meta["precision"]["saved_model"] == "float32"
     assert list(meta["precision"]["files"]) == ["onnx"]  # no TFLite asked for
     record = meta["precision"]["files"]["onnx"]
@@ -442,11 +460,8 @@ def test_int8_openvino_stores_int8_weights_and_keeps_the_probability_constants_f
     import openvino
 
     model, root = confident_model
-    held_out = np.load(root / "held_out.npz")["images"]
-    version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(tmp_path / "out"), precision="int8",
-                                formats=("saved_model", "openvino"), agreement_images=str(root / "held_out.npz"),
-                                tf_serving_files=False, log=lambda s: None)
-    files = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))["precision"]["files"]
+    held_out, version, meta = _int8_export(root, tmp_path, ("saved_model", "openvino"))
+    files = meta["precision"]["files"]
     assert sorted(files) == ["onnx", "openvino"]
     record = files["openvino"]
     assert record["route"] == int8.OpenVINOInt8.route and record["file"] == "assets.extra/openvino/model_int8.xml"
@@ -475,11 +490,8 @@ def test_int8_tflite_is_full_integer_calibrated_on_the_runs_training_images(conf
     """With --formats=...,tflite the int8 export adds a full-integer TFLite file: int8 weights and
     activations whose ranges come from the run's training images, checked like the ONNX file."""
     model, root = confident_model
-    held_out = np.load(root / "held_out.npz")["images"]
-    version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(tmp_path / "out"), precision="int8",
-                                formats=("saved_model", "tflite"), agreement_images=str(root / "held_out.npz"),
-                                tf_serving_files=False, log=lambda s: None)
-    files = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))["precision"]["files"]
+    held_out, version, meta = _int8_export(root, tmp_path, ("saved_model", "tflite"))
+    files = meta["precision"]["files"]
     assert sorted(files) == ["onnx", "tflite"]
     record = files["tflite"]
     assert record["route"] == int8.TFLiteFullInteger.route and record["file"] == "assets.extra/model_int8.tflite"
