@@ -70,6 +70,11 @@ def runtime_files() -> dict:
 SIDE_PRECISION = {"saved_model_bfloat16": "bfloat16", "tflite_int8": "int8", "onnx_int8": "int8"}
 # Sides whose runtime is not a dependency of sa-conv: {side: the modules they need}.
 OPTIONAL_RUNTIMES = {"openvino": ("openvino",), "openvino_int8": ("openvino", "nncf")}
+
+
+def missing_runtimes(side: str) -> list[str]:
+    """The modules of `OPTIONAL_RUNTIMES` that ``side`` needs and this interpreter lacks."""
+    return [module for module in OPTIONAL_RUNTIMES.get(side, ()) if importlib.util.find_spec(module) is None]
 BATCHES = (1, 100)
 
 
@@ -242,8 +247,7 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     model = sa_conv.build_model(config, name=preset)
     path = os.path.join(workdir, f"{preset}.keras")
     model.save(path)
-    requested = only
-    only = [side for side in only if not [m for m in OPTIONAL_RUNTIMES.get(side, ()) if not importlib.util.find_spec(m)]]
+    requested, only = only, [side for side in only if not missing_runtimes(side)]
     formats = [name for name in ("tflite", "onnx", "openvino") if any(s.startswith(name) for s in only)]
     exports = {"saved_model": export(model_path=path, export_dir=os.path.join(workdir, "f32"),
                                      formats=["saved_model", *formats], log=lambda s: None)}
@@ -274,7 +278,7 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     # An earlier run's sides keep the day they were timed; this run's get today.
     sides = {side: {"date": earlier.get("date"), **run} for side, run in (earlier or {}).get("sides", {}).items()}
     for side in [side for side in SIDES if side in requested]:
-        missing = [m for m in OPTIONAL_RUNTIMES.get(side, ()) if importlib.util.find_spec(m) is None]
+        missing = missing_runtimes(side)
         if missing:
             sides[side] = {"skipped": f"{', '.join(missing)} not installed (pip install {' '.join(missing)})"}
         else:
