@@ -50,8 +50,9 @@ setup(
         # Reading the reference implementation's PyTorch checkpoints and YAML configs.
         "reference": ["torch", "pyyaml"],
         "all": TRAIN + SEARCH + PLOTS,
+        # No nncf here: it pulls scikit-learn, which the layers-only test venv must not have.
         "test": ["pytest", "pytest-xdist", "pytest-random-order", "hypothesis", "tf2onnx", "onnxruntime", "openvino",
-                 "nncf", "ai-edge-litert"],
+                 "ai-edge-litert"],
     },
     entry_points={
         "console_scripts": [

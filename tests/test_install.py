@@ -47,6 +47,33 @@ def test_training_search_and_plots_are_extras():
     assert not any("tensorflow" == n or n.startswith("tensorflow-cpu") for n in extras["all"])  # cpu or gpu decides
 
 
+def _installed_closure(names):
+    """``names`` and every distribution they require, transitively, as far as they are installed."""
+    seen, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        todo += [re.match(r"[A-Za-z0-9_.\-]+", r).group(0).lower().replace("_", "-")
+                 for r in requires if "extra" not in r]
+    return seen
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nncf") is None, reason="needs the main venv, where every extra is installed")
+def test_the_test_extra_pulls_none_of_the_training_dependencies():
+    """``make test-backends`` installs ``.[test]`` as the layers-only venv: whatever the test extra
+    pulls in, transitively, lands there. (scipy comes with JAX in that venv anyway.) NNCF, which
+    needs scikit-learn, belongs to the ``openvino`` extra for that reason."""
+    test_extra = [name for name, extra in _requirements() if extra == "test"]
+    assert _installed_closure(test_extra) & (DISTRIBUTIONS - {"scipy"}) == set()
+    assert "scikit-learn" in _installed_closure(["nncf"])  # the closure follows requirements
+
+
 def _site_packages_without(blocked, into):
     """A directory of links to everything in this interpreter's site-packages except the
     top-level packages ``blocked`` (and their metadata): those packages, as if not installed."""
