@@ -6,14 +6,16 @@ separable, with attention dropout) is the aggregation object of `sa_conv.aggrega
 """
 
 import keras
+import numpy as np
 from keras import ops
 
-from sa_conv import aggregation, seeded_dropout
+from sa_conv import aggregation, seeded_dropout, separable
 from sa_conv.attention_init import get_attention_init
 from sa_conv.encodings import get_encoding
+from sa_conv.encodings.base import FROZEN_PREFIX
 from sa_conv.initializers import INITIALIZATIONS, bias_for, clone_initializer, dense_initializers
 
-__all__ = ["MultiHeadSelfAttention2D"]
+__all__ = ["LegacyServingAttention", "MultiHeadSelfAttention2D"]
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
@@ -136,11 +138,11 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
-        # Files saved before serving moved out held serving copies as flags of this layer.
-        from sa_conv import serving
-
-        served, config = serving.legacy_serving_layer(cls, config)
-        return served if served is not None else super().from_config(config)
+        # Files written while serving was a flag of this layer hold a serving copy in their layout.
+        config = dict(config)
+        if config.pop("inference_constants", False):
+            return LegacyServingAttention.from_former_flags(config)
+        return super().from_config(config)
 
     @property
     def position_only(self):
@@ -173,10 +175,11 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             # Per-head query and key size: D, or what the encoding asks for (gated: D / heads).
             self.query_key_dim = int(getattr(self.position_encoding, "query_dim", self.input_dim))
             self.query_dense = self._dense(heads * self.query_key_dim, "query", self.input_dim)
-            self.key_dense = self._dense(heads * self.query_key_dim, "key", self.input_dim)
             self.query_dense.build(input_shape)
-            self.key_dense.build(input_shape)
-        self.position_encoding.build()
+            if self.position_encoding.maps_keys:
+                self.key_dense = self._dense(heads * self.query_key_dim, "key", self.input_dim)
+                self.key_dense.build(input_shape)
+        self.position_encoding.build(input_shape)
         # The heads' W^(h) stacked: (heads * D, output_dim), rows ordered [head, channel].
         self.value_dense = self._dense(self.output_dim or self.input_dim, "value", heads * self.input_dim)
         self.value_dense.build(tuple(input_shape[:-1]) + (heads * self.input_dim,))
@@ -235,10 +238,13 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         return self.position_encoding.logits(height, width, *self.queries_and_keys(inputs))
 
     def queries_and_keys(self, inputs):
-        """Content attention's per-head queries and keys, each ``(batch, heads, N, d)``."""
+        """Content attention's per-head queries and keys, each ``(batch, heads, N, d)``; where the
+        encoding maps no keys (``maps_keys``), the keys are the input pixels ``(batch, N, D)``."""
         heads, d = self.num_heads, self.query_key_dim
         n = inputs.shape[1] * inputs.shape[2]
         q = ops.transpose(ops.reshape(self.query_dense(inputs), (-1, n, heads, d)), (0, 2, 1, 3))
+        if not self.position_encoding.maps_keys:
+            return q, ops.reshape(ops.cast(inputs, q.dtype), (-1, n, inputs.shape[-1]))
         k = ops.transpose(ops.reshape(self.key_dense(inputs), (-1, n, heads, d)), (0, 2, 1, 3))
         return q, k
 
@@ -246,12 +252,18 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         """Eq. (5)'s probabilities, float32: the softmax over keys of `attention_logits`, or for
         content attention what its encoding makes of the queries and keys
         (`RelativeEncoding.probabilities`: that softmax, or a mixture of two, ``gated``)."""
-        if self.position_only:
-            return aggregation.softmax(self.attention_logits(inputs, factored))
         height, width = self._check_grid(inputs)
+        if self.position_only:
+            if factored:
+                return aggregation.Factors(*self.position_encoding.factor_probabilities(height, width))
+            return self.position_encoding.probabilities(height, width)
         return self.position_encoding.probabilities(height, width, *self.queries_and_keys(inputs))
 
     def call(self, inputs, training=None, return_attention_scores=False, dropout_seed=None):
+        if training and self.position_encoding.serves_only:
+            raise ValueError(
+                f"{self.name} is a serving copy (encoding {self.encoding!r}, made by sa_conv.freeze_for_inference): it "
+                "serves, it does not train. Train the model it was made from, then freeze that again.")
         grid = self._check_grid(inputs)
         if not (training and self.attention_dropout > 0):
             dropout_seed = None
@@ -286,3 +298,90 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
                 "encoding_options": self.encoding_options or None}
+
+
+@keras.saving.register_keras_serializable(package="sa_conv")
+class LegacyServingAttention(MultiHeadSelfAttention2D):
+    """A serving copy's attention as `.keras` files written before the encodings held the serving
+    constants store it: by the former serving classes (``PrecomputedAttention``,
+    ``FoldedContentAttention``, ``PrecomputedGatedAttention``) or the former ``inference_constants``
+    flag of this layer. It is a `MultiHeadSelfAttention2D` with a frozen encoding
+    (`sa_conv.encodings.frozen`) that reads and writes that layout: the constants as the layer's own
+    variables (the content forms' ``(N, heads, N)``, query-major), the folded query-key map under
+    ``query_key``.
+
+    Args:
+      layout: the serving form the file holds (``"probabilities"``, ``"position_bias"``, ``"gated"``).
+    """
+
+    # Where a former class's config names no encoding: the one encoding its form served then.
+    _FORMER_ENCODING = {"position_bias": "content_plus_learned_bias", "gated": "gated"}
+
+    def __init__(self, layout="probabilities", **kwargs):
+        super().__init__(**kwargs)
+        self.layout = layout
+
+    @classmethod
+    def from_former(cls, layout, config):
+        """The layer of a former serving class's ``config`` (or a former flagged layer's)."""
+        trained = get_encoding(config.get("encoding", cls._FORMER_ENCODING.get(layout, "quadratic"))).name
+        kwargs = {k: config[k] for k in ("num_heads", "output_dim", "name", "dtype", "trainable") if k in config}
+        options = {"query_dim": config["query_dim"]} if "query_dim" in config else None
+        return cls(layout, encoding=FROZEN_PREFIX + trained, encoding_options=options,
+                   fast_position_attention=config.get("fast_position_attention", "auto"), **kwargs)
+
+    @classmethod
+    def from_former_flags(cls, config):
+        """The layer of a former ``MultiHeadSelfAttention2D`` config with ``inference_constants``."""
+        return cls.from_former(get_encoding(config["encoding"]).serving_form, config)
+
+    def build(self, input_shape):
+        if self.fast_position_attention == "auto":  # as the former classes decided it, on the grid
+            self.fast_position_attention = bool(separable.separable_pays_with_constants(*input_shape[1:3]))
+        super().build(input_shape)
+
+    def _query_major(self, value):
+        value = np.asarray(value)
+        return value.transpose(1, 0, 2) if value.ndim == 3 and self.layout != "probabilities" else value
+
+    def save_own_variables(self, store):
+        for i, variable in enumerate(self.position_encoding.constants.values()):
+            store[str(i)] = self._query_major(ops.convert_to_numpy(variable))
+
+    def load_own_variables(self, store):
+        constants = list(self.position_encoding.constants.values())
+        if len(store.keys()) != len(constants):
+            raise ValueError(f"{self.name}: the file holds {len(store.keys())} constants, the {self.layout!r} form "
+                             f"{len(constants)}.")
+        for i, variable in enumerate(constants):
+            variable.assign(self._query_major(store[str(i)]))
+
+    @property
+    def query_key(self):
+        """The folded query-key map, under the name the files give it."""
+        return self.query_dense
+
+    def __dir__(self):
+        # What Keras walks to save and load sublayers' weights: the files' names.
+        hidden = {"position_encoding"} | ({"query_dense"} if self.layout == "position_bias" else set())
+        shown = ["query_key"] if self.layout == "position_bias" else []
+        return [name for name in super().__dir__() if name not in hidden and name != "query_key"] + shown
+
+    def get_config(self):
+        return {**super().get_config(), "layout": self.layout}
+
+
+def _former_serving_class(name, layout):
+    """The class that reads a former serving class ``name``'s files."""
+
+    def from_config(cls, config):
+        return super(cls, cls).from_config(config) if "layout" in config else cls.from_former(layout, config)
+
+    reader = type(name, (LegacyServingAttention,), {"from_config": classmethod(from_config), "__module__": __name__,
+                                                    "__doc__": f"Reads ``{name}`` from former serving files."})
+    return keras.saving.register_keras_serializable(package="sa_conv", name=name)(reader)
+
+
+FORMER_SERVING_CLASSES = {name: _former_serving_class(name, layout) for name, layout in (
+    ("PrecomputedAttention", "probabilities"), ("FoldedContentAttention", "position_bias"),
+    ("PrecomputedGatedAttention", "gated"))}

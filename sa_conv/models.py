@@ -11,7 +11,7 @@ from sa_conv.initializers import bias_for, dense_initializers
 from sa_conv.invertible_pooling import InvertiblePooling
 from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
-from sa_conv.transformer import TransformerBlock
+from sa_conv.transformer import ServingTransformerBlock, TransformerBlock
 
 
 def _statistics(config: ModelConfig):
@@ -96,10 +96,14 @@ def build_model(name_or_config: str | ModelConfig = "sa_quadratic_small", name: 
 
 
 def attention_blocks(model: keras.Model) -> list[keras.layers.Layer]:
-    """The model's transformer blocks, in order: its `TransformerBlock` layers, or in a serving
-    copy their `sa_conv.serving.ServingTransformerBlock` (each a layer with an ``attention``
-    sublayer)."""
+    """The model's transformer blocks, in order: its `TransformerBlock` layers (in a serving copy,
+    `ServingTransformerBlock`), or any layer with an ``attention`` sublayer."""
     return [layer for layer in model.layers if isinstance(getattr(layer, "attention", None), keras.layers.Layer)]
+
+
+def is_frozen(model: keras.Model) -> bool:
+    """Whether ``model`` is a serving copy (`sa_conv.serving.freeze_for_inference`: it has serving blocks)."""
+    return any(isinstance(layer, ServingTransformerBlock) for layer in model.layers)
 
 
 def no_weight_decay(model: keras.Model) -> list:
@@ -182,10 +186,8 @@ def with_image_size(model: keras.Model, image_size: int, max_grid_size: int | No
     (its constants belong to one grid: change the resolution first, then freeze)."""
     image_size = int(image_size)
     _, height, _, channels = model.inputs[0].shape
-    from sa_conv import serving  # it builds on this module
-
     blocks = attention_blocks(model)
-    if serving.is_frozen(model):
+    if is_frozen(model):
         raise ValueError("The model holds inference constants for its grid: call with_image_size on the model it "
                          "was frozen from, then sa_conv.freeze_for_inference.")
     (old_grid, _), pooling = attention_grid(model) if blocks else ((height, height), 1)

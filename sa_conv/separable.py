@@ -37,6 +37,14 @@ def separable_pays(height, width, threshold=4):
     return height * width >= threshold * (height + width)
 
 
+def separable_pays_with_constants(height, width):
+    """Whether the separable sum pays on an ``H x W`` grid when the probabilities are constants
+    (a serving copy): ``H * W >= 6 (H + W)`` (12x12 and larger). Precomputed probabilities make the
+    dense sum cheaper than in training (no logits, no softmax per call), so it pays from a larger
+    grid (``benchmarks/results/serving_aggregation.json``)."""
+    return separable_pays(height, width, threshold=6)
+
+
 def _columns(p, v):
     """The column pass: ``p`` ``(Wq, Wk)``, ``v`` ``(batch, H, Wk, C)`` -> ``(batch, H, Wq, C)``."""
     return ops.matmul(p, v)

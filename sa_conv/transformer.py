@@ -6,7 +6,7 @@ import math
 import keras
 from keras import ops
 
-from sa_conv.attention import MultiHeadSelfAttention2D
+from sa_conv.attention import LegacyServingAttention, MultiHeadSelfAttention2D
 from sa_conv.seeded_dropout import after, apply_keep_mask, draw_keep_mask, rematerialize
 from sa_conv.initializers import bias_for, clone_initializer, dense_initializers
 
@@ -66,9 +66,12 @@ class TransformerBlock(keras.layers.Layer):
     ``dropout``; the attention's own ``attention_dropout`` acts on its probabilities),
     ``attention_norm``, ``intermediate``, ``output``, ``output_dropout``, ``output_norm``.
 
-    Its serving copy (`sa_conv.serving.ServingTransformerBlock`) is built from a trained block by
+    Its serving copy (`ServingTransformerBlock`) is built from a trained block by
     `sa_conv.serving.freeze_for_inference`.
     """
+
+    #: Whether the attention's output goes through its own map (a serving copy folds it away).
+    maps_attention_output = True
 
     def __init__(
         self,
@@ -93,8 +96,11 @@ class TransformerBlock(keras.layers.Layer):
             kernel_initializer, bias_initializer = initializers["kernel_initializer"], initializers["bias_initializer"]
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.attention = self._make_attention()
+
+    def _make_attention(self):
         # A rematerialized block trades compute for memory: so does its separable attention.
-        self.attention = MultiHeadSelfAttention2D(
+        return MultiHeadSelfAttention2D(
             kernel_initializer=self.kernel_initializer, name="attention", dtype=self.dtype_policy,
             **{"recompute_gradient": self.remat, **self.attention_config},
         )
@@ -108,8 +114,11 @@ class TransformerBlock(keras.layers.Layer):
     def build(self, input_shape):
         hidden = input_shape[-1]
         dense, norm = keras.layers.Dense, keras.layers.LayerNormalization
-        self.attention.build(input_shape)
-        self.attention_output = self._sublayer(dense, "attention_output", hidden, units=hidden)
+        if not self.attention.built:
+            self.attention.build(input_shape)
+        if self.maps_attention_output:
+            self.attention_output = self._sublayer(dense, "attention_output", hidden, units=hidden)
+            self.attention_output.build(input_shape)
         self.attention_output_dropout = self._sublayer(
             keras.layers.Dropout, "attention_output_dropout", rate=self.dropout_rate)
         self.attention_norm = self._sublayer(norm, "attention_norm", epsilon=self.layer_norm_epsilon)
@@ -119,8 +128,7 @@ class TransformerBlock(keras.layers.Layer):
         self.output_norm = self._sublayer(norm, "output_norm", epsilon=self.layer_norm_epsilon)
         mlp_shape = tuple(input_shape[:-1]) + (self.mlp_size,)
         for layer, shape in (
-            (self.attention_output, input_shape), (self.attention_norm, input_shape),
-            (self.intermediate, input_shape), (self.output_dense, mlp_shape),
+            (self.attention_norm, input_shape), (self.intermediate, input_shape), (self.output_dense, mlp_shape),
             (self.output_norm, input_shape),
         ):
             layer.build(shape)
@@ -138,11 +146,14 @@ class TransformerBlock(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
-        # Files saved before serving moved out held serving copies as flags of this block.
-        from sa_conv import serving
-
-        served, config = serving.legacy_serving_layer(cls, config)
-        return served if served is not None else super().from_config(config)
+        # Files written while serving was a set of flags of this block: its serving copy, or as trained.
+        config = dict(config)
+        attention = dict(config.get("attention_config") or {})
+        constants = attention.pop("inference_constants", False)
+        config["attention_config"] = attention
+        if config.pop("fold_attention_output", False):
+            return LegacyServingTransformerBlock.from_former_flags(config, constants)
+        return super().from_config(config)
 
     def call(self, inputs, training=None, return_attention_scores=False):
         seeds = self._mask_seeds(inputs) if training else (None, None, None)
@@ -189,3 +200,82 @@ class TransformerBlock(keras.layers.Layer):
             "attention_config": self.attention_config,
             "remat": self.remat,
         }
+
+
+@keras.saving.register_keras_serializable(package="sa_conv")
+class ServingTransformerBlock(TransformerBlock):
+    """A `TransformerBlock` in inference, its ``attention_output`` map folded into the attention's
+    value map (``W_v W_o``, bias ``b_v W_o + b_o``: `sa_conv.serving.freeze_for_inference`)::
+
+        y = LN(x + A(x)),    z = LN(y + Dense(GELU(Dense(y))))
+
+    ``A`` is a `MultiHeadSelfAttention2D` with the trained encoding's frozen form
+    (``encoding="frozen:NAME"``), or the trained attention as it is where the encoding is served as
+    trained. No dropout; it serves, it does not train.
+
+    Args:
+      mlp_size, layer_norm_epsilon: the trained block's.
+      attention_config: the serving attention's (`MultiHeadSelfAttention2D` arguments).
+      attention: an attention layer instead (files written by former serving classes).
+    """
+
+    maps_attention_output = False
+
+    def __init__(self, mlp_size, layer_norm_epsilon=1e-12, attention_config=None, attention=None, **kwargs):
+        kwargs.pop("dropout", None)
+        kwargs.pop("remat", None)
+        if isinstance(attention, dict):
+            attention = keras.saving.deserialize_keras_object(attention)
+        self._given_attention = attention
+        super().__init__(mlp_size, dropout=0.0, layer_norm_epsilon=layer_norm_epsilon,
+                         attention_config=attention_config, **kwargs)
+
+    def _make_attention(self):
+        if self._given_attention is not None:
+            return self._given_attention
+        return MultiHeadSelfAttention2D(name="attention", dtype=self.dtype_policy, **self.attention_config)
+
+    @classmethod
+    def from_config(cls, config):
+        return super(TransformerBlock, cls).from_config(config)
+
+    def call(self, inputs, training=None, return_attention_scores=False):
+        if training:
+            raise ValueError(f"{self.name} is a serving copy (sa_conv.freeze_for_inference): it serves, it does not "
+                             "train. Train the model it was made from, then freeze that again.")
+        return super().call(inputs, training=False, return_attention_scores=return_attention_scores)
+
+    def _tail(self, inputs, attended, attention_output_seed=None, output_seed=None):
+        x = self.attention_norm(inputs + attended)
+        return self.output_norm(x + self.output_dense(exact_gelu(self.intermediate(x))))
+
+    def get_config(self):
+        config = super().get_config()
+        for trained_only in ("dropout", "remat"):
+            config.pop(trained_only)
+        if self._given_attention is not None:
+            config["attention"] = keras.saving.serialize_keras_object(self.attention)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="sa_conv", name="LegacyServingTransformerBlock")
+class LegacyServingTransformerBlock(ServingTransformerBlock):
+    """A `ServingTransformerBlock` read from a file written while serving was the
+    ``fold_attention_output`` flag of `TransformerBlock`. Keras finds a model's layers' weights in
+    the file under their class names, so this class is named ``TransformerBlock``."""
+
+    @classmethod
+    def from_former_flags(cls, config, constants):
+        """The block of a former ``TransformerBlock`` config with ``fold_attention_output`` (and,
+        where ``constants``, an attention with ``inference_constants``)."""
+        attention = config.get("attention_config") or {}
+        dtype = config.get("dtype")
+        if isinstance(dtype, dict):
+            dtype = keras.dtype_policies.deserialize(dtype)
+        served = (LegacyServingAttention.from_former_flags({**attention, "name": "attention", "dtype": dtype})
+                  if constants else MultiHeadSelfAttention2D(name="attention", dtype=dtype, **attention))
+        common = {k: config[k] for k in ("name", "trainable") if k in config}
+        return cls(config["mlp_size"], config.get("layer_norm_epsilon", 1e-12), attention=served, dtype=dtype, **common)
+
+
+LegacyServingTransformerBlock.__name__ = LegacyServingTransformerBlock.__qualname__ = "TransformerBlock"

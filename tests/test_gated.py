@@ -114,14 +114,15 @@ def test_the_serving_copy_holds_the_gated_positional_half_as_a_constant(tmp_path
     attention.position_encoding.gating.assign(np.linspace(-1, 3, 9).astype("float32"))
     frozen = sa_conv.freeze_for_inference(model)
     served = frozen.get_layer("block_0").attention
-    assert isinstance(served, serving.PrecomputedGatedAttention)
+    assert isinstance(served.position_encoding, sa_conv.encodings.FrozenGated)
     assert serving.summary(frozen)["attention_constants"] == ["dense", "dense"]
     images = np.random.default_rng(2).integers(0, 256, (3, 32, 32, 3)).astype("float32")
     np.testing.assert_allclose(_np(frozen(images)), _np(model(images, training=False)), atol=2e-5)
     gates = 1 / (1 + np.exp(-np.linspace(-1, 3, 9)))
-    np.testing.assert_allclose(_np(served.content_weights), 1 - gates, rtol=1e-5)
-    positional = _np(served.positional)  # (query, head, key): each head's rows sum to its gate
-    np.testing.assert_allclose(positional.sum(-1), np.broadcast_to(gates, positional.shape[:2]), rtol=1e-5)
+    np.testing.assert_allclose(_np(served.position_encoding.constants["content_weights"]), 1 - gates, rtol=1e-5)
+    positional = _np(served.position_encoding.constants["positional"])  # (head, query, key)
+    # each head's rows sum to its gate
+    np.testing.assert_allclose(positional.sum(-1), np.broadcast_to(gates[:, None], positional.shape[:2]), rtol=1e-5)
     frozen.save(tmp_path / "f.keras")
     np.testing.assert_array_equal(_np(keras.models.load_model(tmp_path / "f.keras")(images)), _np(frozen(images)))
     with pytest.raises(ValueError, match="serving copy"):

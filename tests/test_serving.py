@@ -41,10 +41,11 @@ def test_frozen_copy_gives_the_models_outputs_on_the_same_path(encoding, fast):
     frozen = sa_conv.freeze_for_inference(model)
     live = [b.attention for b in sa_conv.attention_blocks(model)]
     served = [b.attention for b in sa_conv.attention_blocks(frozen)]
-    assert all(isinstance(a, serving.PrecomputedAttention) for a in served)
-    assert all(isinstance(a, sa_conv.MultiHeadSelfAttention2D) for a in live)
+    assert all(isinstance(a.position_encoding, sa_conv.encodings.FrozenProbabilities) for a in served)
+    assert {a.encoding for a in served} == {f"frozen:{encoding}"}
+    assert all(isinstance(a, sa_conv.MultiHeadSelfAttention2D) for a in live + served)
     separable = sa_conv.ENCODINGS[encoding].separable and fast == "auto"  # 16x16: separable pays
-    assert {a.factored for a in served} == {separable}
+    assert {a.position_encoding.factored for a in served} == {separable}
     assert serving.summary(frozen)["attention_constants"] == ["separable" if separable else "dense"] * 2
     want = ops.convert_to_numpy(model(IMAGES, training=False))
     np.testing.assert_allclose(ops.convert_to_numpy(frozen(IMAGES, training=False)), want, rtol=1e-5, atol=1e-5)
@@ -82,7 +83,7 @@ def test_constants_take_the_path_measured_faster_for_the_grid(grid, path):
     x = np.random.default_rng(0).normal(size=(2, grid, grid, 4)).astype(np.float32)
     live.build(x.shape)
     layer = serving.serving_attention(live, x.shape)
-    assert layer.factored == (path == "separable")
+    assert layer.position_encoding.factored == layer.uses_fast_path(grid=(grid, grid)) == (path == "separable")
     np.testing.assert_allclose(ops.convert_to_numpy(layer(x)), ops.convert_to_numpy(live(x)), rtol=1e-5, atol=1e-6)
 
 
@@ -110,17 +111,17 @@ def _away_from_initialization(model, seed=4):
 @pytest.mark.parametrize("encoding", ["content_plus_learned_bias", "content_with_relative_keys", "learned"])
 def test_folded_maps_give_the_models_outputs_and_probabilities(encoding, tmp_path):
     """The frozen copy has no attention_output map (folded into the value map) and, for content
-    logits plus a position bias, one query_key map and the position term as a constant in place
-    of the query and key maps; outputs and attention maps are the model's to float32 rounding,
+    logits plus a position bias, one (folded) query map and the position term as a constant in
+    place of the query and key maps; outputs and attention maps are the model's to float32 rounding,
     also after a .keras round trip."""
     model = _away_from_initialization(_model(encoding))
     frozen = sa_conv.freeze_for_inference(model)
     paths = {w.path.split("/", 1)[1] for w in frozen.weights if w.path.startswith("block_0/")}
     assert not any(p.startswith("attention_output/") for p in paths)
     folds_query_key = encoding == "content_plus_learned_bias"
-    assert ("attention/query_key/kernel" in paths) == folds_query_key
-    assert ("attention/query/kernel" in paths) == (encoding == "content_with_relative_keys")
-    assert ("attention/constant_position_logits" in paths) == folds_query_key
+    assert ("attention/key/kernel" in paths) == (encoding == "content_with_relative_keys")  # folded away
+    assert ("attention/query/kernel" in paths) == (encoding != "learned")
+    assert ("attention/position_encoding/constant_position_logits" in paths) == folds_query_key
     want = ops.convert_to_numpy(model(IMAGES, training=False))
     path = str(tmp_path / "frozen.keras")
     frozen.save(path)
@@ -152,17 +153,20 @@ def test_query_key_fold_drops_only_what_the_softmax_removes():
     assert np.ptp(difference) > 1e-3  # the dropped terms are not zero: the test can fail
 
 
-@pytest.mark.parametrize("encoding,served", [("content_plus_learned_bias", serving.FoldedContentAttention),
-                                              ("content_with_relative_keys", sa_conv.MultiHeadSelfAttention2D),
-                                              ("learned", serving.PrecomputedAttention)])
-def test_each_encoding_is_served_by_one_class(encoding, served):
-    """Only content encodings with a position bias fold their query and key maps; content logits
-    without one are served by a copy of the trained layer; the training layers take no serving
-    flags."""
+@pytest.mark.parametrize("encoding,served", [("content_plus_learned_bias", "FrozenPositionBias"),
+                                              ("content_with_relative_keys", "ContentWithRelativeKeysEncoding"),
+                                              ("learned", "FrozenProbabilities"), ("gated", "FrozenGated")])
+def test_each_encoding_is_served_by_its_serving_form(encoding, served):
+    """The serving layer is the attention layer with the frozen encoding the trained one names
+    (its ``serving_form``): only content encodings with a position bias fold their query and key
+    maps (no key map is left); content logits without a serving form are served by a copy of the
+    trained layer; the training layers take no serving flags."""
     live = sa_conv.MultiHeadSelfAttention2D(2, encoding=encoding, max_grid_size=4)
     live.build((None, 4, 4, 8))
     layer = serving.serving_attention(live, (None, 4, 4, 8))
-    assert type(layer) is served and layer is not live
+    assert type(layer) is sa_conv.MultiHeadSelfAttention2D and layer is not live
+    assert type(layer.position_encoding).__name__ == served
+    assert hasattr(layer, "key_dense") == (encoding in ("content_with_relative_keys", "gated"))
     x = np.random.default_rng(0).normal(size=(2, 4, 4, 8)).astype(np.float32)
     np.testing.assert_allclose(ops.convert_to_numpy(layer(x)), ops.convert_to_numpy(live(x)), rtol=1e-5, atol=1e-6)
     for flag in ("inference_constants", "query_key"):
@@ -175,7 +179,7 @@ def test_each_encoding_is_served_by_one_class(encoding, served):
 @pytest.mark.parametrize("encoding,pooling_width,shapes", [
     ("quadratic", 2, [(4, 16, 16), (4, 16, 16)]),  # 16x16 grid: separable row and column factors
     ("quadratic", 4, [(4, 64, 64)]),  # 8x8 grid: dense
-    ("gated", 2, [(256, 4, 256)]),  # the gated positional half, (query, head, key)
+    ("gated", 2, [(4, 256, 256)]),  # the gated positional half
     ("content_plus_learned_bias", 2, [])])  # a term of the logits, not probabilities
 def test_a_serving_copy_names_its_probability_constants(encoding, pooling_width, shapes):
     """The variables the int8 ONNX route keeps float32 are those each serving attention layer

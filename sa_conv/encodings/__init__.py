@@ -16,13 +16,16 @@
 * ``gated``: `GatedPositionalEncoding` (ConViT's gated positional self-attention: per head, a
   learned gate mixes content attention and the quadratic encoding's positional attention).
 
+Each encoding names its serving form (`FROZEN_FORMS`, `sa_conv.encodings.frozen`): the frozen
+encoding ``"frozen:NAME"`` that serves it with its input-independent part computed once.
+
 Former encoding names resolve through `ENCODING_ALIASES` (`get_encoding` accepts them), former
 class names through `FORMER_CLASSES`, each with a DeprecationWarning the first time.
 """
 
 from sa_conv.encodings.base import (
-    ENCODING_ALIASES, ENCODINGS, EncodingSpec, RelativeEncoding, axis_offsets, check_table_bound, get_encoding,
-    register_encoding, relative_indices, relative_offsets, unregister_encoding,
+    ENCODING_ALIASES, ENCODINGS, FROZEN_FORMS, EncodingSpec, RelativeEncoding, axis_offsets, check_table_bound,
+    get_encoding, register_encoding, register_frozen_form, relative_indices, relative_offsets, unregister_encoding,
 )
 # Registration order is the order of `ENCODINGS`.
 from sa_conv.encodings.quadratic import QuadraticEncoding  # isort: skip
@@ -33,6 +36,7 @@ from sa_conv.encodings.content import (  # isort: skip
 from sa_conv.encodings.sinusoidal import SinusoidalRelativeEncoding  # isort: skip
 from sa_conv.encodings.mlp import MLPRelativeEncoding  # isort: skip
 from sa_conv.encodings.gated import GatedPositionalEncoding  # isort: skip
+from sa_conv.encodings.frozen import FrozenEncoding, FrozenGated, FrozenPositionBias, FrozenProbabilities  # isort: skip
 
 from sa_conv import aliases  # noqa: E402
 
@@ -45,7 +49,8 @@ __getattr__ = aliases.module_getattr(__name__, FORMER_CLASSES, globals())
 
 __all__ = [
     "ContentEncoding", "ContentPlusLearnedBiasEncoding", "ContentWithRelativeKeysEncoding",
-    "ENCODING_ALIASES", "ENCODINGS", "EncodingSpec", "FORMER_CLASSES", "GatedPositionalEncoding", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
+    "ENCODING_ALIASES", "ENCODINGS", "EncodingSpec", "FORMER_CLASSES", "FROZEN_FORMS", "FrozenEncoding", "FrozenGated",
+    "FrozenPositionBias", "FrozenProbabilities", "GatedPositionalEncoding", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
     "RelativeEncoding", "SinusoidalRelativeEncoding", "axis_offsets", "check_table_bound", "get_encoding", "register_encoding",
-    "relative_indices", "relative_offsets", "unregister_encoding",
+    "register_frozen_form", "relative_indices", "relative_offsets", "unregister_encoding",
 ]

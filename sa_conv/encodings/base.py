@@ -77,7 +77,7 @@ class RelativeEncoding(keras.layers.Layer):
     * ``has_position_bias`` and ``position_logits(height, width)``: whether the logits of a
       content encoding are ``q . k / sqrt(d)`` plus a position-only term, and that term
       ``(heads, H*W, H*W)``. A layer frozen for serving then holds the term as a constant and
-      folds its query and key maps into one (`sa_conv.serving.FoldedContentAttention`).
+      folds its query and key maps into one (the ``position_bias`` serving form).
     * ``logits_flops(height, width, num_heads, input_dim, **options)`` (classmethod): the
       FLOPs per example of the logits that depend on the input (0 for position-only ones,
       whose logits are computed once per batch).
@@ -91,6 +91,17 @@ class RelativeEncoding(keras.layers.Layer):
       over keys; an encoding that mixes probabilities (the gated one) overrides it instead.
     * ``gates()``: per-head gates in ``[0, 1]`` of an encoding that mixes two attentions, ``(heads,)``
       (the locality table and TensorBoard show them), else None.
+    * ``serving_form(**options)`` (classmethod) and ``frozen_constants(height, width, factored)``:
+      the name of the frozen encoding that serves this one (`register_frozen_form`; None: served
+      as trained) and the constants it holds, computed once from the trained weights. Position-only
+      encodings are served by ``"probabilities"`` (Eq. 5's probabilities, dense or as the row and
+      column factors), content logits with a position bias by ``"position_bias"`` (the bias as a
+      constant, the query and key maps folded into one); `get_encoding("frozen:NAME")` is the
+      frozen encoding of ``NAME`` (`sa_conv.encodings.frozen`).
+    * ``maps_keys`` and ``serves_only``: whether the attention layer maps the keys (False: the
+      keys are the input pixels, as a folded query-key map reads them), and whether the encoding
+      is a frozen one, which serves and does not train.
+    * ``factor_probabilities(height, width)``: the softmax of each of `factor_logits`.
     * ``no_weight_decay()``: the encoding's variables that take no weight decay (default none;
       what `sa_conv.no_weight_decay` collects for the trainer, as timm's ``no_weight_decay()``).
     * ``from_attention(attention, input_dim, **options)`` (classmethod): the encoding for an
@@ -104,6 +115,8 @@ class RelativeEncoding(keras.layers.Layer):
 
     position_only = True
     convolutional_init = False
+    maps_keys = True
+    serves_only = False
 
     def __init__(self, **kwargs):
         kwargs["dtype"] = "float32"  # logits and softmax in float32, also under mixed precision
@@ -130,6 +143,12 @@ class RelativeEncoding(keras.layers.Layer):
     @classmethod
     def logits_flops(cls, height, width, num_heads, input_dim, **options) -> int:
         return 0
+
+    @classmethod
+    def serving_form(cls, **options):
+        if cls.position_only:
+            return "probabilities"
+        return "position_bias" if cls.is_position_bias(**options) else None
 
     @property
     def separable(self) -> bool:
@@ -160,6 +179,25 @@ class RelativeEncoding(keras.layers.Layer):
         """Eq. (5): the softmax over keys of `logits`, float32."""
         return ops.softmax(self.logits(height, width, queries, keys), axis=-1)
 
+    def factor_probabilities(self, height, width):
+        """The probabilities of a separable encoding as ``(row (heads, H, H), col (heads, W, W))``:
+        each 1-D softmax of `factor_logits` (exact: ``P = row[qi, ki] col[qj, kj]``)."""
+        row, col = self.factor_logits(height, width)
+        return ops.softmax(row, axis=-1), ops.softmax(col, axis=-1)
+
+    def frozen_constants(self, height, width, factored=False) -> dict:
+        """What the serving form holds, by name: for position-only encodings ``probabilities``
+        ``(heads, N, N)``, or with ``factored`` ``row_probabilities`` ``(heads, H, H)`` and
+        ``col_probabilities`` ``(heads, W, W)``; for content logits with a position bias the bias,
+        ``position_logits`` ``(heads, N, N)``."""
+        if self.has_position_bias:
+            return {"position_logits": self.position_logits(height, width)}
+        if not self.position_only:
+            raise ValueError(f"{type(self).__name__} is served as trained: it has no frozen constants.")
+        if factored:
+            return dict(zip(("row_probabilities", "col_probabilities"), self.factor_probabilities(height, width)))
+        return {"probabilities": self.probabilities(height, width)}
+
     def initialize_convolutional(self, shifts, strength, max_offset):
         raise ValueError(f"{type(self).__name__} has no convolutional initialization.")
 
@@ -173,6 +211,10 @@ class RelativeEncoding(keras.layers.Layer):
         return None
 
     def no_weight_decay(self) -> list:
+        return []
+
+    def probability_constants(self) -> list:
+        """The variables of a frozen encoding that hold attention probabilities (none here)."""
         return []
 
 
@@ -212,6 +254,40 @@ class EncodingSpec:
 
     def logits_flops(self, height, width, num_heads, input_dim) -> int:
         return self.cls.logits_flops(height, width, num_heads, input_dim, **self.options)
+
+    @property
+    def serving_form(self):
+        """The name of the frozen encoding that serves this one, or None (served as trained)."""
+        return self.cls.serving_form(**self.options)
+
+
+FROZEN_PREFIX = "frozen:"
+_FROZEN_FORMS: dict[str, type] = {}
+FROZEN_FORMS: Mapping[str, type] = MappingProxyType(_FROZEN_FORMS)
+"""The frozen encodings by serving form (`register_frozen_form`; read-only)."""
+
+
+def register_frozen_form(form: str):
+    """Class decorator: registers a frozen encoding class as the serving form ``form`` (what a
+    trained encoding's ``serving_form`` names)."""
+
+    def register(cls):
+        if form in _FROZEN_FORMS and _FROZEN_FORMS[form] is not cls:
+            raise ValueError(f"A serving form named {form!r} is already registered ({_FROZEN_FORMS[form].__name__}).")
+        _FROZEN_FORMS[form] = cls
+        return cls
+
+    return register
+
+
+def _frozen_spec(trained_name: str) -> EncodingSpec:
+    trained = get_encoding(trained_name)
+    form = trained.serving_form
+    if form is None:
+        raise ValueError(f"Encoding {trained.name!r} is served as trained: it has no frozen form.")
+    if form not in _FROZEN_FORMS:
+        raise ValueError(f"Encoding {trained.name!r} names the serving form {form!r}, which is not registered.")
+    return EncodingSpec(FROZEN_PREFIX + trained.name, _FROZEN_FORMS[form], MappingProxyType({"trained": trained.name}))
 
 
 _REGISTRY: dict[str, EncodingSpec] = {}
@@ -259,7 +335,10 @@ def unregister_encoding(name: str) -> None:
 
 def get_encoding(name: str) -> EncodingSpec:
     """The registered encoding ``name`` or former name (`ENCODING_ALIASES`: the spec has the
-    current name); ValueError listing the known names otherwise."""
+    current name), or ``"frozen:NAME"``: the frozen encoding that serves ``NAME`` (its serving
+    form, not in `ENCODINGS`); ValueError listing the known names otherwise."""
+    if isinstance(name, str) and name.startswith(FROZEN_PREFIX):
+        return _frozen_spec(name[len(FROZEN_PREFIX):])
     try:
         return _REGISTRY[ENCODING_ALIASES.resolve(name, stacklevel=2) if isinstance(name, str) else name]
     except (KeyError, TypeError):

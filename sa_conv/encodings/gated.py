@@ -79,6 +79,17 @@ class GatedPositionalEncoding(RelativeEncoding):
         """The positional half's centers on the ``shifts`` with ``alpha = strength`` (exact)."""
         self.position.initialize_convolutional(shifts, strength, max_offset)
 
+    @classmethod
+    def serving_form(cls, **options):
+        return "gated"
+
+    def frozen_constants(self, height, width, factored=False):
+        """The serving form's constants: ``positional`` ``C_h = g_h softmax_k(-alpha_h ||delta -
+        Delta_h||^2)`` ``(heads, N, N)`` and ``content_weights`` ``1 - g_h`` ``(heads,)``."""
+        gates = self.gates()
+        return {"positional": ops.reshape(gates, (-1, 1, 1)) * self.positional_probabilities(height, width),
+                "content_weights": 1.0 - gates}
+
     def positional_probabilities(self, height, width):
         """``softmax_k(-alpha_h ||delta - Delta_h||^2)``, ``(heads, H*W, H*W)``."""
         return ops.softmax(self.position.logits(height, width), axis=-1)
