@@ -172,6 +172,26 @@ def test_a_registered_encoding_reaches_every_consumer(row_only_encoding, tmp_pat
     images = np.random.default_rng(1).integers(0, 256, size=(2, 32, 32, 3)).astype(np.uint8)
     np.testing.assert_allclose(ops.convert_to_numpy(keras.models.load_model(path)(images)),
                                ops.convert_to_numpy(model(images)), atol=1e-6)
+    # Served from its probabilities (the position-only serving form), on the separable path at 16x16.
+    frozen = sa_conv.freeze_for_inference(model)
+    served = sa_conv.attention_blocks(frozen)[0].attention
+    assert served.encoding == "frozen:test_rows" and served.position_encoding.factored
+    np.testing.assert_allclose(ops.convert_to_numpy(frozen(images)), ops.convert_to_numpy(model(images)), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(sa_conv.ENCODINGS))
+def test_every_encoding_has_a_serving_form_or_is_served_as_trained(name):
+    """An encoding's serving form is registered (`FROZEN_FORMS`) or None (a copy of the trained
+    layer serves); the frozen spec keeps the trained encoding's position-only and separable traits."""
+    spec = sa_conv.ENCODINGS[name]
+    if spec.serving_form is None:
+        with pytest.raises(ValueError, match="served as trained"):
+            sa_conv.get_encoding(f"frozen:{name}")
+        return
+    frozen = sa_conv.get_encoding(f"frozen:{name}")
+    assert frozen.cls is sa_conv.encodings.FROZEN_FORMS[spec.serving_form] and frozen.cls.serves_only
+    assert (frozen.position_only, frozen.separable) == (spec.position_only, spec.separable and spec.position_only)
+    assert frozen.name not in sa_conv.ENCODINGS  # a serving form is no choice for training
 
 
 def test_registry_answers_for_the_built_in_encodings():

@@ -43,9 +43,10 @@ def test_serving_copies_saved_when_serving_was_a_flag_of_the_layers_load_unchang
                                atol=1e-7)
 
 
-# Serving copies written by today's serving classes (`ServingTransformerBlock` holding
+# Serving copies written by the former serving classes (`ServingTransformerBlock` holding
 # `PrecomputedAttention`, `FoldedContentAttention`, `PrecomputedGatedAttention` or a copy of the
-# trained attention; tests/fixtures/legacy/README.md): (preset, overrides) they were made from.
+# trained attention; tests/fixtures/legacy/README.md), which now load as
+# `sa_conv.attention.LegacyServingAttention`: (preset, overrides) they were made from.
 SERVING_FIXTURES = {
     "sa_quadratic_small": ("sa_quadratic_small", dict(fast_position_attention=True, image_size=32)),
     "sa_learned_small": ("sa_learned_small", dict(fast_position_attention=False, image_size=16)),
@@ -57,9 +58,8 @@ SERVING_FIXTURES = {
 
 @pytest.mark.parametrize("name", sorted(SERVING_FIXTURES))
 def test_serving_copies_saved_by_the_serving_classes_load_unchanged(name, tmp_path):
-    """A serving copy saved by `sa_conv.freeze_for_inference` as it is written today loads, serves
-    the same outputs (to float32's bound for the computation) and saves and loads again: what a
-    change of the serving classes must keep."""
+    """A serving copy saved by `sa_conv.freeze_for_inference` with the former serving classes loads,
+    serves the same outputs (to float32's bound for the computation) and saves and loads again."""
     expected = np.load(LEGACY / "expected_serving.npz")
     preset, overrides = SERVING_FIXTURES[name]
     config = sa_conv.get_config(preset, num_layers=1, hidden_size=16, mlp_size=16, **overrides)

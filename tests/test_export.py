@@ -260,7 +260,7 @@ def test_tflite_format_is_verified(real_images, tmp_path):
 
 
 def test_gated_model_exports_to_every_format_with_its_positional_half_as_a_constant(real_images, tmp_path):
-    """The gated encoding's serving copy (`PrecomputedGatedAttention`) through SavedModel, TFLite
+    """The gated encoding's serving copy (its `FrozenGated` form) through SavedModel, TFLite
     and ONNX, each verified against the Keras model by the export itself and read back here."""
     import onnxruntime
 
