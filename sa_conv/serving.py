@@ -244,3 +244,11 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
         _assign(target.kernel, kernel)
         _assign(target.bias, bias)
     return frozen
+
+
+def __getattr__(name):
+    if name in ("PrecomputedAttention", "FoldedContentAttention", "PrecomputedGatedAttention"):
+        raise AttributeError(f"sa_conv.serving.{name} is gone: a serving copy's attention is a MultiHeadSelfAttention2D "
+                             "with its encoding's serving form (encoding='frozen:NAME', sa_conv.encodings.frozen); "
+                             "files that hold the former class still load.")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -270,7 +270,7 @@ def test_gated_model_exports_to_every_format_with_its_positional_half_as_a_const
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
     assert max(meta["verification"]["max_abs_error"].values()) <= 1e-4
     variables = {v.name for v in tf.saved_model.load(version).variables}
-    assert any("constant_gated_positional_probabilities" in name for name in variables)
+    assert any("position_encoding/constant_positional" in name for name in variables)
     want = tf.nn.softmax(model(real_images[:3].astype(np.float32))).numpy()
     served = tf.saved_model.load(version).signatures["serving_default"](images=tf.constant(real_images[:3]))
     np.testing.assert_allclose(served["probabilities"].numpy(), want, atol=1e-5)
