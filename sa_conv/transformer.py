@@ -224,15 +224,19 @@ class ServingTransformerBlock(TransformerBlock):
     def __init__(self, mlp_size, layer_norm_epsilon=1e-12, attention_config=None, attention=None, **kwargs):
         kwargs.pop("dropout", None)
         kwargs.pop("remat", None)
-        if isinstance(attention, dict):
-            attention = keras.saving.deserialize_keras_object(attention)
-        self._given_attention = attention
+        if (attention is None) == (not attention_config):
+            raise ValueError("A ServingTransformerBlock takes its attention's attention_config or the attention layer, "
+                             "one of the two.")
         super().__init__(mlp_size, dropout=0.0, layer_norm_epsilon=layer_norm_epsilon,
                          attention_config=attention_config, **kwargs)
+        self._given_attention = attention is not None
+        if self._given_attention:
+            self.attention = (keras.saving.deserialize_keras_object(attention) if isinstance(attention, dict)
+                              else attention)
 
     def _make_attention(self):
-        if self._given_attention is not None:
-            return self._given_attention
+        if not self.attention_config:  # the layer is given (files of the former serving classes)
+            return None
         return MultiHeadSelfAttention2D(name="attention", dtype=self.dtype_policy, **self.attention_config)
 
     @classmethod
@@ -253,7 +257,7 @@ class ServingTransformerBlock(TransformerBlock):
         config = super().get_config()
         for trained_only in ("dropout", "remat"):
             config.pop(trained_only)
-        if self._given_attention is not None:
+        if self._given_attention:
             config["attention"] = keras.saving.serialize_keras_object(self.attention)
         return config
 
