@@ -15,7 +15,8 @@ probabilities ``P`` and hands them to the aggregation `choose` picked when the l
   with ``recompute_gradient``, recomputed head by head. Attention dropout has masks per
   probability, which only the dense form has: with a dropout seed it takes `DenseSum`'s.
 
-`choose` is the one rule for which; the layer and the trainer's memory estimate both ask it.
+`choose` is the one rule for which; the layer and the trainer's memory estimate both ask it, and a
+serving copy asks it with its own break-even grid (`separable_with_constants`).
 """
 
 from __future__ import annotations
@@ -122,6 +123,17 @@ class SeparableSum(Aggregation):
         bias = value_dense.bias if value_dense.use_bias else None
         return separable.separable_sum(inputs, *probabilities, value_dense.kernel, bias, dtype,
                                        recompute_gradient=self.recompute_gradient)
+
+
+def separable_with_constants(encoding, fast_position_attention, grid) -> bool:
+    """Whether attention with the registered ``encoding`` sums separably on ``grid`` ``(H, W)`` once
+    its probabilities are constants (a serving copy): `choose`'s rule with
+    `separable.separable_pays_with_constants`. ValueError for a grid that is not static."""
+    if grid is None or None in tuple(grid):
+        raise ValueError(f"A serving copy holds constants for one grid: give the model input a fixed spatial shape "
+                         f"(got a {grid} grid).")
+    return choose(encoding, fast_position_attention, tuple(grid),
+                  pays=separable.separable_pays_with_constants).takes_factors(dropout=False)
 
 
 def choose(encoding, fast_position_attention="auto", grid=None, dropout_rate=0.0, recompute_gradient=False,

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from sa_conv import aggregation, seeded_dropout, separable
+from sa_conv import aggregation, seeded_dropout
 from sa_conv.attention_init import get_attention_init
 from sa_conv.encodings import get_encoding
 from sa_conv.encodings.base import FROZEN_PREFIX
@@ -46,7 +46,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     Args:
       num_heads: number of heads ``N_h``.
       output_dim: output channels; defaults to the input channels ``D``.
-      encoding: a name registered in `ENCODINGS`.
+      encoding: a name registered in `ENCODINGS`, or ``"frozen:NAME"``: the serving form of
+        ``NAME`` (`sa_conv.encodings.frozen`, what `sa_conv.freeze_for_inference` builds).
       max_grid_size: largest grid side ``P`` for the learned encodings.
       position_embedding_dim: embedding size ``E`` of ``"learned"``; defaults to ``D``.
       attention_dropout: dropout rate on the attention probabilities.
@@ -337,10 +338,13 @@ class LegacyServingAttention(MultiHeadSelfAttention2D):
 
     def build(self, input_shape):
         if self.fast_position_attention == "auto":  # as the former classes decided it, on the grid
-            self.fast_position_attention = bool(separable.separable_pays_with_constants(*input_shape[1:3]))
+            self.fast_position_attention = aggregation.separable_with_constants(
+                get_encoding(self.encoding_spec.options["trained"]), "auto", tuple(input_shape[1:3]))
         super().build(input_shape)
 
     def _query_major(self, value):
+        """A content form's ``(heads, N, N)`` constant as the files hold it, ``(N, heads, N)``, and back
+        (the transpose is its own inverse); anything else as it is."""
         value = np.asarray(value)
         return value.transpose(1, 0, 2) if value.ndim == 3 and self.layout != "probabilities" else value
 

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from sa_conv.models import attention_blocks
+from sa_conv.models import attention_blocks, is_frozen
 from sa_conv.transformer import TransformerBlock
 
 
@@ -56,6 +56,9 @@ def degenerate_heads(model: keras.Model, min_precision: float = 1e-5, max_condit
 def _check_heads(model, heads_by_layer):
     """``(blocks, {block: sorted distinct heads})`` after checking that every head exists and
     that every block keeps one."""
+    if is_frozen(model):
+        raise ValueError(f"{model.name} is a serving copy (its constants are per head and folded): prune the trained "
+                         "model, then sa_conv.freeze_for_inference the pruned one.")
     heads_by_layer = {int(k): sorted(set(int(h) for h in v)) for k, v in heads_by_layer.items() if v}
     blocks = attention_blocks(model)
     for index, heads in heads_by_layer.items():

@@ -30,6 +30,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from sa_conv import aggregation
 from sa_conv.attention import MultiHeadSelfAttention2D
 from sa_conv.encodings.base import FROZEN_PREFIX
 from sa_conv.models import copy_weights, is_frozen
@@ -84,9 +85,9 @@ def _serving_attention_config(attention: MultiHeadSelfAttention2D, grid) -> dict
     config = {k: v for k, v in attention.get_config().items() if k not in ("name", "trainable", "dtype")}
     if attention.encoding_spec.serving_form is None:
         return config
-    fast = attention.fast_position_attention
+    separably = aggregation.separable_with_constants(attention.encoding_spec, attention.fast_position_attention, grid)
     return {**config, "encoding": FROZEN_PREFIX + attention.encoding, "attention_dropout": 0.0,
-            "fast_position_attention": bool(fast) and (fast is True or separable_pays_with_constants(*grid)),
+            "fast_position_attention": separably,
             "recompute_gradient": False, "attention_init": "random", "initialization": None}
 
 
@@ -108,8 +109,10 @@ def _set_serving_weights(attention: MultiHeadSelfAttention2D, served: MultiHeadS
         return
     kernel, bias = fold_query_key(_float64(query.kernel), _float64(query.bias) if query.use_bias else None,
                                   _float64(key.kernel), attention.num_heads)
-    _assign(served.query_dense.kernel, kernel)
-    _assign(served.query_dense.bias, bias)
+    # The folded logits are scaled by 1/sqrt(D), the trained ones by 1/sqrt(d): the map takes the ratio.
+    scale = np.sqrt(attention.input_dim / attention.query_key_dim)
+    _assign(served.query_dense.kernel, kernel * scale)
+    _assign(served.query_dense.bias, bias * scale)
 
 
 def serving_attention(attention: MultiHeadSelfAttention2D, input_shape) -> MultiHeadSelfAttention2D:
@@ -210,9 +213,10 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
     and attention, batch norms folded into their convolutions, and under a mixed policy the
     model's own `Conv2D` and `Dense` weights in the compute dtype.
 
-    Same outputs as ``model(images, training=False)`` to float32 rounding, on the same attention
-    path (dense or separable) as ``model`` chooses for its grid. The copy only serves; ``model`` is
-    unchanged. The folds are computed in float64 and cast once.
+    Same outputs as ``model(images, training=False)`` to float32 rounding; each attention sums
+    densely or separably as pays with constant probabilities (`aggregation.separable_with_constants`:
+    from 12x12, where training's rule says 8x8). The copy only serves; ``model`` is unchanged. The
+    folds are computed in float64 and cast once.
     """
     if is_frozen(model):
         raise ValueError(f"{model.name} is already frozen for inference (it has serving blocks): freeze the trained "
@@ -246,9 +250,16 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
     return frozen
 
 
+_GONE = {
+    "PrecomputedAttention": "a serving copy's attention is a MultiHeadSelfAttention2D with its encoding's serving form "
+                            "(encoding='frozen:NAME', sa_conv.encodings.frozen); files that hold it still load",
+    "legacy_serving_layer": "files written by former serving classes and flags load through "
+                            "sa_conv.attention.LegacyServingAttention and TransformerBlock.from_config",
+}
+_GONE["FoldedContentAttention"] = _GONE["PrecomputedGatedAttention"] = _GONE["PrecomputedAttention"]
+
+
 def __getattr__(name):
-    if name in ("PrecomputedAttention", "FoldedContentAttention", "PrecomputedGatedAttention"):
-        raise AttributeError(f"sa_conv.serving.{name} is gone: a serving copy's attention is a MultiHeadSelfAttention2D "
-                             "with its encoding's serving form (encoding='frozen:NAME', sa_conv.encodings.frozen); "
-                             "files that hold the former class still load.")
+    if name in _GONE:
+        raise AttributeError(f"sa_conv.serving.{name} is gone: {_GONE[name]}.")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -211,7 +211,10 @@ class ServingTransformerBlock(TransformerBlock):
 
     ``A`` is a `MultiHeadSelfAttention2D` with the trained encoding's frozen form
     (``encoding="frozen:NAME"``), or the trained attention as it is where the encoding is served as
-    trained. No dropout; it serves, it does not train.
+    trained. No dropout; it serves, it does not train. Input and output ``(batch, H, W, hidden)``
+    on the grid it was frozen for.
+
+    Sublayers: ``attention``, ``attention_norm``, ``intermediate``, ``output``, ``output_norm``.
 
     Args:
       mlp_size, layer_norm_epsilon: the trained block's.
@@ -221,7 +224,7 @@ class ServingTransformerBlock(TransformerBlock):
 
     maps_attention_output = False
 
-    def __init__(self, mlp_size, layer_norm_epsilon=1e-12, attention_config=None, attention=None, **kwargs):
+    def __init__(self, mlp_size, layer_norm_epsilon=1e-12, *, attention_config=None, attention=None, **kwargs):
         kwargs.pop("dropout", None)
         kwargs.pop("remat", None)
         if (attention is None) == (not attention_config):

@@ -485,14 +485,8 @@ def import_cycles(graph: dict) -> set:
     return found
 
 
-# The serving copies still live in their own module, which the training layers import to read
-# files of releases before it (`from_config`): the one cycle left, until each encoding declares
-# its serving form.
-KNOWN_CYCLES = set()
-
-
-def test_the_library_has_no_import_cycle_but_the_known_one():
-    assert import_cycles(library_import_graph(PROJECT_ROOT / "sa_conv")) == KNOWN_CYCLES
+def test_the_library_has_no_import_cycle():
+    assert import_cycles(library_import_graph(PROJECT_ROOT / "sa_conv")) == set()
 
 
 def test_the_cycle_check_sees_imports_inside_functions(tmp_path):

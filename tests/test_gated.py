@@ -120,6 +120,7 @@ def test_the_serving_copy_holds_the_gated_positional_half_as_a_constant(tmp_path
     np.testing.assert_allclose(_np(frozen(images)), _np(model(images, training=False)), atol=2e-5)
     gates = 1 / (1 + np.exp(-np.linspace(-1, 3, 9)))
     np.testing.assert_allclose(_np(served.position_encoding.constants["content_weights"]), 1 - gates, rtol=1e-5)
+    np.testing.assert_allclose(_np(served.position_encoding.gates()), gates, rtol=1e-5)  # what the locality table shows
     positional = _np(served.position_encoding.constants["positional"])  # (head, query, key)
     # each head's rows sum to its gate
     np.testing.assert_allclose(positional.sum(-1), np.broadcast_to(gates[:, None], positional.shape[:2]), rtol=1e-5)

@@ -96,6 +96,8 @@ def test_head_errors():
         sa_conv.prune_heads(model, {0: list(range(9))})
     with pytest.raises(ValueError, match="no Gaussian heads"):
         sa_conv.reset_heads(_model("sa_learned_small"), {0: [1]})
+    with pytest.raises(ValueError, match="prune the trained model, then"):
+        sa_conv.prune_heads(sa_conv.freeze_for_inference(model), {0: [1]})
 
 
 def test_trainer_resets_degenerate_heads_after_an_epoch(tmp_path):

@@ -272,3 +272,41 @@ def test_only_a_convolution_feeding_its_batch_norm_alone_is_folded():
     x = np.random.default_rng(5).normal(size=(2, 6, 6, 3)).astype(np.float32)
     np.testing.assert_allclose(ops.convert_to_numpy(frozen(x, training=False)),
                                ops.convert_to_numpy(model(x, training=False)), rtol=1e-5, atol=1e-5)
+
+
+def test_a_position_bias_with_another_query_size_is_served_at_its_scale():
+    """The folded logits are divided by sqrt(D) where the trained ones are divided by sqrt(d): the
+    fold scales its map by sqrt(D / d). A position-bias encoding with d = D / 2 (registered as a user
+    would) is served with the trained outputs; without the scale its logits would be sqrt(2) too
+    large."""
+
+    @sa_conv.register_encoding("test_half_query_bias")
+    class HalfQueryBias(sa_conv.encodings.ContentPlusLearnedBiasEncoding):
+        @classmethod
+        def from_attention(cls, attention, input_dim):
+            return sa_conv.encodings.ContentEncoding.from_attention.__func__(
+                cls, attention, input_dim // 2, num_heads=attention.num_heads,
+                embedding_dim=attention.position_embedding_dim or input_dim)
+
+    try:
+        live = sa_conv.MultiHeadSelfAttention2D(2, encoding="test_half_query_bias", max_grid_size=4)
+        x = np.random.default_rng(0).normal(size=(2, 4, 4, 8)).astype(np.float32)
+        live.build(x.shape)
+        assert live.query_key_dim == 4
+        layer = serving.serving_attention(live, x.shape)
+        assert layer.encoding == "frozen:test_half_query_bias" and not layer.position_encoding.maps_keys
+        for a, b in zip(_np_list(layer(x, return_attention_scores=True)), _np_list(live(x, return_attention_scores=True))):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    finally:
+        sa_conv.encodings.unregister_encoding("test_half_query_bias")
+
+
+def _np_list(values):
+    return [ops.convert_to_numpy(v) for v in values]
+
+
+def test_a_serving_copy_needs_a_static_grid():
+    live = sa_conv.MultiHeadSelfAttention2D(2, encoding="quadratic")
+    live.build((None, 4, 4, 8))
+    with pytest.raises(ValueError, match="fixed spatial shape"):
+        serving.serving_attention(live, (None, None, None, 8))

@@ -102,6 +102,10 @@ class RelativeEncoding(keras.layers.Layer):
       keys are the input pixels, as a folded query-key map reads them), and whether the encoding
       is a frozen one, which serves and does not train.
     * ``factor_probabilities(height, width)``: the softmax of each of `factor_logits`.
+    * ``probability_constants()``: a frozen encoding's variables that hold attention probabilities
+      (the int8 ONNX route keeps their products float32); none for the others.
+    * ``build(input_shape)``: Keras's; the attention layer passes its input shape
+      ``(batch, H, W, D)`` (frozen encodings size their constants by its grid).
     * ``no_weight_decay()``: the encoding's variables that take no weight decay (default none;
       what `sa_conv.no_weight_decay` collects for the trainer, as timm's ``no_weight_decay()``).
     * ``from_attention(attention, input_dim, **options)`` (classmethod): the encoding for an

@@ -40,6 +40,14 @@ class FrozenEncoding(RelativeEncoding):
             self.query_dim = int(query_dim)
 
     @classmethod
+    def serving_form(cls, **options):
+        return None  # it is one
+
+    @property
+    def options(self):
+        return {"trained": self.trained}
+
+    @classmethod
     def from_attention(cls, attention, input_dim, trained, **trained_options):
         return cls(attention.num_heads, trained, name="position_encoding")
 
@@ -72,7 +80,8 @@ class FrozenEncoding(RelativeEncoding):
         raise ValueError(f"{type(self).__name__} holds probabilities, not logits.")
 
     def get_config(self):
-        return {**super().get_config(), "num_heads": self.num_heads, "trained": self.trained}
+        config = {**super().get_config(), "num_heads": self.num_heads, "trained": self.trained}
+        return {**config, "query_dim": self.query_dim} if hasattr(self, "query_dim") else config
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
@@ -100,6 +109,9 @@ class FrozenProbabilities(FrozenEncoding):
     def is_separable(cls, trained, **options):
         return get_encoding(trained).separable
 
+    def get_config(self):
+        return {**super().get_config(), "factored": self.factored}
+
     def constant_shapes(self, height, width):
         if self.factored:
             return {"row_probabilities": (self.num_heads, height, height),
@@ -111,12 +123,14 @@ class FrozenProbabilities(FrozenEncoding):
         return list(self.constants.values())
 
     def factor_probabilities(self, height, width):
+        """The constant factors ``(row (heads, H, H), col (heads, W, W))``."""
         self._check_grid(height, width)
         if not self.factored:
             raise ValueError(f"{self.name} holds dense probabilities, not row and column factors.")
         return self.constants["row_probabilities"], self.constants["col_probabilities"]
 
     def probabilities(self, height, width, queries=None, keys=None):
+        """``(heads, N, N)``: the constant, or the factors multiplied out."""
         self._check_grid(height, width)
         if not self.factored:
             return self.constants["probabilities"]
@@ -182,7 +196,12 @@ class FrozenGated(FrozenEncoding):
     def probability_constants(self):
         return [self.constants["positional"]]
 
+    def gates(self):
+        """``g_h``, ``(heads,)``: what the trained encoding's gates were."""
+        return 1.0 - self.constants["content_weights"]
+
     def probabilities(self, height, width, queries=None, keys=None):
+        """The mixture ``P`` for queries and keys ``(batch, heads, N, d)``: ``(batch, heads, N, N)``."""
         self._check_grid(height, width)
         content = ops.softmax(ContentEncoding.content_logits(queries, keys) / math.sqrt(queries.shape[-1]), axis=-1)
         weights = ops.reshape(self.constants["content_weights"], (-1, 1, 1))
