@@ -14,6 +14,8 @@ probabilities ``P`` and hands them to the aggregation `choose` picked when the l
   separate: the exact ``O(N (H + W))`` sum of `sa_conv.separable`, its gradient by autodiff or,
   with ``recompute_gradient``, recomputed head by head. Attention dropout has masks per
   probability, which only the dense form has: with a dropout seed it takes `DenseSum`'s.
+* `QueryMajorSum`: ``P`` as ``(batch, query, heads, key)``, for encodings that compute in that
+  layout (``query_major``: the content serving forms, whose queries then need no transpose).
 
 `choose` is the one rule for which; the layer and the trainer's memory estimate both ask it, and a
 serving copy asks it with its own break-even grid (`separable_with_constants`).
@@ -27,7 +29,8 @@ from keras import ops
 
 from sa_conv import seeded_dropout, separable
 
-__all__ = ["Aggregation", "DenseSum", "Factors", "SeparableSum", "choose", "dense_probabilities", "softmax"]
+__all__ = ["Aggregation", "DenseSum", "Factors", "QueryMajorSum", "SeparableSum", "choose", "dense_probabilities",
+           "separable_with_constants", "softmax"]
 
 
 class Factors(NamedTuple):
@@ -72,6 +75,10 @@ class Aggregation:
         """Whether the probabilities come as `Factors` (``dropout``: a dropout seed is given)."""
         return False
 
+    def scores(self, probabilities, batch):
+        """The probabilities as ``return_attention_scores`` gives them, ``(batch, heads, N, N)``."""
+        return dense_probabilities(probabilities, batch)
+
     def __call__(self, inputs, probabilities, value_dense, dtype, dropout_seed=None):
         raise NotImplementedError
 
@@ -103,6 +110,23 @@ class DenseSum(Aggregation):
         if value_dense.use_bias:
             outputs = outputs + ops.cast(value_dense.bias, dtype)
         return ops.reshape(outputs, (-1, height, width, value_dense.units))
+
+
+class QueryMajorSum(Aggregation):
+    """``sum_h P_h X W^(h) + b`` from probabilities ``(batch, query, heads, key)``: the layout in
+    which a content form computes its logits from untransposed queries ``(batch, N, heads, d)``
+    and the sum needs no transpose either (a serving copy: no dropout)."""
+
+    def __call__(self, inputs, probabilities, value_dense, dtype, dropout_seed=None):
+        if dropout_seed is not None:
+            raise ValueError("Query-major probabilities serve; they take no attention dropout.")
+        _, height, width, d = inputs.shape
+        x = ops.reshape(ops.cast(inputs, dtype), (-1, height * width, d))
+        mixed = ops.einsum("bqhk,bkd->bqhd", ops.cast(probabilities, dtype), x)
+        return value_dense(ops.reshape(mixed, (-1, height, width, probabilities.shape[-2] * d)))
+
+    def scores(self, probabilities, batch):
+        return ops.transpose(probabilities, (0, 2, 1, 3))
 
 
 class SeparableSum(Aggregation):
@@ -141,7 +165,10 @@ def choose(encoding, fast_position_attention="auto", grid=None, dropout_rate=0.0
     """The aggregation of attention with the registered ``encoding`` (its spec) on a ``grid``
     ``(H, W)`` (None: assume the separable sum pays): `SeparableSum` for a position-only encoding
     whose logits separate, with ``fast_position_attention`` True, or ``"auto"`` where ``pays(H, W)``
-    (default `separable.separable_pays`, measured in training); `DenseSum` otherwise."""
+    (default `separable.separable_pays`, measured in training); `QueryMajorSum` for an encoding
+    that computes query-major; `DenseSum` otherwise."""
+    if encoding.query_major:
+        return QueryMajorSum()
     separable_form = (bool(fast_position_attention) and encoding.position_only and encoding.separable
                       and not (fast_position_attention == "auto" and grid is not None and not pays(*grid)))
     if separable_form:

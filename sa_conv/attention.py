@@ -239,15 +239,16 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         return self.position_encoding.logits(height, width, *self.queries_and_keys(inputs))
 
     def queries_and_keys(self, inputs):
-        """Content attention's per-head queries and keys, each ``(batch, heads, N, d)``; where the
-        encoding maps no keys (``maps_keys``), the keys are the input pixels ``(batch, N, D)``."""
+        """Content attention's per-head queries and keys, each ``(batch, heads, N, d)``, or
+        ``(batch, N, heads, d)`` for a ``query_major`` encoding; where the encoding maps no keys
+        (``maps_keys``), the keys are the input pixels ``(batch, N, D)``."""
         heads, d = self.num_heads, self.query_key_dim
         n = inputs.shape[1] * inputs.shape[2]
-        q = ops.transpose(ops.reshape(self.query_dense(inputs), (-1, n, heads, d)), (0, 2, 1, 3))
+        layout = (lambda t: t) if self.position_encoding.query_major else (lambda t: ops.transpose(t, (0, 2, 1, 3)))
+        q = layout(ops.reshape(self.query_dense(inputs), (-1, n, heads, d)))
         if not self.position_encoding.maps_keys:
             return q, ops.reshape(ops.cast(inputs, q.dtype), (-1, n, inputs.shape[-1]))
-        k = ops.transpose(ops.reshape(self.key_dense(inputs), (-1, n, heads, d)), (0, 2, 1, 3))
-        return q, k
+        return q, layout(ops.reshape(self.key_dense(inputs), (-1, n, heads, d)))
 
     def attention_probabilities(self, inputs, factored=False):
         """Eq. (5)'s probabilities, float32: the softmax over keys of `attention_logits`, or for
@@ -275,7 +276,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         outputs = self._compute_attention(inputs, probabilities, dropout_seed)
         if not return_attention_scores:
             return outputs
-        return outputs, aggregation.dense_probabilities(probabilities, ops.shape(inputs)[0])
+        return outputs, self.aggregation_for(grid).scores(probabilities, ops.shape(inputs)[0])
 
     def _compute_attention(self, inputs, probabilities, dropout_seed=None):
         """Eq. (6), ``sum_h Dropout(P_h) X W^(h) + b``, by the layer's aggregation.
@@ -308,8 +309,7 @@ class LegacyServingAttention(MultiHeadSelfAttention2D):
     ``FoldedContentAttention``, ``PrecomputedGatedAttention``) or the former ``inference_constants``
     flag of this layer. It is a `MultiHeadSelfAttention2D` with a frozen encoding
     (`sa_conv.encodings.frozen`) that reads and writes that layout: the constants as the layer's own
-    variables (the content forms' ``(N, heads, N)``, query-major), the folded query-key map under
-    ``query_key``.
+    variables, the folded query-key map under ``query_key``.
 
     Args:
       layout: the serving form the file holds (``"probabilities"``, ``"position_bias"``, ``"gated"``).
@@ -342,15 +342,9 @@ class LegacyServingAttention(MultiHeadSelfAttention2D):
                 get_encoding(self.encoding_spec.options["trained"]), "auto", tuple(input_shape[1:3]))
         super().build(input_shape)
 
-    def _query_major(self, value):
-        """A content form's ``(heads, N, N)`` constant as the files hold it, ``(N, heads, N)``, and back
-        (the transpose is its own inverse); anything else as it is."""
-        value = np.asarray(value)
-        return value.transpose(1, 0, 2) if value.ndim == 3 and self.layout != "probabilities" else value
-
     def save_own_variables(self, store):
         for i, variable in enumerate(self.position_encoding.constants.values()):
-            store[str(i)] = self._query_major(ops.convert_to_numpy(variable))
+            store[str(i)] = ops.convert_to_numpy(variable)
 
     def load_own_variables(self, store):
         constants = list(self.position_encoding.constants.values())
@@ -358,7 +352,7 @@ class LegacyServingAttention(MultiHeadSelfAttention2D):
             raise ValueError(f"{self.name}: the file holds {len(store.keys())} constants, the {self.layout!r} form "
                              f"{len(constants)}.")
         for i, variable in enumerate(constants):
-            variable.assign(self._query_major(store[str(i)]))
+            variable.assign(np.asarray(store[str(i)]))
 
     @property
     def query_key(self):

@@ -121,9 +121,9 @@ def test_the_serving_copy_holds_the_gated_positional_half_as_a_constant(tmp_path
     gates = 1 / (1 + np.exp(-np.linspace(-1, 3, 9)))
     np.testing.assert_allclose(_np(served.position_encoding.constants["content_weights"]), 1 - gates, rtol=1e-5)
     np.testing.assert_allclose(_np(served.position_encoding.gates()), gates, rtol=1e-5)  # what the locality table shows
-    positional = _np(served.position_encoding.constants["positional"])  # (head, query, key)
+    positional = _np(served.position_encoding.constants["positional"])  # (query, head, key)
     # each head's rows sum to its gate
-    np.testing.assert_allclose(positional.sum(-1), np.broadcast_to(gates[:, None], positional.shape[:2]), rtol=1e-5)
+    np.testing.assert_allclose(positional.sum(-1), np.broadcast_to(gates, positional.shape[:2]), rtol=1e-5)
     frozen.save(tmp_path / "f.keras")
     np.testing.assert_array_equal(_np(keras.models.load_model(tmp_path / "f.keras")(images)), _np(frozen(images)))
     with pytest.raises(ValueError, match="serving copy"):

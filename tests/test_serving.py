@@ -181,7 +181,7 @@ def test_each_encoding_is_served_by_its_serving_form(encoding, served):
 @pytest.mark.parametrize("encoding,pooling_width,shapes", [
     ("quadratic", 2, [(4, 16, 16), (4, 16, 16)]),  # 16x16 grid: separable row and column factors
     ("quadratic", 4, [(4, 64, 64)]),  # 8x8 grid: dense
-    ("gated", 2, [(4, 256, 256)]),  # the gated positional half
+    ("gated", 2, [(256, 4, 256)]),  # the gated positional half, (query, head, key)
     ("content_plus_learned_bias", 2, [])])  # a term of the logits, not probabilities
 def test_a_serving_copy_names_its_probability_constants(encoding, pooling_width, shapes):
     """The variables the int8 ONNX route keeps float32 are those each serving attention layer

@@ -98,9 +98,11 @@ class RelativeEncoding(keras.layers.Layer):
       column factors), content logits with a position bias by ``"position_bias"`` (the bias as a
       constant, the query and key maps folded into one); `get_encoding("frozen:NAME")` is the
       frozen encoding of ``NAME`` (`sa_conv.encodings.frozen`).
-    * ``maps_keys`` and ``serves_only``: whether the attention layer maps the keys (False: the
-      keys are the input pixels, as a folded query-key map reads them), and whether the encoding
-      is a frozen one, which serves and does not train.
+    * ``maps_keys``, ``serves_only`` and ``query_major``: whether the attention layer maps the
+      keys (False: the keys are the input pixels, as a folded query-key map reads them), whether
+      the encoding is a frozen one, which serves and does not train, and whether it takes queries
+      and keys ``(batch, N, heads, d)`` and returns probabilities ``(batch, N, heads, N)``
+      (query, head, key: `sa_conv.aggregation.QueryMajorSum` sums them without a transpose).
     * ``factor_probabilities(height, width)``: the softmax of each of `factor_logits`.
     * ``probability_constants()``: a frozen encoding's variables that hold attention probabilities
       (the int8 ONNX route keeps their products float32); none for the others.
@@ -121,6 +123,7 @@ class RelativeEncoding(keras.layers.Layer):
     convolutional_init = False
     maps_keys = True
     serves_only = False
+    query_major = False
 
     def __init__(self, **kwargs):
         kwargs["dtype"] = "float32"  # logits and softmax in float32, also under mixed precision
@@ -263,6 +266,10 @@ class EncodingSpec:
     def serving_form(self):
         """The name of the frozen encoding that serves this one, or None (served as trained)."""
         return self.cls.serving_form(**self.options)
+
+    @property
+    def query_major(self) -> bool:
+        return self.cls.query_major
 
 
 FROZEN_PREFIX = "frozen:"

@@ -15,9 +15,8 @@ import keras
 from keras import ops
 
 from sa_conv.encodings.base import RelativeEncoding, get_encoding, register_frozen_form
-from sa_conv.encodings.content import ContentEncoding
 
-__all__ = ["FrozenEncoding", "FrozenGated", "FrozenPositionBias", "FrozenProbabilities"]
+__all__ = ["FrozenEncoding", "FrozenGated", "FrozenPositionBias", "FrozenProbabilities", "QueryMajor"]
 
 
 class FrozenEncoding(RelativeEncoding):
@@ -138,11 +137,24 @@ class FrozenProbabilities(FrozenEncoding):
         return ops.reshape(row[:, :, None, :, None] * col[:, None, :, None, :], (-1, height * width, height * width))
 
 
+class QueryMajor(FrozenEncoding):
+    """A content form that computes in the ``(batch, query, heads, key)`` layout
+    (`sa_conv.aggregation.QueryMajorSum`): queries ``(batch, N, heads, d)`` need no transpose, and
+    its ``(N, heads, N)`` constants are the trained ``(heads, N, N)`` ones transposed once."""
+
+    position_only = False
+    query_major = True
+
+    def set_constants(self, values):
+        super().set_constants({name: ops.transpose(value, (1, 0, 2)) if len(value.shape) == 3 else value
+                               for name, value in values.items()})
+
+
 @keras.saving.register_keras_serializable(package="sa_conv")
 @register_frozen_form("position_bias")
-class FrozenPositionBias(FrozenEncoding):
+class FrozenPositionBias(QueryMajor):
     """Content logits plus a position-only term, served from one query-key map and the term
-    ``b_h`` as a constant ``position_logits`` ``(heads, N, N)``::
+    ``b_h`` as a constant ``position_logits`` ``(N, heads, N)`` (query, head, key)::
 
         logits_h[q, k] = (x_q M_h + u_h) . x_k / sqrt(D) + b_h[q, k]
 
@@ -151,7 +163,6 @@ class FrozenPositionBias(FrozenEncoding):
     pixels ``(batch, N, D)``. The logits differ from the trained ones by a constant per query, which
     the softmax of Eq. (5) removes."""
 
-    position_only = False
     maps_keys = False
 
     @classmethod
@@ -160,29 +171,27 @@ class FrozenPositionBias(FrozenEncoding):
 
     def constant_shapes(self, height, width):
         n = height * width
-        return {"position_logits": (self.num_heads, n, n)}
+        return {"position_logits": (n, self.num_heads, n)}
 
     def logits(self, height, width, queries=None, keys=None):
-        """``(batch, heads, N, N)`` from queries ``(batch, heads, N, D)`` and the input pixels
+        """``(batch, N, heads, N)`` from queries ``(batch, N, heads, D)`` and the input pixels
         ``(batch, N, D)`` as keys."""
         self._check_grid(height, width)
-        content = ops.cast(ops.einsum("bhqd,bkd->bhqk", queries, keys), "float32") / math.sqrt(queries.shape[-1])
+        content = ops.cast(ops.einsum("bqhd,bkd->bqhk", queries, keys), "float32") / math.sqrt(queries.shape[-1])
         return content + self.constants["position_logits"][None]
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
 @register_frozen_form("gated")
-class FrozenGated(FrozenEncoding):
+class FrozenGated(QueryMajor):
     """Gated attention with its positional half computed once::
 
         P_h = (1 - g_h) softmax_k(q_h . k_h / sqrt(d)) + C_h
 
-    ``positional`` ``C_h = g_h softmax_k(-alpha_h ||delta - Delta_h||^2)`` ``(heads, N, N)`` and
+    ``positional`` ``C_h = g_h softmax_k(-alpha_h ||delta - Delta_h||^2)`` ``(N, heads, N)`` and
     ``content_weights`` ``1 - g_h`` ``(heads,)`` are constants; the queries and keys are the trained
     maps' (``d`` channels per head: folding them into one ``D x D`` map per head would cost more
     than it saves)."""
-
-    position_only = False
 
     @classmethod
     def from_attention(cls, attention, input_dim, trained, query_dim=None, **trained_options):
@@ -191,7 +200,7 @@ class FrozenGated(FrozenEncoding):
 
     def constant_shapes(self, height, width):
         n = height * width
-        return {"positional": (self.num_heads, n, n), "content_weights": (self.num_heads,)}
+        return {"positional": (n, self.num_heads, n), "content_weights": (self.num_heads,)}
 
     def probability_constants(self):
         return [self.constants["positional"]]
@@ -201,9 +210,9 @@ class FrozenGated(FrozenEncoding):
         return 1.0 - self.constants["content_weights"]
 
     def probabilities(self, height, width, queries=None, keys=None):
-        """The mixture ``P`` for queries and keys ``(batch, heads, N, d)``: ``(batch, heads, N, N)``."""
+        """The mixture ``P`` for queries and keys ``(batch, N, heads, d)``: ``(batch, N, heads, N)``."""
         self._check_grid(height, width)
-        content = ops.softmax(ContentEncoding.content_logits(queries, keys) / math.sqrt(queries.shape[-1]), axis=-1)
-        weights = ops.reshape(self.constants["content_weights"], (-1, 1, 1))
-        return weights * content + self.constants["positional"][None]
+        content = ops.cast(ops.einsum("bqhd,bkhd->bqhk", queries, keys), "float32") / math.sqrt(queries.shape[-1])
+        weights = ops.reshape(self.constants["content_weights"], (1, 1, -1, 1))
+        return weights * ops.softmax(content, axis=-1) + self.constants["positional"][None]
 
