@@ -9,12 +9,9 @@ serves it:
   of that and a ``D x D`` one per pixel);
 * its attention becomes a `MultiHeadSelfAttention2D` with its encoding's serving form
   (``encoding="frozen:NAME"``, `sa_conv.encodings.frozen`), which holds the input-independent part
-  as constants: Eq. (5)'s probabilities for position-only encodings (dense ``(heads, N, N)``, or the
-  separable row and column factors where the separable sum pays with constants), so that a
-  SavedModel, TFLite or ONNX export carries the probabilities, not their computation; the position
-  bias of content logits with one, with the query and key maps folded into one (`fold_query_key`);
-  the gated positional half of ``gated``. Attention whose encoding has no serving form is copied as
-  it is;
+  as constants (Eq. 5's probabilities of position-only encodings, dense or separable; a position
+  bias, with the query and key maps folded into one, `fold_query_key`; gated attention's positional
+  half): an export carries them, not their computation. Without a serving form, a copy serves;
 * every `BatchNormalization` that follows a linear `Conv2D` alone (the ResNet's) is folded into it;
 * under a mixed policy (e.g. ``"mixed_bfloat16"``), the model's own `Conv2D` and `Dense` layers
   hold their weights in the compute dtype, rounded once instead of cast on every call.
@@ -250,16 +247,10 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
     return frozen
 
 
-_GONE = {
-    "PrecomputedAttention": "a serving copy's attention is a MultiHeadSelfAttention2D with its encoding's serving form "
-                            "(encoding='frozen:NAME', sa_conv.encodings.frozen); files that hold it still load",
-    "legacy_serving_layer": "files written by former serving classes and flags load through "
-                            "sa_conv.attention.LegacyServingAttention and TransformerBlock.from_config",
-}
-_GONE["FoldedContentAttention"] = _GONE["PrecomputedGatedAttention"] = _GONE["PrecomputedAttention"]
-
-
 def __getattr__(name):
-    if name in _GONE:
-        raise AttributeError(f"sa_conv.serving.{name} is gone: {_GONE[name]}.")
+    if name in ("PrecomputedAttention", "FoldedContentAttention", "PrecomputedGatedAttention", "legacy_serving_layer"):
+        raise AttributeError(
+            f"sa_conv.serving.{name} is gone: a serving copy's attention is a MultiHeadSelfAttention2D with its "
+            "encoding's serving form (encoding='frozen:NAME', sa_conv.encodings.frozen); files written with the former "
+            "classes or flags still load (sa_conv.attention.LegacyServingAttention).")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
