@@ -30,7 +30,7 @@ from keras import ops
 from sa_conv import seeded_dropout, separable
 
 __all__ = ["Aggregation", "DenseSum", "Factors", "QueryMajorSum", "SeparableSum", "choose", "dense_probabilities",
-           "separable_with_constants", "softmax"]
+           "multiplied_out", "separable_with_constants", "softmax"]
 
 
 class Factors(NamedTuple):
@@ -49,13 +49,19 @@ def softmax(logits):
     return ops.softmax(logits, axis=-1)
 
 
+def multiplied_out(factors):
+    """Separable probabilities `Factors` as dense ``(heads, N, N)``:
+    ``P[h, (qi, qj), (ki, kj)] = row[h, qi, ki] col[h, qj, kj]``."""
+    row, col = factors
+    n = row.shape[1] * col.shape[1]
+    return ops.reshape(row[:, :, None, :, None] * col[:, None, :, None, :], (-1, n, n))
+
+
 def dense_probabilities(probabilities, batch):
     """``(batch, heads, N, N)`` probabilities from any form: factors multiplied out, shared ones
     broadcast over the ``batch``."""
     if isinstance(probabilities, Factors):
-        row, col = probabilities
-        n = row.shape[1] * col.shape[1]
-        probabilities = ops.reshape(row[:, :, None, :, None] * col[:, None, :, None, :], (-1, n, n))
+        probabilities = multiplied_out(probabilities)
     if len(probabilities.shape) == 3:
         probabilities = ops.broadcast_to(probabilities[None], (batch,) + tuple(probabilities.shape))
     return probabilities

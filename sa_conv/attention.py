@@ -256,7 +256,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         (`RelativeEncoding.probabilities`: that softmax, or a mixture of two, ``gated``)."""
         height, width = self._check_grid(inputs)
         if self.position_only:
-            if factored:
+            if factored:  # a tuple from an encoding that writes its own
                 return aggregation.Factors(*self.position_encoding.factor_probabilities(height, width))
             return self.position_encoding.probabilities(height, width)
         return self.position_encoding.probabilities(height, width, *self.queries_and_keys(inputs))

@@ -225,20 +225,22 @@ class ServingTransformerBlock(TransformerBlock):
     maps_attention_output = False
 
     def __init__(self, mlp_size, layer_norm_epsilon=1e-12, *, attention_config=None, attention=None, **kwargs):
-        kwargs.pop("dropout", None)
-        kwargs.pop("remat", None)
         if (attention is None) == (not attention_config):
             raise ValueError("A ServingTransformerBlock takes its attention's attention_config or the attention layer, "
                              "one of the two.")
         super().__init__(mlp_size, dropout=0.0, layer_norm_epsilon=layer_norm_epsilon,
                          attention_config=attention_config, **kwargs)
-        self._given_attention = attention is not None
-        if self._given_attention:
+        if attention is not None:
             self.attention = (keras.saving.deserialize_keras_object(attention) if isinstance(attention, dict)
                               else attention)
 
+    @property
+    def _given_attention(self):
+        """Whether the attention layer was given (files of the former serving classes), not its config."""
+        return not self.attention_config
+
     def _make_attention(self):
-        if not self.attention_config:  # the layer is given (files of the former serving classes)
+        if self._given_attention:
             return None
         return MultiHeadSelfAttention2D(name="attention", dtype=self.dtype_policy, **self.attention_config)
 

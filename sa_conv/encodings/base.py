@@ -20,6 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from sa_conv import aggregation
 from sa_conv.aliases import FormerNames
 
 
@@ -189,8 +190,7 @@ class RelativeEncoding(keras.layers.Layer):
     def factor_probabilities(self, height, width):
         """The probabilities of a separable encoding as ``(row (heads, H, H), col (heads, W, W))``:
         each 1-D softmax of `factor_logits` (exact: ``P = row[qi, ki] col[qj, kj]``)."""
-        row, col = self.factor_logits(height, width)
-        return ops.softmax(row, axis=-1), ops.softmax(col, axis=-1)
+        return aggregation.softmax(aggregation.Factors(*self.factor_logits(height, width)))
 
     def frozen_constants(self, height, width, factored=False) -> dict:
         """What the serving form holds, by name: for position-only encodings ``probabilities``

@@ -14,6 +14,7 @@ import math
 import keras
 from keras import ops
 
+from sa_conv import aggregation
 from sa_conv.encodings.base import RelativeEncoding, get_encoding, register_frozen_form
 
 __all__ = ["FrozenEncoding", "FrozenGated", "FrozenPositionBias", "FrozenProbabilities", "QueryMajor"]
@@ -126,15 +127,14 @@ class FrozenProbabilities(FrozenEncoding):
         self._check_grid(height, width)
         if not self.factored:
             raise ValueError(f"{self.name} holds dense probabilities, not row and column factors.")
-        return self.constants["row_probabilities"], self.constants["col_probabilities"]
+        return aggregation.Factors(self.constants["row_probabilities"], self.constants["col_probabilities"])
 
     def probabilities(self, height, width, queries=None, keys=None):
         """``(heads, N, N)``: the constant, or the factors multiplied out."""
         self._check_grid(height, width)
         if not self.factored:
             return self.constants["probabilities"]
-        row, col = self.factor_probabilities(height, width)
-        return ops.reshape(row[:, :, None, :, None] * col[:, None, :, None, :], (-1, height * width, height * width))
+        return aggregation.multiplied_out(self.factor_probabilities(height, width))
 
 
 class QueryMajor(FrozenEncoding):
