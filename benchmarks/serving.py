@@ -52,32 +52,42 @@ from benchmarks import harness
 PAPER = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
 SIDES = ("in_process_live", "in_process", "saved_model", "saved_model_bfloat16", "tflite", "tflite_int8", "onnx",
          "onnx_int8", "openvino", "openvino_int8")
-# The exported file each runtime side reads, in the float32 export's assets.extra.
-# (The int8 files' names are export.int8's; imported in the functions, after the process is configured.)
+# The sides that read an exported file (`runtime_formats`: which format's; export is imported in
+# the functions, after the process is configured).
 RUNTIME_SIDES = ("tflite", "tflite_int8", "onnx", "onnx_int8", "openvino", "openvino_int8")
 
 
-def runtime_files() -> dict:
-    """``{side: the file it reads}``, relative to the export's version directory, for the
-    `RUNTIME_SIDES`: what the formats of `export.precisions.FORMATS` and `export.int8` write."""
-    from export import formats, int8
+def runtime_formats() -> dict:
+    """``{side: the export format whose file it reads}`` for the `RUNTIME_SIDES`: the float32
+    formats of `export.precisions.FORMATS` and the int8 ones of `export.int8.QUANTIZED`, by name."""
+    from export import int8, precisions
 
-    return {"tflite": formats.TFLite.file, "tflite_int8": int8.TFLiteFullInteger.file, "onnx": formats.Onnx.file,
-            "onnx_int8": int8.OnnxDynamicInt8.file, "openvino": formats.OpenVINO.file,
-            "openvino_int8": int8.OpenVINOInt8.file}
-# The precision of each side's products, whose matmul peak it is a fraction of (float32 otherwise;
-# the int8 OpenVINO file stores int8 weights and computes in the plugin's float precision).
-SIDE_PRECISION = {"saved_model_bfloat16": "bfloat16", "tflite_int8": "int8", "onnx_int8": "int8"}
-# Sides whose runtime is not a dependency of sa-conv: {side: the modules they need}.
-OPTIONAL_RUNTIMES = {"openvino": ("openvino",), "openvino_int8": ("openvino", "nncf")}
+    named = {**precisions.FORMATS, **{fmt.name: fmt for fmt in int8.QUANTIZED}}
+    return {side: named[side] for side in RUNTIME_SIDES}
+
+
+def runtime_files() -> dict:
+    """``{side: the file it reads}``, relative to the export's version directory."""
+    return {side: fmt.file for side, fmt in runtime_formats().items()}
 
 
 def missing_runtimes(side: str) -> list[str]:
-    """The modules of `OPTIONAL_RUNTIMES` that ``side`` needs and this interpreter lacks."""
-    return [module for module in OPTIONAL_RUNTIMES.get(side, ()) if importlib.util.find_spec(module) is None]
+    """The packages this interpreter lacks of the format ``side`` reads (`Format.packages`), an
+    int8 file's with those of the float32 format it quantizes (its export writes that one first)."""
+    formats = runtime_formats()
+    if side not in formats:
+        return []
+    chain = [formats[side]]
+    if getattr(chain[0], "quantizes", None):
+        chain.insert(0, formats[chain[0].quantizes])
+    needed = dict.fromkeys(package for fmt in chain for package in fmt.packages)
+    return [package for package in needed if importlib.util.find_spec(package) is None]
+
+
+# The precision of each side's products, whose matmul peak it is a fraction of (float32 otherwise;
+# the int8 OpenVINO file stores int8 weights and computes in the plugin's float precision).
+SIDE_PRECISION = {"saved_model_bfloat16": "bfloat16", "tflite_int8": "int8", "onnx_int8": "int8"}
 BATCHES = (1, 100)
-
-
 
 
 def child(args):

@@ -821,6 +821,26 @@ def test_agreement_images_from_npy_and_npz_and_clear_errors(tmp_path):
         export_lib.read_images(str(tmp_path / "missing.npz"), (32, 32, 3))
 
 
+def test_the_serving_benchmark_skips_a_side_for_the_packages_its_format_declares(monkeypatch):
+    """A runtime side of `benchmarks/serving.py` is skipped for the packages of the format whose
+    file it reads (`Format.packages`), an int8 side also for those of the float32 format it
+    quantizes: no second list of what each runtime needs."""
+    import importlib.util
+
+    from benchmarks import serving as serving_benchmark
+    from export import int8
+
+    assert serving_benchmark.runtime_formats()["openvino_int8"] is next(
+        fmt for fmt in int8.QUANTIZED if fmt.name == "openvino_int8")
+    absent = {"openvino", "nncf", "tf2onnx"}
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else found(name, *a))
+    missing = {side: serving_benchmark.missing_runtimes(side) for side in serving_benchmark.SIDES}
+    assert missing == {"in_process_live": [], "in_process": [], "saved_model": [], "saved_model_bfloat16": [],
+                       "tflite": [], "tflite_int8": [], "onnx": ["tf2onnx"], "onnx_int8": ["tf2onnx"],
+                       "openvino": ["openvino"], "openvino_int8": ["openvino", "nncf"]}
+
+
 def test_every_runtime_side_of_the_serving_benchmark_reads_the_exported_files(real_images, tmp_path):
     """What `benchmarks/serving.py` times is what the export wrote, in each runtime: LiteRT's
     probabilities, ONNX Runtime's logits of the ONNX file and OpenVINO's of the IR, equal to the
