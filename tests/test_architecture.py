@@ -500,3 +500,52 @@ def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
     graph = library_import_graph(package, "pkg")
     assert graph["pkg.a"] == {"pkg.sub.c"} and graph["pkg.b"] == {"pkg.a"}
     assert import_cycles(graph) == {frozenset({"pkg.a", "pkg.b", "pkg.sub.c"})}
+
+
+def encoding_class_dispatch(source: str, classes) -> list[str]:
+    """The ``isinstance``/``issubclass`` calls of ``source`` whose class argument names one of
+    ``classes`` (a bare name or an attribute, as imported), with their lines."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("isinstance", "issubclass") and len(node.args) == 2:
+            named = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node.args[1])
+                     if isinstance(n, (ast.Name, ast.Attribute))}
+            found += [f"line {node.lineno}: {name}" for name in sorted(named & set(classes))]
+    return found
+
+
+def _encoding_classes() -> set[str]:
+    classes, todo = set(), [encodings_base.RelativeEncoding]
+    while todo:
+        cls = todo.pop()
+        classes.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return classes
+
+
+# Theorem 1's converter and the reference importer are about particular encodings: they may name them.
+ABOUT_PARTICULAR_ENCODINGS = ("sa_conv/conversion.py", "sa_conv/reference.py")
+
+
+def test_no_consumer_dispatches_on_an_encoding_class():
+    """Serving, the layers, export and the trainers ask an encoding what it does (its traits, its
+    serving form, `sa_conv.encodings.base`); none branches on its class."""
+    classes = _encoding_classes()
+    assert {"GatedPositionalEncoding", "QuadraticEncoding", "FrozenGated", "FrozenProbabilities"} <= classes
+    paths = [p for tree in ("sa_conv", "export", "trainers") for p in _sources(tree)
+             if "encodings" not in p.relative_to(PROJECT_ROOT).parts
+             and str(p.relative_to(PROJECT_ROOT)) not in ABOUT_PARTICULAR_ENCODINGS]
+    assert len(paths) > 40
+    found = {str(p.relative_to(PROJECT_ROOT)): hits for p in paths
+             if (hits := encoding_class_dispatch(p.read_text(), classes))}
+    assert found == {}
+
+
+def test_the_dispatch_check_catches_a_branch_on_an_encoding_class():
+    source = ('"""isinstance(x, GatedPositionalEncoding) in prose."""\nfrom sa_conv.encodings import gated\n\n'
+              'def form(enc, layer):\n    if isinstance(enc, gated.GatedPositionalEncoding):\n        return 1\n'
+              '    if isinstance(layer, (keras.layers.Dense, QuadraticEncoding)):\n        return 2\n'
+              '    return isinstance(enc, dict)\n')
+    assert encoding_class_dispatch(source, _encoding_classes()) == ["line 5: GatedPositionalEncoding",
+                                                                     "line 7: QuadraticEncoding"]
