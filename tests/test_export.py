@@ -834,7 +834,7 @@ def test_the_serving_benchmark_skips_a_side_for_the_packages_its_format_declares
         fmt for fmt in int8.QUANTIZED if fmt.name == "openvino_int8")
     absent = {"openvino", "nncf", "tf2onnx"}
     found = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else found(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None if name in absent else found(name, *a, **k))
     missing = {side: serving_benchmark.missing_runtimes(side) for side in serving_benchmark.SIDES}
     assert missing == {"in_process_live": [], "in_process": [], "saved_model": [], "saved_model_bfloat16": [],
                        "tflite": [], "tflite_int8": [], "onnx": ["tf2onnx"], "onnx_int8": ["tf2onnx"],
