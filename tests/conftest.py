@@ -105,7 +105,9 @@ def made_once(tmp_path_factory):
 
 def gradients(loss_fn, x, variables):
     """Gradients of the scalar ``loss_fn(x)`` with respect to the input ``x`` and ``variables``
-    (Keras variables), as numpy arrays, on whichever Keras backend runs."""
+    (Keras variables), as numpy arrays, on whichever Keras backend runs. Under JAX the gradient
+    is compiled as one program (`jax.jit`), as Keras's JAX trainer runs its steps: op by op, each
+    new shape would compile every primitive on its own."""
     import keras
 
     backend = keras.backend.backend()
@@ -121,7 +123,7 @@ def gradients(loss_fn, x, variables):
         import jax
 
         values = [v.value for v in variables]
-        gx, gv = jax.grad(lambda x, values: _stateless(loss_fn, x, variables, values), argnums=(0, 1))(x, values)
+        gx, gv = jax.jit(jax.grad(lambda x, values: _stateless(loss_fn, x, variables, values), argnums=(0, 1)))(x, values)
         return [np.asarray(gx), *map(np.asarray, gv)]
     if backend == "torch":
         import torch
