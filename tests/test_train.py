@@ -154,20 +154,20 @@ def test_weight_decay_follows_what_the_model_declares_not_variable_names(tmp_pat
 
 def test_two_replicas_match_one_replica(tmp_path):
     """``--strategy=auto`` on 2 logical CPU devices is a MirroredStrategy of 2 replicas: same loss
-    curve as 1 replica (OneDeviceStrategy) for the same global batch and seed (each in a fresh
-    process: devices are set before TF starts)."""
+    curve as 1 replica (OneDeviceStrategy) for the same global batch and seed. The 2 replicas run
+    in a fresh process (devices are set before TF starts); the 1 replica in this one."""
+    flags = dict(model="sa_quadratic_small", dataset="synthetic", epochs=2, dropout=0.0, validation_size=100,
+                 num_layers=1, global_batch_size=32, eval_batch_size=100)
+    assert [f"--{k}={v}" for k, v in flags.items() if k in ("num_layers", "global_batch_size", "eval_batch_size")] == TINY
+    train_lib.train(make_config(overrides=dict(flags, strategy="one_device", model_dir=str(tmp_path / "r1"))),
+                    log=lambda s: None)
+    proc = _cli(*(f"--{k}={v:g}" if isinstance(v, float) else f"--{k}={v}" for k, v in flags.items()),
+                "--cpu_devices=2", "--strategy=auto", f"--model_dir={tmp_path / 'r2'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
     histories = {}
-    for n, strategy in ((1, "one_device"), (2, "auto")):
-        out = tmp_path / f"r{n}"
-        proc = _cli(
-            "--model=sa_quadratic_small", "--dataset=synthetic", "--epochs=2", "--dropout=0",
-            "--validation_size=100", f"--cpu_devices={n}", f"--strategy={strategy}", f"--model_dir={out}",
-            *TINY,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results = _json(out / "results.json")
-        assert results["replicas"] == n
-        histories[n] = _json(out / "history.json")
+    for n in (1, 2):
+        assert _json(tmp_path / f"r{n}" / "results.json")["replicas"] == n
+        histories[n] = _json(tmp_path / f"r{n}" / "history.json")
     for a, b in zip(histories[1], histories[2]):
         assert a["step"] == b["step"]
         for key in ("train_loss", "val_loss", "train_accuracy"):
