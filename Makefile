@@ -60,11 +60,12 @@ $(BSTAMP): setup.py
 BACKENDS_TIER ?= --fast
 # Compiling is most of the JAX pass's time, and these tests check what the layers compute, not
 # the code XLA generates: the fast tier compiles without LLVM's optimizations. `make test-all`
-# passes none, so every tier also runs with XLA's defaults, as users do. (PyTorch ignores them.)
+# passes none, so every tier also runs with XLA's defaults, as users do. (PyTorch ignores them;
+# `echo` drops the spaces around them: XLA reads a value not starting with "--" as a file name.)
 BACKENDS_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true
 test-backends: $(BSTAMP)
 	status=0; for backend in jax torch; do \
-		KERAS_BACKEND=$$backend XLA_FLAGS="$(BACKENDS_XLA_FLAGS) $$XLA_FLAGS" $(BPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(BACKENDS_TIER) $(BACKEND_TESTS) || status=1; \
+		KERAS_BACKEND=$$backend XLA_FLAGS="$$(echo $(BACKENDS_XLA_FLAGS) $$XLA_FLAGS)" $(BPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(BACKENDS_TIER) $(BACKEND_TESTS) || status=1; \
 	done; exit $$status
 
 # DEMO_ARGS: more of programs.demo's flags (e.g. --dataset=synthetic, without CIFAR-10).
