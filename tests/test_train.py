@@ -20,7 +20,8 @@ from trainers.task import Task, decays
 from trainers.config import ConfigError, default_jit_compile, make_config
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT)}
-TINY = ["--num_layers=1", "--global_batch_size=32", "--eval_batch_size=100"]
+TINY_SETTINGS = dict(num_layers=1, global_batch_size=32, eval_batch_size=100)
+TINY = [f"--{k}={v}" for k, v in TINY_SETTINGS.items()]
 
 
 def _cli(*args, env=None, timeout=300, **kwargs):
@@ -157,7 +158,7 @@ def test_two_replicas_match_one_replica(tmp_path):
     curve as 1 replica (OneDeviceStrategy) for the same global batch and seed. The 2 replicas run
     in a fresh process (devices are set before TF starts); the 1 replica in this one."""
     flags = dict(model="sa_quadratic_small", dataset="synthetic", epochs=2, dropout=0, validation_size=100,
-                 num_layers=1, global_batch_size=32, eval_batch_size=100)
+                 **TINY_SETTINGS)
     train_lib.train(make_config(overrides=dict(flags, strategy="one_device", model_dir=str(tmp_path / "r1"))),
                     log=lambda s: None)
     proc = _cli(*(f"--{k}={v}" for k, v in flags.items()), "--cpu_devices=2", "--strategy=auto",
