@@ -10,7 +10,9 @@ for ``--epochs`` epochs, keeping the model every ``--snapshot_every`` epochs
 (``--snapshot_every``, `trainers.train`). Models (`MODELS`): the small presets
 ``sa_ENCODING_small`` of the paper's encodings and ConViT's gated one
 (`benchmarks.data_efficiency.parse_variant`: ``learned``, ``quadratic``, ``content``, ``gated``)
-and ``resnet18``.
+and ``resnet18``; any other variant `parse_variant` names (``learned+convolutional@0.1``) runs as a
+comparison, asked the data-efficiency benchmark's questions at this budget (`efficiency_targets`)
+but not the paper's claims.
 
 Each snapshot is then read (`analyse_snapshot`): its accuracy on the test split and, for
 attention models, per layer and head the locality metrics of `sa_conv.inspection` (mean attention
@@ -25,7 +27,9 @@ uninterrupted one); a run is written to ``--output`` as soon as it is read, and 
 runs the report has. Runs go model by model, each model's seeds in order, so the first models of
 ``--models`` get their seeds first. `summarize` gives per model and budget the mean and spread
 over seeds of the final accuracy, of the learning curve and of the per-layer locality at every
-snapshot; `claims` checks the paper's claims on it. ``tools/performance_tables.py`` makes
+snapshot; `claims` checks the paper's claims on it. Budgets are searched upward: a run at
+another ``--epochs`` is kept beside the others, and the report's budget is the one with the most
+runs (`main_budget`). ``tools/performance_tables.py`` makes
 ``docs/reproduction.md``'s tables and figures from the report.
 """
 
@@ -159,8 +163,9 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
         "test_accuracy": results["test_accuracy"],
         "best_val_accuracy": results["best_val_accuracy"],
         "parameters": results["parameters"],
+        # The epochs' wall time, pauses of the process included; the median epoch is robust to
+        # those and to epochs slowed by other work on the machine (a run beside the test suite).
         "train_seconds": round(sum(h.get("train_seconds", 0.0) for h in history), 1),
-        # Robust to epochs slowed by other work on the machine (a run beside the test suite).
         "median_epoch_seconds": round(statistics.median(h.get("train_seconds", 0.0) for h in history), 2),
         "locality_images": locality_images,
         "images_per_second": results["images_per_second"],
@@ -193,7 +198,7 @@ def layer_summary(heads_metrics: list) -> dict:
 
 def summarize(runs: dict) -> dict:
     """Per ``model|epochs=E``, over its seeds: ``seeds``; ``test_accuracy`` (`_spread`: mean,
-    sample std, range, n); ``train_seconds`` and ``median_epoch_seconds``; ``curve`` (per snapshot epoch, the test accuracy's
+    sample std, range, n); ``median_epoch_seconds``; ``curve`` (per snapshot epoch, the test accuracy's
     spread); ``last_quarter_change`` (per seed, the test accuracy at the end minus at the last
     snapshot at or before three quarters of the epochs; its spread) and ``flattened`` (whether its
     mean magnitude is below the final accuracy's std; None with one seed); and for attention
@@ -218,7 +223,6 @@ def summarize(runs: dict) -> dict:
             if quarter is not None and common and quarter != common[-1] else []
         change = _spread(changes)
         entry = {"seeds": [seed for seed, _ in members], "test_accuracy": final,
-                 "train_seconds": _spread([r["train_seconds"] for r in runs_]),
                  "median_epoch_seconds": _spread([r.get("median_epoch_seconds") for r in runs_]), "curve": curve,
                  "quarter_epoch": quarter, "last_quarter_change": change,
                  "flattened": (None if final["std"] is None or change is None
@@ -309,6 +313,17 @@ def claims(summary: dict, epochs: int) -> list[dict]:
     return rows
 
 
+def efficiency_targets(summary: dict) -> list[dict]:
+    """`benchmarks.data_efficiency.targets` (gated against content, convolutional against random
+    initialization) on the final test accuracies of `summarize`'s entries, at every budget where
+    both sides ran; the dataset is all of ``--data_dir``'s training images, ``cifar10-mini:100``."""
+    as_efficiency = {}
+    for key, entry in summary.items():
+        model, budget = key.split("|")
+        as_efficiency[f"{model}|cifar10-mini:100|{budget}"] = {**entry["test_accuracy"], "seeds": entry["seeds"]}
+    return data_efficiency.targets(as_efficiency)
+
+
 def read_report(path: str) -> dict:
     if not os.path.exists(path):
         return {"runs": {}}
@@ -325,8 +340,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
     deleted and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are
     45 MB each; kept, they let a later version of the analysis read the run again)."""
     for model in models:
-        if model not in MODELS:
-            raise ValueError(f"Unknown model {model!r}; choose from {', '.join(MODELS)}.")
+        data_efficiency.parse_variant(model)  # ValueError naming the forms, before any run
     if epochs < 1 or snapshot_every < 1:
         raise ValueError(f"--epochs and --snapshot_every must be positive, got {epochs} and {snapshot_every}.")
     from trainers import data as data_lib
@@ -361,7 +375,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
         harness.write_report(output, {k: v for k, v in report.items() if k not in ("date", "machine")},
                              inline_numbers=True)
         log(f"[{index}/{len(plan)}] {key}: test accuracy {run['test_accuracy']:.4f} "
-            f"({run['train_seconds']:.0f} s of training)")
+            f"({run['median_epoch_seconds'] * epochs / 60:.0f} min of training at the median epoch's speed)")
         shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
         if prune_snapshots:
             kept = {min(snapshot_epochs(model_dir)), max(snapshot_epochs(model_dir))}
@@ -376,7 +390,8 @@ def main():
                         help="CIFAR-10 python-format files (cifar10-mini)")
     parser.add_argument("--work_dir", default=os.path.join(harness.ROOT, "runs", "reproduction"),
                         help="the runs' model directories: an interrupted run resumes from here")
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help="the study's models; other data-efficiency variants run as comparisons")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--epochs", type=int, default=60, help="the budget: the same for every model")
     parser.add_argument("--snapshot_every", type=int, default=5)

@@ -78,7 +78,7 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
     assert np.array(quadratic[-1]["centers"]).shape == (1, 9, 2)
     assert quadratic[0]["centers"] != quadratic[-1]["centers"]  # the centers moved in training
     assert set(report["summary"]) == {"learned|epochs=2", "quadratic|epochs=2"}
-    with pytest.raises(ValueError, match="Unknown model 'vit'"):
+    with pytest.raises(ValueError, match="Unknown variant 'vit'"):
         rp.measure(output, data_dir, work, ["vit"], [0], epochs=2, snapshot_every=1)
 
 
@@ -172,3 +172,23 @@ def test_the_budget_is_the_epochs_of_most_runs_and_gated_is_not_asked_to_grow_lo
     # Snapshots too sparse to have a last quarter: no flattening verdict.
     sparse = rp.summarize({f"learned|seed={s}|epochs=8": _run({0: 0.1, 8: 0.5 + s / 100}) for s in range(2)})
     assert sparse["learned|epochs=8"]["quarter_epoch"] is None and sparse["learned|epochs=8"]["flattened"] is None
+
+
+def test_comparison_variants_answer_the_data_efficiency_targets_but_not_the_claims():
+    accuracies = {"content": (0.60, 0.62, 0.64), "gated": (0.66, 0.67, 0.68), "learned": (0.60, 0.61, 0.62),
+                  "learned+convolutional@0.1": (0.58, 0.59, 0.60), "resnet18": (0.70, 0.71, 0.72)}
+    runs = {f"{model}|seed={seed}|epochs=8": _run({0: 0.1, 6: a, 8: a}) for model, values in accuracies.items()
+            for seed, a in enumerate(values)}
+    runs["gated|seed=0|epochs=4"] = _run({0: 0.1, 4: 0.5})  # content did not run at 4 epochs: no row there
+    summary = rp.summarize(runs)
+    rows = {(r["target"], r["epochs"]): r for r in rp.efficiency_targets(summary)}
+    assert set(rows) == {("gated >= content + 0.03", 8), ("gated >= every small preset", 8),
+                         ("convolutional >= random", 8)}
+    gated = rows[("gated >= content + 0.03", 8)]
+    assert gated["dataset"] == "cifar10-mini:100" and gated["seeds"] == 3 and gated["against_seeds"] == 3
+    assert gated["difference"] == pytest.approx(0.05) and gated["met"] and gated["spread"] == pytest.approx(0.02)
+    convolutional = rows[("convolutional >= random", 8)]
+    assert convolutional["variant"] == "learned+convolutional@0.1" and convolutional["against"] == "learned"
+    assert convolutional["difference"] == pytest.approx(-0.02) and not convolutional["met"]
+    # The paper's claims are asked of the study's models only.
+    assert {row["model"] for row in rp.claims(summary, 8)} == {"content", "gated", "learned"}

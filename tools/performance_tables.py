@@ -440,11 +440,18 @@ def data_efficiency_targets():
     from benchmarks import data_efficiency as benchmark
 
     data = _load("data_efficiency")
+    return _targets_table(benchmark.targets(data["summary"], data.get("training_images")))
+
+
+def _targets_table(targets):
+    """`benchmarks.data_efficiency.targets`' rows as a table."""
     rows = [[r["target"], f"{r['dataset']}, {r['epochs']} epochs", f"`{r['variant']}` {r['mean']:.3f} ({r['seeds']})",
              f"`{r['against']}` {r['against_mean']:.3f} ({r['against_seeds']})", f"{r['difference']:+.3f}",
              f"{r['needed']:+.2f}", "yes" if r["met"] else "no", "-" if r["spread"] is None else f"{r['spread']:.3f}"]
-            for r in benchmark.targets(data["summary"], data.get("training_images"))]
-    caption = ("Means over the seeds in brackets; a target is met when the difference is at least what it needs; "
+            for r in targets]
+    if not rows:
+        return "Not measured yet: no budget has both sides of a target."
+    caption = ("Seeds in brackets; a target is met when the difference of the means is at least what it needs; "
                "spread: the larger sample standard deviation of the two sides (- with one seed each).\n\n")
     return caption + _table(["target", "data, budget", "variant", "against", "difference", "needs", "met", "spread"],
                             rows)
@@ -505,17 +512,24 @@ def _spread(s, digits=3):
 
 
 def _model_name(model):
+    """The preset a study model trains, with a comparison variant's initialization after it."""
     from benchmarks import data_efficiency
 
-    return f"`{data_efficiency.parse_variant(model)['model']}`"
+    start = model.partition("+")[2]
+    return f"`{data_efficiency.parse_variant(model)['model']}{'+' + start if start else ''}`"
 
 
 def _run_minutes(entry, epochs):
     """Minutes of training a run at its median epoch's speed (epochs slowed by other work on
-    the machine left out), mean over the seeds; the summed epochs for runs recorded without it."""
-    if entry.get("median_epoch_seconds"):
-        return f"{entry['median_epoch_seconds']['mean'] * epochs / 60:.0f}"
-    return f"{entry['train_seconds']['mean'] / 60:.0f}"
+    the machine, or paused, left out), of the seed least disturbed: the machine's own speed."""
+    return f"{entry['median_epoch_seconds']['min'] * epochs / 60:.0f}"
+
+
+def _last_quarter(entry, epochs):
+    """The cells "last quarter" (the mean change and its epochs) and "flattened" of a summary entry."""
+    change = entry["last_quarter_change"]
+    return ("-" if change is None else f"{change['mean']:+.3f} (epochs {entry['quarter_epoch']}-{epochs})",
+            {True: "yes", False: "no", None: "- (one seed)"}[entry["flattened"]])
 
 
 def reproduction_accuracy():
@@ -525,20 +539,50 @@ def reproduction_accuracy():
     rows = []
     for model, e in entries.items():
         runs = [r for k, r in data["runs"].items() if k.startswith(f"{model}|") and k.endswith(f"epochs={budget}")]
-        change = e["last_quarter_change"]
-        flattened = {True: "yes", False: "no", None: "- (one seed)"}[e["flattened"]]
         rows.append([_model_name(model), len(e["seeds"]), _spread(e["test_accuracy"]),
                      f"{e['test_accuracy']['min']:.3f}-{e['test_accuracy']['max']:.3f}",
-                     "-" if change is None else f"{change['mean']:+.3f} (epochs {e['quarter_epoch']}-{budget})",
-                     flattened, _run_minutes(e, budget),
+                     *_last_quarter(e, budget), _run_minutes(e, budget),
                      ", ".join(sorted({r["cpu"] for r in runs}))])
     caption = (f"{budget} epochs each, the trainer's defaults, {data['data']['training_images']} training images "
                f"(10% of them held out for validation), {data['data']['test_images']} test images. Test accuracy: "
                f"mean ± sample standard deviation over the seeds. Last quarter: the mean change of test accuracy over "
                f"the last quarter of training; flattened when smaller than the seeds' standard deviation. Training "
-               f"minutes: epochs times the median epoch's seconds (the study ran partly beside other work).\n\n")
+               f"minutes: epochs times the median epoch's seconds of the fastest seed (the study ran partly beside "
+               f"other work, which slowed whole runs).\n\n")
     return caption + _table(["model", "seeds", "test accuracy", "range", "last quarter", "flattened",
                              "training minutes a run", "CPU"], rows)
+
+
+def reproduction_budgets():
+    """Every budget the study ran, per model (comparison variants included): seeds, final test
+    accuracy, the last quarter's change and whether the curve flattened."""
+    data = _load("reproduction")
+    groups = sorted(((key.split("|")[0], int(key.rsplit("=", 1)[1]), e) for key, e in data["summary"].items()),
+                    key=lambda group: (_study_order(group[0]), group[1]))
+    rows = []
+    for model, epochs, e in groups:
+        rows.append([_model_name(model), epochs, len(e["seeds"]), _spread(e["test_accuracy"]), *_last_quarter(e, epochs),
+                     _run_minutes(e, epochs)])
+    caption = (f"The study's budget is {data['budget']} epochs, the one with the most runs; the others are the "
+               f"search for it. Flattened: the mean change of test accuracy over the last quarter of training is "
+               f"smaller than the seeds' standard deviation at that budget.\n\n")
+    return caption + _table(["model", "epochs", "seeds", "test accuracy", "last quarter", "flattened",
+                             "training minutes a run"], rows)
+
+
+def _study_order(model):
+    """The study's models first, in its order; comparison variants after them, by name."""
+    from benchmarks import reproduction as study
+
+    return (study.MODELS.index(model), "") if model in study.MODELS else (len(study.MODELS), model)
+
+
+def reproduction_targets():
+    """The data-efficiency benchmark's targets on the reproduction study's accuracies
+    (`benchmarks.reproduction.efficiency_targets`)."""
+    from benchmarks import reproduction as study
+
+    return _targets_table(study.efficiency_targets(_load("reproduction")["summary"]))
 
 
 def reproduction_curves():
@@ -695,6 +739,8 @@ TABLES = {
     "reproduction_locality": ("reproduction", reproduction_locality),
     "reproduction_claims": ("reproduction", reproduction_claims),
     "reproduction_first_accuracy": ("reproduction", reproduction_first_accuracy),
+    "reproduction_budgets": ("reproduction", reproduction_budgets),
+    "reproduction_targets": ("reproduction", reproduction_targets),
     "data_efficiency": ("data_efficiency", data_efficiency),
     "data_efficiency_longer": ("data_efficiency", data_efficiency_longer),
     "data_efficiency_targets": ("data_efficiency", data_efficiency_targets),
