@@ -31,7 +31,8 @@ PLOTS = {"docs/data_efficiency.png": ("data_efficiency", "plot_data_efficiency")
          "docs/reproduction_curves.png": ("reproduction", "plot_reproduction_curves"),
          "docs/reproduction_locality.png": ("reproduction", "plot_reproduction_locality"),
          "docs/reproduction_maps_learned.png": ("reproduction", "plot_reproduction_maps_learned"),
-         "docs/reproduction_maps_quadratic.png": ("reproduction", "plot_reproduction_maps_quadratic")}
+         "docs/reproduction_maps_quadratic.png": ("reproduction", "plot_reproduction_maps_quadratic"),
+         "docs/reproduction_centers.png": ("reproduction", "plot_reproduction_centers")}
 
 from sa_conv.config import PRESET_ALIASES  # presets renamed after a benchmark recorded them
 
@@ -712,17 +713,62 @@ def _plot_reproduction_maps(path, model):
     from sa_conv import plotting
 
     data, budget, _ = _reproduction()
-    keys = sorted((k for k in data["runs"] if k.startswith(f"{model}|") and k.endswith(f"|epochs={budget}")),
-                  key=lambda k: int(k.split("|")[1].split("=")[1]))
-    if not keys:
+    key = _lowest_seed(data, model, budget)
+    if key is None:
         return
-    run = data["runs"][keys[0]]
+    run = data["runs"][key]
     last = run["snapshots"][-1]
     figure = plotting.attention_grid_figure(
-        np.array(last["maps"]), last["query"], title=f"{model}, {keys[0].split('|')[1]}, after {last['epoch']} epochs: "
+        np.array(last["maps"]), last["query"], title=f"{model}, {key.split('|')[1]}, after {last['epoch']} epochs: "
                                                       f"attention of the center pixel, mean over "
                                                       f"{run.get('locality_images', 32)} test images")
     figure.savefig(path, dpi=plotting.DPI, metadata={"Software": None})
+
+
+def plot_reproduction_centers(path):
+    """The paper's Figure 3 for the quadratic model: per layer, each head's center of attention
+    ``Delta_h`` (Eq. 9) relative to the query pixel at every snapshot, from initialization (open
+    circle) to the end of training (filled), for the lowest seed."""
+    import numpy as np
+
+    plt = _plt()
+    data, budget, _ = _reproduction()
+    key = _lowest_seed(data, "quadratic", budget)
+    if key is None:
+        return
+    snapshots = data["runs"][key]["snapshots"]
+    tracks = np.array([s["centers"] for s in snapshots])  # (snapshots, layers, heads, 2)
+    limit = max(3.0, float(np.abs(tracks).max()) + 0.5)
+    figure, axes = plt.subplots(1, tracks.shape[1], figsize=(3.3 * tracks.shape[1], 3.5), squeeze=False)
+    colours = plt.get_cmap("tab10").colors
+    for layer, axis in enumerate(axes[0]):
+        for head in range(tracks.shape[2]):
+            # Offsets are (row, column): drawn with columns across and rows down, as an image.
+            rows, cols = tracks[:, layer, head, 0], tracks[:, layer, head, 1]
+            colour = colours[head % len(colours)]
+            axis.plot(cols, rows, color=colour, linewidth=1, alpha=0.7)
+            axis.plot(cols[0], rows[0], "o", markerfacecolor="none", color=colour, markersize=5)
+            axis.plot(cols[-1], rows[-1], "o", color=colour, markersize=5, label=f"head {head}")
+        axis.plot(0, 0, "x", color="black", markersize=8)
+        axis.set_xlim(-limit, limit)
+        axis.set_ylim(limit, -limit)
+        axis.set_aspect("equal")
+        axis.grid(alpha=0.3)
+        axis.set_title(f"layer {layer}", fontsize=9)
+        axis.set_xlabel("column offset (grid pixels)")
+    axes[0, 0].set_ylabel("row offset (grid pixels)")
+    axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    figure.suptitle(f"sa_quadratic_small, {key.split('|')[1]}: the heads' centers from initialization (open) to "
+                    f"epoch {snapshots[-1]['epoch']} (filled); x: the query", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(figure)
+
+
+def _lowest_seed(data, model, budget):
+    """The run key of ``model``'s lowest seed at ``budget``; None when it has no run there."""
+    keys = [k for k in data["runs"] if k.startswith(f"{model}|") and k.endswith(f"|epochs={budget}")]
+    return min(keys, key=lambda k: int(k.split("|")[1].split("=")[1]), default=None)
 
 
 def plot_reproduction_maps_learned(path):
