@@ -646,9 +646,15 @@ def reproduction_first_accuracy():
     data, budget, entries = _reproduction()
     parts = [f"{_model_name(m)} {_spread(e['test_accuracy'])} ({len(e['seeds'])} seed{'s' if len(e['seeds']) > 1 else ''})"
              for m, e in entries.items()]
+    # The command of one run as the study ran it: the flags it fixed, the rest the trainer's defaults.
+    model = next(iter(entries))
+    run = data["runs"][_lowest_seed(data, model, budget)]
+    flags = " ".join(f"--{k}={v}" for k, v in run["flags"].items() if k not in ("seed", "snapshot_every"))
     return (f"Trained {budget} epochs on cifar10-mini ({data['data']['training_images']} training images, a tenth "
-            f"held out for validation), test accuracy: "
-            + "; ".join(parts) + ".")
+            f"held out for validation), test accuracy: " + "; ".join(parts) + ". One of them: "
+            f"`sa-conv-train {flags} --data_dir=../shared/datasets/cifar10-mini` ({_run_minutes(entries[model], budget)} "
+            f"minutes on an {run['cpu']}); all of them, with what the heads learned: "
+            f"`python -m benchmarks.reproduction`.")
 
 
 def _plt():
