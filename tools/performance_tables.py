@@ -667,19 +667,30 @@ def _plt():
 
 
 def plot_reproduction_curves(path):
-    """Test accuracy against epochs, one line per model (mean over seeds, band min-max)."""
+    """Test accuracy against epochs, one line per model at the budget (mean over seeds, band
+    min-max), dashed at the other budgets the study ran (the search for it)."""
     plt = _plt()
-    _, budget, entries = _reproduction()
+    data, budget, entries = _reproduction()
     figure, axis = plt.subplots(figsize=(7.5, 4.2))
-    for model, e in entries.items():
+    colours = plt.get_cmap("tab10").colors
+    for index, (model, e) in enumerate(entries.items()):
         epochs = sorted(int(k) for k in e["curve"])
         values = [e["curve"][str(k)] for k in epochs]
-        axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3,
+        axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3, color=colours[index],
                   label=f"{model} ({len(e['seeds'])} seed{'s' if len(e['seeds']) > 1 else ''})")
-        axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2)
+        axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2,
+                          color=colours[index])
+        for key, other in sorted(data["summary"].items()):
+            searched = int(key.rsplit("=", 1)[1])
+            if key.split("|")[0] != model or searched == budget:
+                continue
+            points = sorted((int(k), v["mean"]) for k, v in other["curve"].items())
+            axis.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", linewidth=1,
+                      color=colours[index], label=f"{model}, {searched} epochs ({len(other['seeds'])} "
+                                                  f"seed{'s' if len(other['seeds']) > 1 else ''})")
     axis.set_xlabel("epoch")
     axis.set_ylabel("test accuracy")
-    axis.set_title(f"Test accuracy during training ({budget} epochs, cifar10-mini)")
+    axis.set_title(f"Test accuracy during training ({budget} epochs, cifar10-mini; dashed: other budgets)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()
