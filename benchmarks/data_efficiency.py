@@ -65,6 +65,11 @@ def parse_variant(name: str) -> dict:
                          f"of {', '.join(ATTENTION_ENCODINGS)} (or content).")
     flags = {"model": f"sa_{encoding}_small"}
     if match.group(2):
+        from sa_conv.attention_init import ATTENTION_INITS  # Keras: only when a variant names one
+
+        if match.group(2) not in ATTENTION_INITS:
+            raise ValueError(f"Unknown initialization {match.group(2)!r} in variant {name!r}; choose from "
+                             f"{', '.join(ATTENTION_INITS)}.")
         flags["attention_init"] = match.group(2)
     if match.group(3):
         flags["locality_strength"] = float(match.group(3))

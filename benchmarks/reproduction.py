@@ -1,5 +1,5 @@
 """The paper's findings on cifar10-mini: test accuracy against epochs, and what the attention heads
-learned, over seeds, at one budget for every model.
+learned, over seeds, at a budget the same for every model.
 
     .venv/bin/python -m benchmarks.reproduction [--models=learned,quadratic,resnet18,content,gated] \\
         [--seeds=0,1,2] [--epochs=60] [--snapshot_every=5] [--work_dir=runs/reproduction]
@@ -58,6 +58,22 @@ def split_key(key: str) -> tuple[str, int, int]:
     """``(model, seed, epochs)`` of a `run_key`."""
     model, seed, epochs = key.split("|")
     return model, int(seed.split("=")[1]), int(epochs.split("=")[1])
+
+
+def run_dir(work_dir: str, model: str, seed: int, epochs: int) -> str:
+    """The model directory of one run; a variant's ``@0.1/2`` (strength/distance) nests none."""
+    return os.path.join(work_dir, f"{model.replace('/', '-')}_seed{seed}_epochs{epochs}")
+
+
+def summary_key(model: str, epochs: int) -> str:
+    """The key of `summarize`'s entry for ``model`` at ``epochs``."""
+    return f"{model}|epochs={epochs}"
+
+
+def split_summary_key(key: str) -> tuple[str, int]:
+    """``(model, epochs)`` of a `summary_key`."""
+    model, epochs = key.split("|")
+    return model, int(epochs.split("=")[1])
 
 
 def train_flags(model: str, seed: int, epochs: int, snapshot_every: int, data_dir: str) -> dict:
@@ -206,10 +222,10 @@ def summarize(runs: dict) -> dict:
     groups: dict[str, list] = {}
     for key, run in sorted(runs.items()):
         model, seed, epochs = split_key(key)
-        groups.setdefault(f"{model}|epochs={epochs}", []).append((seed, run))
+        groups.setdefault(summary_key(model, epochs), []).append((seed, run))
     summary = {}
     for group, members in groups.items():
-        epochs = int(group.split("=")[1])
+        epochs = split_summary_key(group)[1]
         runs_ = [run for _, run in members]
         final = _spread([r["test_accuracy"] for r in runs_])
         snapshot_sets = [{s["epoch"]: s for s in r["snapshots"]} for r in runs_]
@@ -247,11 +263,13 @@ def starts_at_random(model: str) -> bool:
 
 
 def main_budget(runs: dict) -> int | None:
-    """The epochs of most runs (the larger on a tie): the study's budget, the others comparisons."""
+    """The epochs of most runs of the study's `MODELS` (the larger on a tie): the study's budget,
+    the others the search for it; comparison variants do not choose it."""
     counts: dict[int, int] = {}
     for key in runs:
-        epochs = split_key(key)[2]
-        counts[epochs] = counts.get(epochs, 0) + 1
+        model, _, epochs = split_key(key)
+        if model in MODELS:
+            counts[epochs] = counts.get(epochs, 0) + 1
     return max(counts, key=lambda e: (counts[e], e)) if counts else None
 
 
@@ -275,9 +293,9 @@ def claims(summary: dict, epochs: int) -> list[dict]:
     * Attention matches ResNet18's accuracy (Table 1): the model's final test accuracy is within
       the spread of ResNet18's or above it."""
     rows = []
-    resnet = summary.get(f"resnet18|epochs={epochs}")
+    resnet = summary.get(summary_key("resnet18", epochs))
     for model in MODELS:
-        entry = summary.get(f"{model}|epochs={epochs}")
+        entry = summary.get(summary_key(model, epochs))
         if entry is None:
             continue
         locality = entry.get("locality")
@@ -319,8 +337,9 @@ def efficiency_targets(summary: dict) -> list[dict]:
     both sides ran; the dataset is all of ``--data_dir``'s training images, ``cifar10-mini:100``."""
     as_efficiency = {}
     for key, entry in summary.items():
-        model, budget = key.split("|")
-        as_efficiency[f"{model}|cifar10-mini:100|{budget}"] = {**entry["test_accuracy"], "seeds": entry["seeds"]}
+        model, epochs = split_summary_key(key)
+        as_efficiency[f"{model}|cifar10-mini:100|epochs={epochs}"] = {**entry["test_accuracy"],
+                                                                      "seeds": entry["seeds"]}
     return data_efficiency.targets(as_efficiency)
 
 
@@ -357,7 +376,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
         key = run_key(model, seed, epochs)
         if key in runs:
             continue
-        model_dir = os.path.join(work_dir, f"{model}_seed{seed}_epochs{epochs}")
+        model_dir = run_dir(work_dir, model, seed, epochs)
         flags = train_flags(model, seed, epochs, snapshot_every, data_dir)
         log(f"[{index}/{len(plan)}] {key}: training in {model_dir} ...")
         start = time.perf_counter()

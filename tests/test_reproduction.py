@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks import reproduction as rp
+from tools import performance_tables
 from trainers import files
 from trainers import train as train_lib
 from trainers.config import make_config
@@ -163,7 +164,7 @@ def test_the_budget_is_the_epochs_of_most_runs_and_gated_is_not_asked_to_grow_lo
     runs = {f"learned|seed={s}|epochs=60": None for s in range(3)}
     runs.update({"learned|seed=0|epochs=30": None, "resnet18|seed=0|epochs=30": None})
     assert rp.main_budget(runs) == 60 and rp.main_budget({}) is None
-    assert rp.main_budget({"a|seed=0|epochs=30": None, "a|seed=0|epochs=60": None}) == 60  # a tie: the longer
+    assert rp.main_budget({"gated|seed=0|epochs=30": None, "gated|seed=0|epochs=60": None}) == 60  # a tie: the longer
     assert rp.starts_at_random("learned") and rp.starts_at_random("content") and not rp.starts_at_random("gated")
     summary = rp.summarize({"gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.2, 4: 0.3}, {0: [1.0, 2.0], 2: [2.0, 3.0],
                                                                                      4: [3.0, 4.0]},
@@ -192,3 +193,84 @@ def test_comparison_variants_answer_the_data_efficiency_targets_but_not_the_clai
     assert convolutional["difference"] == pytest.approx(-0.02) and not convolutional["met"]
     # The paper's claims are asked of the study's models only.
     assert {row["model"] for row in rp.claims(summary, 8)} == {"content", "gated", "learned"}
+
+
+def test_a_comparison_variant_neither_chooses_the_budget_nor_nests_directories():
+    runs = {f"learned+convolutional@0.1/2|seed={s}|epochs=30": None for s in range(3)}
+    runs.update({f"learned|seed={s}|epochs=60": None for s in range(2)})
+    assert rp.main_budget(runs) == 60
+    assert rp.run_dir("/w", "quadratic+convolutional@0.1/2", 1, 60) == "/w/quadratic+convolutional@0.1-2_seed1_epochs60"
+    with pytest.raises(ValueError, match="Unknown initialization 'convlutional'.*random, convolutional"):
+        rp.measure("unused.json", "unused", "unused", ["learned+convlutional"], [0], epochs=2, snapshot_every=1)
+
+
+def _report():
+    """A study's report: learned, quadratic and ResNet18 at 8 epochs (the budget, three seeds
+    each, seed 1 the least disturbed), learned at 4 (one seed), a comparison variant at 8."""
+    runs = {}
+    for seed, (shift, seconds) in enumerate(((0.0, 30.0), (0.01, 20.0), (0.02, 40.0))):
+        for model, base in (("learned", 0.5), ("quadratic", 0.48), ("resnet18", 0.6),
+                            ("quadratic+convolutional@0.1/2", 0.45)):
+            run = _run({0: 0.1, 6: base + shift, 8: base + shift},
+                       *(({e: [6.0 - e / 2, 6.0] for e in (0, 6, 8)}, {e: [0.1 + e / 20, 0.1] for e in (0, 6, 8)})
+                         if model != "resnet18" else ()))
+            if model == "quadratic":  # two layers of two heads, moving from (e, -e) to (e / 2, -e)
+                for snapshot in run["snapshots"]:
+                    snapshot["centers"] = [[[e / (2 if snapshot["epoch"] else 1), -e] for e in (1.0, 2.0)]] * 2
+            run.update(median_epoch_seconds=seconds, cpu=f"cpu {seed}",
+                       flags={"model": rp.data_efficiency.parse_variant(model)["model"], "dataset": "cifar10",
+                              "epochs": 8, "seed": seed, "snapshot_every": 2})
+            runs[rp.run_key(model, seed, 8)] = run
+    runs["learned|seed=0|epochs=4"] = dict(_run({0: 0.1, 3: 0.3, 4: 0.31}, {e: [5.0, 6.0] for e in (0, 3, 4)},
+                                                {e: [0.2, 0.1] for e in (0, 3, 4)}), median_epoch_seconds=25.0)
+    summary = rp.summarize(runs)
+    return {"runs": runs, "summary": summary, "budget": rp.main_budget(runs),
+            "data": {"training_images": 100, "test_images": 50}}
+
+
+def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch):
+    report = _report()
+    monkeypatch.setattr(performance_tables, "_load", lambda name: report)
+    budgets = performance_tables.reproduction_budgets().splitlines()
+    rows = [line.split(" | ")[:3] for line in budgets if line.startswith("| `")]
+    # The study's models first in its order, each budget ascending; comparison variants last.
+    assert rows == [["| `sa_learned_small`", "4", "1"], ["| `sa_learned_small`", "8", "3"],
+                    ["| `sa_quadratic_small`", "8", "3"], ["| `resnet18`", "8", "3"],
+                    ["| `sa_quadratic_small+convolutional@0.1/2`", "8", "3"]]
+    assert "budget is 8 epochs" in budgets[0]
+    # Training minutes: the least disturbed seed's median epoch (20 s) times 8 epochs.
+    assert "| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.000 (epochs 6-8) | yes | 3 |" in budgets
+    targets = performance_tables.reproduction_targets()
+    assert ("| convolutional >= random | cifar10-mini:100, 8 epochs | `quadratic+convolutional@0.1/2` 0.460 (3) | "
+            "`quadratic` 0.490 (3) | -0.030 | +0.00 | no | 0.010 |") in targets
+    line = performance_tables.reproduction_first_accuracy()
+    assert ("`sa_learned_small` 0.510 ± 0.010 (3 seeds); `sa_quadratic_small` 0.490 ± 0.010 (3 seeds); `resnet18` "
+            "0.610 ± 0.010 (3 seeds)") in line
+    assert ("`.venv/bin/sa-conv-train --model=sa_learned_small --dataset=cifar10 --epochs=8 "
+            "--data_dir=../shared/datasets/cifar10-mini --model_dir=runs/sa_learned_small` (3 minutes on an cpu 1)") in line
+
+
+def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    report = _report()
+    monkeypatch.setattr(performance_tables, "_load", lambda name: report)
+    drawn = []
+    real_plot = performance_tables._plt().Axes.plot
+
+    def plot(axis, *args, **kwargs):
+        drawn.append(kwargs.get("label"))
+        return real_plot(axis, *args, **kwargs)
+
+    monkeypatch.setattr(performance_tables._plt().Axes, "plot", plot)
+    performance_tables.plot_reproduction_curves(tmp_path / "curves.png")
+    assert [label for label in drawn if label] == ["learned (3 seeds)", "learned, 4 epochs (1 seed)",
+                                                    "quadratic (3 seeds)", "resnet18 (3 seeds)"]
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    drawn.clear()
+    performance_tables.plot_reproduction_centers(tmp_path / "centers.png")
+    # Per layer and head: the track, its start and its end (seed 0's centers, as the snapshots hold them).
+    assert [label for label in drawn if label] == ["head 0", "head 1"] * 2
+    del report["runs"]["quadratic|seed=0|epochs=8"], report["runs"]["quadratic|seed=1|epochs=8"]
+    del report["runs"]["quadratic|seed=2|epochs=8"]
+    performance_tables.plot_reproduction_centers(tmp_path / "none.png")  # no quadratic run: nothing drawn
+    assert not (tmp_path / "none.png").exists()

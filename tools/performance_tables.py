@@ -500,9 +500,21 @@ def _reproduction():
 
     data = _load("reproduction")
     budget = data["budget"]
-    entries = {m: data["summary"][f"{m}|epochs={budget}"] for m in study.MODELS
-               if f"{m}|epochs={budget}" in data["summary"]}
+    entries = {m: data["summary"][study.summary_key(m, budget)] for m in study.MODELS
+               if study.summary_key(m, budget) in data["summary"]}
     return data, budget, entries
+
+
+def _runs(data, model, budget):
+    """``{seed: run}`` of ``model`` at ``budget``, by seed."""
+    from benchmarks import reproduction as study
+
+    return dict(sorted((study.split_key(k)[1], r) for k, r in data["runs"].items()
+                       if study.split_key(k)[::2] == (model, budget)))
+
+
+def _seeds(count):
+    return f"{count} seed{'s' if count > 1 else ''}"
 
 
 def _spread(s, digits=3):
@@ -523,6 +535,8 @@ def _model_name(model):
 def _run_minutes(entry, epochs):
     """Minutes of training a run at its median epoch's speed (epochs slowed by other work on
     the machine, or paused, left out), of the seed least disturbed: the machine's own speed."""
+    if entry["median_epoch_seconds"] is None:
+        return "-"
     return f"{entry['median_epoch_seconds']['min'] * epochs / 60:.0f}"
 
 
@@ -539,7 +553,7 @@ def reproduction_accuracy():
     data, budget, entries = _reproduction()
     rows = []
     for model, e in entries.items():
-        runs = [r for k, r in data["runs"].items() if k.startswith(f"{model}|") and k.endswith(f"epochs={budget}")]
+        runs = _runs(data, model, budget).values()
         rows.append([_model_name(model), len(e["seeds"]), _spread(e["test_accuracy"]),
                      f"{e['test_accuracy']['min']:.3f}-{e['test_accuracy']['max']:.3f}",
                      *_last_quarter(e, budget), _run_minutes(e, budget),
@@ -557,8 +571,10 @@ def reproduction_accuracy():
 def reproduction_budgets():
     """Every budget the study ran, per model (comparison variants included): seeds, final test
     accuracy, the last quarter's change and whether the curve flattened."""
+    from benchmarks import reproduction as study
+
     data = _load("reproduction")
-    groups = sorted(((key.split("|")[0], int(key.rsplit("=", 1)[1]), e) for key, e in data["summary"].items()),
+    groups = sorted(((*study.split_summary_key(key), e) for key, e in data["summary"].items()),
                     key=lambda group: (_study_order(group[0]), group[1]))
     rows = []
     for model, epochs, e in groups:
@@ -644,17 +660,17 @@ def reproduction_claims():
 def reproduction_first_accuracy():
     """The README's line: the trained accuracy of the small attention presets and ResNet18."""
     data, budget, entries = _reproduction()
-    parts = [f"{_model_name(m)} {_spread(e['test_accuracy'])} ({len(e['seeds'])} seed{'s' if len(e['seeds']) > 1 else ''})"
-             for m, e in entries.items()]
-    # The command of one run as the study ran it: the flags it fixed, the rest the trainer's defaults.
+    parts = [f"{_model_name(m)} {_spread(e['test_accuracy'])} ({_seeds(len(e['seeds']))})" for m, e in entries.items()]
+    # The command of one run as the study ran it (the flags it fixed, the rest the trainer's
+    # defaults), timed on its least disturbed seed, the one `_run_minutes` reads.
     model = next(iter(entries))
-    run = data["runs"][_lowest_seed(data, model, budget)]
+    run = min(_runs(data, model, budget).values(), key=lambda r: r["median_epoch_seconds"])
     flags = " ".join(f"--{k}={v}" for k, v in run["flags"].items() if k not in ("seed", "snapshot_every"))
     return (f"Trained {budget} epochs on cifar10-mini ({data['data']['training_images']} training images, a tenth "
             f"held out for validation), test accuracy: " + "; ".join(parts) + ". One of them: "
-            f"`sa-conv-train {flags} --data_dir=../shared/datasets/cifar10-mini` ({_run_minutes(entries[model], budget)} "
-            f"minutes on an {run['cpu']}); all of them, with what the heads learned: "
-            f"`python -m benchmarks.reproduction`.")
+            f"`.venv/bin/sa-conv-train {flags} --data_dir=../shared/datasets/cifar10-mini "
+            f"--model_dir=runs/{run['flags']['model']}` ({_run_minutes(entries[model], budget)} minutes on an "
+            f"{run['cpu']}); all of them, with what the heads learned: `.venv/bin/python -m benchmarks.reproduction`.")
 
 
 def _plt():
@@ -669,6 +685,8 @@ def _plt():
 def plot_reproduction_curves(path):
     """Test accuracy against epochs, one line per model at the budget (mean over seeds, band
     min-max), dashed at the other budgets the study ran (the search for it)."""
+    from benchmarks import reproduction as study
+
     plt = _plt()
     data, budget, entries = _reproduction()
     figure, axis = plt.subplots(figsize=(7.5, 4.2))
@@ -677,17 +695,16 @@ def plot_reproduction_curves(path):
         epochs = sorted(int(k) for k in e["curve"])
         values = [e["curve"][str(k)] for k in epochs]
         axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3, color=colours[index],
-                  label=f"{model} ({len(e['seeds'])} seed{'s' if len(e['seeds']) > 1 else ''})")
+                  label=f"{model} ({_seeds(len(e['seeds']))})")
         axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2,
                           color=colours[index])
-        for key, other in sorted(data["summary"].items()):
-            searched = int(key.rsplit("=", 1)[1])
-            if key.split("|")[0] != model or searched == budget:
-                continue
+        searched = sorted(epochs for (name, epochs) in map(study.split_summary_key, data["summary"])
+                          if name == model and epochs != budget)
+        for other_budget in searched:
+            other = data["summary"][study.summary_key(model, other_budget)]
             points = sorted((int(k), v["mean"]) for k, v in other["curve"].items())
             axis.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", linewidth=1,
-                      color=colours[index], label=f"{model}, {searched} epochs ({len(other['seeds'])} "
-                                                  f"seed{'s' if len(other['seeds']) > 1 else ''})")
+                      color=colours[index], label=f"{model}, {other_budget} epochs ({_seeds(len(other['seeds']))})")
     axis.set_xlabel("epoch")
     axis.set_ylabel("test accuracy")
     axis.set_title(f"Test accuracy during training ({budget} epochs, cifar10-mini; dashed: other budgets)")
@@ -730,13 +747,13 @@ def _plot_reproduction_maps(path, model):
     from sa_conv import plotting
 
     data, budget, _ = _reproduction()
-    key = _lowest_seed(data, model, budget)
-    if key is None:
+    lowest = _lowest_seed(data, model, budget)
+    if lowest is None:
         return
-    run = data["runs"][key]
+    seed, run = lowest
     last = run["snapshots"][-1]
     figure = plotting.attention_grid_figure(
-        np.array(last["maps"]), last["query"], title=f"{model}, {key.split('|')[1]}, after {last['epoch']} epochs: "
+        np.array(last["maps"]), last["query"], title=f"{model}, seed={seed}, after {last['epoch']} epochs: "
                                                       f"attention of the center pixel, mean over "
                                                       f"{run.get('locality_images', 32)} test images")
     figure.savefig(path, dpi=plotting.DPI, metadata={"Software": None})
@@ -750,10 +767,11 @@ def plot_reproduction_centers(path):
 
     plt = _plt()
     data, budget, _ = _reproduction()
-    key = _lowest_seed(data, "quadratic", budget)
-    if key is None:
+    lowest = _lowest_seed(data, "quadratic", budget)
+    if lowest is None:
         return
-    snapshots = data["runs"][key]["snapshots"]
+    seed, run = lowest
+    snapshots = run["snapshots"]
     tracks = np.array([s["centers"] for s in snapshots])  # (snapshots, layers, heads, 2)
     limit = max(3.0, float(np.abs(tracks).max()) + 0.5)
     figure, axes = plt.subplots(1, tracks.shape[1], figsize=(3.3 * tracks.shape[1], 3.5), squeeze=False)
@@ -775,7 +793,7 @@ def plot_reproduction_centers(path):
         axis.set_xlabel("column offset (grid pixels)")
     axes[0, 0].set_ylabel("row offset (grid pixels)")
     axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    figure.suptitle(f"sa_quadratic_small, {key.split('|')[1]}: the heads' centers from initialization (open) to "
+    figure.suptitle(f"sa_quadratic_small, seed={seed}: the heads' centers from initialization (open) to "
                     f"epoch {snapshots[-1]['epoch']} (filled); x: the query", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110, metadata={"Software": None})
@@ -783,9 +801,8 @@ def plot_reproduction_centers(path):
 
 
 def _lowest_seed(data, model, budget):
-    """The run key of ``model``'s lowest seed at ``budget``; None when it has no run there."""
-    keys = [k for k in data["runs"] if k.startswith(f"{model}|") and k.endswith(f"|epochs={budget}")]
-    return min(keys, key=lambda k: int(k.split("|")[1].split("=")[1]), default=None)
+    """``(seed, run)`` of ``model``'s lowest seed at ``budget``; None when it has no run there."""
+    return next(iter(_runs(data, model, budget).items()), None)
 
 
 def plot_reproduction_maps_learned(path):
