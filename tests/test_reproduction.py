@@ -239,7 +239,8 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch):
                     ["| `sa_quadratic_small+convolutional@0.1/2`", "8", "3"]]
     assert "budget is 8 epochs" in budgets[0]
     # Training minutes: the least disturbed seed's median epoch (20 s) times 8 epochs.
-    assert "| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.000 (epochs 6-8) | yes | 3 |" in budgets
+    assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | 2 |" in budgets
+    assert "| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.200 (from 4) | +0.000 (epochs 6-8) | yes | 3 |" in budgets
     targets = performance_tables.reproduction_targets()
     assert ("| convolutional >= random | cifar10-mini:100, 8 epochs | `quadratic+convolutional@0.1/2` 0.460 (3) | "
             "`quadratic` 0.490 (3) | -0.030 | +0.00 | no | 0.010 |") in targets

@@ -576,15 +576,19 @@ def reproduction_budgets():
     data = _load("reproduction")
     groups = sorted(((*study.split_summary_key(key), e) for key, e in data["summary"].items()),
                     key=lambda group: (_study_order(group[0]), group[1]))
-    rows = []
+    rows, shorter = [], {}
     for model, epochs, e in groups:
-        rows.append([_model_name(model), epochs, len(e["seeds"]), _spread(e["test_accuracy"]), *_last_quarter(e, epochs),
-                     _run_minutes(e, epochs)])
+        mean = e["test_accuracy"]["mean"]
+        longer = "-" if model not in shorter else f"{mean - shorter[model][1]:+.3f} (from {shorter[model][0]})"
+        shorter[model] = (epochs, mean)
+        rows.append([_model_name(model), epochs, len(e["seeds"]), _spread(e["test_accuracy"]), longer,
+                     *_last_quarter(e, epochs), _run_minutes(e, epochs)])
     caption = (f"The study's budget is {data['budget']} epochs, the one with the most runs; the others are the "
-               f"search for it. Flattened: the mean change of test accuracy over the last quarter of training is "
-               f"smaller than the seeds' standard deviation at that budget.\n\n")
-    return caption + _table(["model", "epochs", "seeds", "test accuracy", "last quarter", "flattened",
-                             "training minutes a run"], rows)
+               f"search for it. Against the shorter budget: the change of the mean test accuracy from the model's "
+               f"next shorter budget (its seeds may differ). Flattened: the mean change of test accuracy over the "
+               f"last quarter of training is smaller than the seeds' standard deviation at that budget.\n\n")
+    return caption + _table(["model", "epochs", "seeds", "test accuracy", "against the shorter budget", "last quarter",
+                             "flattened", "training minutes a run"], rows)
 
 
 def _study_order(model):
