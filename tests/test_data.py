@@ -252,6 +252,23 @@ def test_make_dataset_batches_and_determinism(tiny_cifar):
     assert not np.array_equal(a[0][0][0], first_two_epochs(5)[0][0][0])
 
 
+def test_pipelines_run_without_the_autotuning_model_and_yield_what_they_yield_with_it(tiny_cifar, monkeypatch):
+    train = tiny_cifar[1].train
+
+    def epochs(seed):
+        ds = data.make_dataset(train, batch_size=32, training=True, seed=seed)
+        return ds, [np.concatenate([x.numpy() for x, _ in ds]) for _ in range(2)]
+
+    without, batches = epochs(3)
+    evaluation = data.make_dataset(tiny_cifar[1].test, batch_size=16, training=False)
+    assert not without.options().autotune.enabled and not evaluation.options().autotune.enabled
+    monkeypatch.setattr(data, "TF_DATA_AUTOTUNE", True)
+    with_model, tuned = epochs(3)
+    assert with_model.options().autotune.enabled
+    for a, b in zip(batches, tuned):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_evaluation_dataset_is_unaugmented_and_complete(tiny_cifar):
     test = tiny_cifar[1].test
     ds = data.make_dataset(test, batch_size=16, training=False)

@@ -55,6 +55,8 @@ def test_short_run_learns_on_real_cifar10(cifar10_mini_dir, tmp_path):
     assert results["test_accuracy"] > 0.16, results
     history = _json(tmp_path / "history.json")
     assert len(history) == 1 and history[0]["val_accuracy"] == results["val_accuracy"]
+    # The epoch's wall time holds its steps' and the validation after them.
+    assert history[0]["epoch_seconds"] > history[0]["train_seconds"] > 0
     for name in ("config.json", "results.json", "model.keras", "best_model.keras"):
         assert (tmp_path / name).is_file(), name
     assert _json(tmp_path / "config.json")["resolved_model"]["hidden_size"] == 64

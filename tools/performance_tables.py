@@ -159,6 +159,21 @@ def malloc():
         ["preset", "speed: keep / return freed memory", "peak RSS: keep / return"], rows)
 
 
+def epoch_overhead():
+    """Seconds per epoch outside the optimizer steps, with tf.data's autotuning model and
+    without (`benchmarks.epoch_overhead`)."""
+    data = _load("epoch_overhead")
+    names = {"autotune_model": "tf.data's autotuning model on (TensorFlow's default)",
+             "no_model": "off (the pipeline's setting)"}
+    rows = [[names[side], f"{s['median_outside_steps_seconds']:.1f}", f"{s['max_outside_steps_seconds']:.1f}",
+             f"{s['median_train_seconds']:.1f}"] for side, s in data["summary"].items()]
+    caption = (f"{data['date']}, {data['cpu_class']}, `{data['preset']}` on cifar10-mini, {data['epochs']} epochs "
+               f"a run, {len(data['runs']['no_model'])} runs a side alternating, epochs after the first; the same "
+               f"final loss on both sides: {'yes' if data['same_final_loss'] else 'no'}.\n\n")
+    return caption + _table(["data pipeline", "seconds outside the steps, median", "max", "seconds of steps, median"],
+                            rows)
+
+
 def training_accuracy(name="vs_reference_training"):
     data = _load(name)
     rows = [[encoding, ", ".join(str(s) for s in t["seeds"]), _num(t["reference"]), _num(t["sa_conv"]),
@@ -836,6 +851,7 @@ TABLES = {
     "throughput_ratios": ("throughput", throughput_ratios),
     "remat": ("remat_allocator", remat),
     "malloc": ("malloc", malloc),
+    "epoch_overhead": ("epoch_overhead", epoch_overhead),
     "vs_reference_training": ("vs_reference_training", training_accuracy),
     "vs_reference_lockstep": ("vs_reference_lockstep", lambda: training_accuracy("vs_reference_lockstep")),
     "serving": ("serving", serving),

@@ -52,6 +52,13 @@ CROP_PADDING = 4
 DEFAULT_VALIDATION_FRACTION = 0.1
 # The largest official file is CIFAR-100's `train` (155 MB); anything far larger is refused.
 MAX_FILE_BYTES = 200 * 2**20
+# tf.data's autotuning model for the pipelines of `make_dataset`. Off: the trainer makes one
+# iterator per epoch (a resumed epoch sees the data the lost one did), and under tf.distribute
+# deleting one waits for the model's thread to wake from its optimization period, which doubles
+# to tens of seconds over an epoch (benchmarks/epoch_overhead.py). Without the model,
+# ``AUTOTUNE`` parallelism stays tf.data's initial one (the cores, at most 16); what the pipeline
+# yields does not change.
+TF_DATA_AUTOTUNE = False
 CIFAR10_LABEL_NAMES = (
     "airplane", "automobile", "bird", "cat", "deer",
     "dog", "frog", "horse", "ship", "truck",
@@ -740,6 +747,7 @@ def make_dataset(split: Split | FileSplit, batch_size: int, training: bool, seed
     ds = tf.data.Dataset.from_tensor_slices((list(split.paths) if files else split.images, split.labels))
     options = tf.data.Options()
     options.deterministic = seed is not None
+    options.autotune.enabled = TF_DATA_AUTOTUNE
     ds = ds.with_options(options)
     if training:
         ds = ds.shuffle(len(split), seed=seed, reshuffle_each_iteration=True)

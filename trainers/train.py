@@ -282,6 +282,7 @@ class Trainer:
                 break
             for callback in callbacks:
                 callback.on_epoch_begin(epoch)
+            started = time.perf_counter()
             train_metrics, step, seconds = self._run_epoch(epoch, step)
             train_seconds += seconds
             val_metrics = self.evaluate(self.task.val_split)
@@ -311,6 +312,8 @@ class Trainer:
                     checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
                 if self._snapshot_due(epoch + 1):
                     self._snapshot(epoch + 1)
+                # The epoch's wall time: its steps, validation and artefacts (one checkpoint aside).
+                record["epoch_seconds"] = time.perf_counter() - started
                 _write_json(os.path.join(self.output_dir, "history.json"), history)
                 self.epoch.assign(epoch + 1)
                 self.manager.save(checkpoint_number=epoch + 1)

@@ -1,0 +1,91 @@
+"""The trainer's time per epoch outside its optimizer steps, with tf.data's autotuning model on
+(TensorFlow's default) and off (`trainers.data.TF_DATA_AUTOTUNE`, the pipeline's setting), each
+run in its own process, alternating A B A B:
+
+    .venv/bin/python -m benchmarks.epoch_overhead        # benchmarks/results/epoch_overhead.json
+
+Each run trains a preset for ``--epochs`` epochs on the CIFAR-10 files of ``--data_dir`` through
+the trainer itself and reads its history: per epoch, the wall time of the whole epoch
+(``epoch_seconds``: steps, validation, artefacts) less the steps' (``train_seconds``). The
+trainer makes one data iterator per epoch; under tf.distribute, deleting it waits for the
+autotuning model's thread, whose sleep doubles over the epoch. Both settings train on the same
+data in the same order: the final losses are recorded to show it. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+from benchmarks import harness
+
+SIDES = ("autotune_model", "no_model")
+
+
+def measure(preset: str, autotune: bool, epochs: int, data_dir: str, model_dir: str) -> dict:
+    """One run in this process: the trainer for ``epochs`` epochs with the autotuning model on
+    or off; per epoch its seconds outside the steps, and the final training loss."""
+    from trainers import data as data_lib
+    from trainers import process
+    from trainers.config import make_config
+    from trainers.train import train
+
+    data_lib.TF_DATA_AUTOTUNE = autotune
+    config = make_config(overrides=dict(model=preset, dataset="cifar10", data_dir=data_dir, epochs=epochs, seed=0,
+                                        model_dir=model_dir))
+    train(config, log=lambda s: None)
+    with open(os.path.join(model_dir, "history.json")) as f:
+        history = json.load(f)
+    return {"outside_steps_seconds": [round(h["epoch_seconds"] - h["train_seconds"], 2) for h in history],
+            "train_seconds": [round(h["train_seconds"], 2) for h in history],
+            "final_train_loss": history[-1]["train_loss"], "process": process.describe(config.mixed_precision)}
+
+
+def run_case(preset: str, side: str, epochs: int, data_dir: str) -> dict:
+    from trainers import process
+
+    with tempfile.TemporaryDirectory() as model_dir:
+        return harness.run_side(__name__, side, [f"--preset={preset}", f"--epochs={epochs}", f"--data_dir={data_dir}",
+                                                 f"--model_dir={model_dir}"],
+                                env={**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+def main() -> None:
+    parser = harness.arguments(__doc__, "epoch_overhead.json")
+    parser.add_argument("--preset", default="sa_learned_small")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),
+                        help="CIFAR-10 python-format files (cifar10-mini)")
+    parser.add_argument("--model_dir", help=argparse.SUPPRESS)
+    args = harness.parse(parser)
+    if args.side:
+        return harness.print_result(measure(args.preset, args.side == "autotune_model", args.epochs,
+                                            os.path.abspath(args.data_dir), args.model_dir))
+    runs, processes = {side: [] for side in SIDES}, {}
+    for repeat in range(args.repeats):
+        for side in SIDES:
+            print(f"[repeat {repeat + 1}/{args.repeats}] {side}: training {args.preset} for {args.epochs} epochs ...",
+                  flush=True)
+            run = run_case(args.preset, side, args.epochs, os.path.abspath(args.data_dir))
+            processes[side] = run.pop("process")
+            runs[side].append(run)
+            print(f"    seconds outside the steps per epoch: {run['outside_steps_seconds']}", flush=True)
+    # The first epoch also traces and compiles the steps: the later epochs show the overhead.
+    later = {side: [s for run in runs[side] for s in run["outside_steps_seconds"][1:]] for side in SIDES}
+    summary = {side: {"median_outside_steps_seconds": statistics.median(later[side]),
+                      "max_outside_steps_seconds": max(later[side]),
+                      "median_train_seconds": statistics.median(s for run in runs[side] for s in run["train_seconds"][1:])}
+               for side in SIDES}
+    same = len({run["final_train_loss"] for side in SIDES for run in runs[side]}) == 1
+    harness.write_report(args.output, {"preset": args.preset, "epochs": args.epochs, "cpu_class": harness.cpu_class(),
+                                       "process": processes, "runs": runs, "summary": summary,
+                                       "same_final_loss": same})
+    print(json.dumps({"summary": summary, "same_final_loss": same}))
+
+
+if __name__ == "__main__":
+    main()
