@@ -228,9 +228,14 @@ def _report():
             "data": {"training_images": 100, "test_images": 50}}
 
 
-def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch):
-    report = _report()
-    monkeypatch.setattr(performance_tables, "_load", lambda name: report)
+def _results_with(report, folder, monkeypatch):
+    """``performance_tables`` reading ``report`` as the reproduction study's JSON, from ``folder``."""
+    files.write_json(str(folder / "reproduction.json"), report)
+    monkeypatch.setattr(performance_tables, "RESULTS", folder)
+
+
+def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, tmp_path):
+    _results_with(_report(), tmp_path, monkeypatch)
     budgets = performance_tables.reproduction_budgets().splitlines()
     rows = [line.split(" | ")[:3] for line in budgets if line.startswith("| `")]
     # The study's models first in its order, each budget ascending; comparison variants last.
@@ -252,17 +257,17 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch):
 
 
 def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
-    pytest.importorskip("matplotlib")
+    axes = pytest.importorskip("matplotlib.axes")
     report = _report()
-    monkeypatch.setattr(performance_tables, "_load", lambda name: report)
+    _results_with(report, tmp_path, monkeypatch)
     drawn = []
-    real_plot = performance_tables._plt().Axes.plot
+    real_plot = axes.Axes.plot
 
     def plot(axis, *args, **kwargs):
         drawn.append(kwargs.get("label"))
         return real_plot(axis, *args, **kwargs)
 
-    monkeypatch.setattr(performance_tables._plt().Axes, "plot", plot)
+    monkeypatch.setattr(axes.Axes, "plot", plot)
     performance_tables.plot_reproduction_curves(tmp_path / "curves.png")
     assert [label for label in drawn if label] == ["learned (3 seeds)", "learned, 4 epochs (1 seed)",
                                                     "quadratic (3 seeds)", "resnet18 (3 seeds)"]
@@ -273,5 +278,6 @@ def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
     assert [label for label in drawn if label] == ["head 0", "head 1"] * 2
     del report["runs"]["quadratic|seed=0|epochs=8"], report["runs"]["quadratic|seed=1|epochs=8"]
     del report["runs"]["quadratic|seed=2|epochs=8"]
+    _results_with(report, tmp_path, monkeypatch)
     performance_tables.plot_reproduction_centers(tmp_path / "none.png")  # no quadratic run: nothing drawn
     assert not (tmp_path / "none.png").exists()
