@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 
 from benchmarks import harness
 
@@ -45,12 +44,8 @@ def measure(preset: str, autotune: bool, epochs: int, data_dir: str, model_dir: 
 
 
 def run_case(preset: str, side: str, epochs: int, data_dir: str) -> dict:
-    from trainers import process
-
-    with tempfile.TemporaryDirectory() as model_dir:
-        return harness.run_side(__name__, side, [f"--preset={preset}", f"--epochs={epochs}", f"--data_dir={data_dir}",
-                                                 f"--model_dir={model_dir}"],
-                                env={**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return harness.run_training_side(__name__, side, [f"--preset={preset}", f"--epochs={epochs}",
+                                                      f"--data_dir={data_dir}"])
 
 
 def main() -> None:
@@ -76,10 +71,10 @@ def main() -> None:
             print(f"    seconds outside the steps per epoch: {run['outside_steps_seconds']}", flush=True)
     # The first epoch also traces and compiles the steps: the later epochs show the overhead.
     later = {side: [s for run in runs[side] for s in run["outside_steps_seconds"][1:]] for side in SIDES}
+    steps = {side: [s for run in runs[side] for s in run["train_seconds"][1:]] for side in SIDES}
     summary = {side: {"median_outside_steps_seconds": statistics.median(later[side]),
                       "max_outside_steps_seconds": max(later[side]),
-                      "median_train_seconds": statistics.median(s for run in runs[side] for s in run["train_seconds"][1:])}
-               for side in SIDES}
+                      "median_train_seconds": statistics.median(steps[side])} for side in SIDES}
     same = len({run["final_train_loss"] for side in SIDES for run in runs[side]}) == 1
     harness.write_report(args.output, {"preset": args.preset, "epochs": args.epochs, "cpu_class": harness.cpu_class(),
                                        "process": processes, "runs": runs, "summary": summary,

@@ -151,6 +151,17 @@ def run_side(module: str, side: str, args=(), python: str | None = None, env: di
     return parse_result(side, proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_training_side(module: str, side: str, args=(), env: dict | None = None) -> dict:
+    """`run_side` for a side that trains: ``--model_dir`` a fresh temporary directory (deleted
+    after), the child's environment ``env`` (None: `trainers.process.child_environment`) with
+    TensorFlow's C++ logging off."""
+    from trainers import process
+
+    env = process.child_environment() if env is None else env
+    with tempfile.TemporaryDirectory() as model_dir:
+        return run_side(module, side, [*args, f"--model_dir={model_dir}"], env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
 def git(*args, repository: str = ROOT) -> bytes:
     """The output of ``git args...`` run in ``repository``; CalledProcessError when it fails."""
     return subprocess.run(["git", *args], cwd=repository, check=True, capture_output=True).stdout

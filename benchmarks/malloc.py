@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import tempfile
 
 from benchmarks import harness
 
@@ -35,12 +34,8 @@ def measure(preset: str, keep: bool, steps: int, model_dir: str) -> dict:
 
 
 def run_case(preset: str, keep: bool, steps: int) -> dict:
-    from trainers import process
-
-    with tempfile.TemporaryDirectory() as model_dir:
-        return harness.run_side(__name__, "keep" if keep else "return",
-                                [f"--presets={preset}", f"--steps={steps}", f"--model_dir={model_dir}"],
-                                env={**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return harness.run_training_side(__name__, "keep" if keep else "return",
+                                     [f"--presets={preset}", f"--steps={steps}"])
 
 
 def main() -> None:

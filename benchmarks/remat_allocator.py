@@ -27,7 +27,6 @@ import argparse
 import datetime
 import json
 import resource
-import tempfile
 import time
 
 from benchmarks import harness
@@ -80,13 +79,11 @@ def run_variant(preset: str, variant: str, steps: int) -> dict:
 
     env = {k: v for k, v in process.child_environment().items()
            if k not in ("MALLOC_ARENA_MAX", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR")}
-    with tempfile.TemporaryDirectory() as model_dir:
-        try:
-            return harness.run_side(__name__, variant, [f"--preset={preset}", f"--steps={steps}",
-                                                        f"--model_dir={model_dir}"],
-                                    env={**env, **extra, "TF_CPP_MIN_LOG_LEVEL": "3"})
-        except harness.SideError as failure:
-            return {"failed": f"exit {failure.returncode}", "stderr_tail": failure.stderr[-1500:]}
+    try:
+        return harness.run_training_side(__name__, variant, [f"--preset={preset}", f"--steps={steps}"],
+                                         env={**env, **extra})
+    except harness.SideError as failure:
+        return {"failed": f"exit {failure.returncode}", "stderr_tail": failure.stderr[-1500:]}
 
 
 def main() -> None:

@@ -524,8 +524,8 @@ def _runs(data, model, budget):
     """``{seed: run}`` of ``model`` at ``budget``, by seed."""
     from benchmarks import reproduction as study
 
-    return dict(sorted((study.split_key(k)[1], r) for k, r in data["runs"].items()
-                       if study.split_key(k)[::2] == (model, budget)))
+    keyed = ((study.split_key(k), r) for k, r in data["runs"].items())
+    return dict(sorted((seed, r) for (name, seed, epochs), r in keyed if (name, epochs) == (model, budget)))
 
 
 def _seeds(count):
