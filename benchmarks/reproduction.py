@@ -152,6 +152,13 @@ def analyse_snapshot(model, test, locality_images: int, maps: bool) -> dict:
     return result
 
 
+def epoch_seconds(record: dict) -> float:
+    """The seconds one epoch of a trainer's ``history.json`` took as a user waits for it: its
+    steps, validation and files (``epoch_seconds``), or its steps alone (``train_seconds``) for
+    epochs recorded before the trainer timed whole epochs."""
+    return record.get("epoch_seconds", record.get("train_seconds", 0.0))
+
+
 def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) -> dict:
     """The run in ``model_dir`` as the report keeps it: its results, compact history and every
     snapshot's `analyse_snapshot` (maps at the last)."""
@@ -182,12 +189,13 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
         # The epochs' wall time, pauses of the process included; the median epoch is robust to
         # those and to epochs slowed by other work on the machine (a run beside the test suite).
         "train_seconds": round(sum(h.get("train_seconds", 0.0) for h in history), 1),
-        "median_epoch_seconds": round(statistics.median(h.get("train_seconds", 0.0) for h in history), 2),
+        "median_epoch_seconds": round(statistics.median(epoch_seconds(h) for h in history), 2),
         "locality_images": locality_images,
         "images_per_second": results["images_per_second"],
         "weights_sha256": results["weights_sha256"],
         "history": [{k: (round(h[k], 5) if isinstance(h[k], float) else h[k])
-                     for k in ("epoch", "train_seconds", "train_loss", "train_accuracy", "val_accuracy")}
+                     for k in ("epoch", "train_seconds", "epoch_seconds", "train_loss", "train_accuracy",
+                               "val_accuracy") if k in h}
                     for h in history],
         "snapshots": snapshots,
     }
