@@ -473,6 +473,23 @@ def _targets_table(targets):
                             rows)
 
 
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt, figure, path):
+    """Writes ``figure`` to ``path`` laid out, without the matplotlib version in its metadata
+    (so a PNG changes only with its data), and closes it."""
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(figure)
+
+
 def plot_data_efficiency(path):
     """The curve: mean test accuracy against training images on the cifar10-mini subsets, one
     line per variant, bars from the lowest to the highest seed."""
@@ -500,9 +517,7 @@ def plot_data_efficiency(path):
     axis.set_title(f"Data efficiency, {epochs} epochs ({data['date']})")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    figure.tight_layout()
-    figure.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(figure)
+    _save(plt, figure, path)
 
 
 # ------------------------------------------------------------------------------ reproduction
@@ -705,15 +720,6 @@ def reproduction_first_accuracy():
             f"{run['cpu']}); all of them, with what the heads learned: `.venv/bin/python -m benchmarks.reproduction`.")
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_reproduction_curves(path):
     """Test accuracy against epochs, one line per model at the budget (mean over seeds, band
     min-max), dashed at the other budgets the study ran (the search for it)."""
@@ -742,9 +748,7 @@ def plot_reproduction_curves(path):
     axis.set_title(f"Test accuracy during training ({budget} epochs, cifar10-mini; dashed: other budgets)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(figure)
+    _save(plt, figure, path)
 
 
 def plot_reproduction_locality(path):
@@ -766,9 +770,7 @@ def plot_reproduction_locality(path):
         axis.grid(alpha=0.3)
     axes[0, 0].set_ylabel("mean attention distance (grid pixels)")
     axes[0, -1].legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(figure)
+    _save(plt, figure, path)
 
 
 def _plot_reproduction_maps(path, model):
@@ -827,9 +829,7 @@ def plot_reproduction_centers(path):
     axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     figure.suptitle(f"sa_quadratic_small, seed={seed}: the heads' centers from initialization (open) to "
                     f"epoch {snapshots[-1]['epoch']} (filled); x: the query", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(figure)
+    _save(plt, figure, path)
 
 
 def _lowest_seed(data, model, budget):
