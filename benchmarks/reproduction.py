@@ -154,8 +154,8 @@ def analyse_snapshot(model, test, locality_images: int, maps: bool) -> dict:
 
 def epoch_seconds(record: dict) -> float:
     """The seconds one epoch of a trainer's ``history.json`` took as a user waits for it: its
-    steps, validation and files (``epoch_seconds``), or its steps alone (``train_seconds``) for
-    epochs recorded before the trainer timed whole epochs."""
+    steps, validation and snapshots (``epoch_seconds``), or its steps alone (``train_seconds``)
+    for epochs recorded before the trainer timed whole epochs."""
     return record.get("epoch_seconds", record.get("train_seconds", 0.0))
 
 
@@ -222,7 +222,7 @@ def layer_summary(heads_metrics: list) -> dict:
 
 def summarize(runs: dict) -> dict:
     """Per ``model|epochs=E``, over its seeds: ``seeds``; ``test_accuracy`` (`_spread`: mean,
-    sample std, range, n); ``median_epoch_seconds``; ``curve`` (per snapshot epoch, the test accuracy's
+    sample std, range, n); ``curve`` (per snapshot epoch, the test accuracy's
     spread); ``last_quarter_change`` (per seed, the test accuracy at the end minus at the last
     snapshot at or before three quarters of the epochs; its spread) and ``flattened`` (whether its
     mean magnitude is below the final accuracy's std; None with one seed); and for attention
@@ -247,7 +247,7 @@ def summarize(runs: dict) -> dict:
             if quarter is not None and common and quarter != common[-1] else []
         change = _spread(changes)
         entry = {"seeds": [seed for seed, _ in members], "test_accuracy": final,
-                 "median_epoch_seconds": _spread([r.get("median_epoch_seconds") for r in runs_]), "curve": curve,
+                 "curve": curve,
                  "quarter_epoch": quarter, "last_quarter_change": change,
                  "flattened": (None if final["std"] is None or change is None
                                else abs(change["mean"]) < final["std"])}

@@ -67,8 +67,11 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
         ["epoch_000.keras", "epoch_002.keras"]
     assert not os.path.exists(os.path.join(work, "learned_seed0_epochs2", "checkpoints"))
     assert [h["epoch"] for h in run["history"]] == [1, 2]
-    # An epoch as a user waits for it: its steps, validation and files.
+    # An epoch as a user waits for it: its steps, validation and snapshots; its steps alone in a
+    # history written before the trainer timed whole epochs.
     assert all(h["epoch_seconds"] > h["train_seconds"] > 0 for h in run["history"])
+    assert rp.epoch_seconds({"train_seconds": 3.0, "epoch_seconds": 4.0}) == 4.0
+    assert rp.epoch_seconds({"train_seconds": 3.0}) == 3.0
     assert run["median_epoch_seconds"] == pytest.approx(np.median([h["epoch_seconds"] for h in run["history"]]),
                                                         abs=0.01)
 
@@ -239,7 +242,8 @@ def _results_with(report, folder, monkeypatch):
 
 
 def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, tmp_path):
-    _results_with(_report(), tmp_path, monkeypatch)
+    report = _report()
+    _results_with(report, tmp_path, monkeypatch)
     budgets = performance_tables.reproduction_budgets().splitlines()
     rows = [line.split(" | ")[:3] for line in budgets if line.startswith("| `")]
     # The study's models first in its order, each budget ascending; comparison variants last.
@@ -252,6 +256,10 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | 2 (cpu B) |" in budgets
     assert ("| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.200 (from 4) | +0.000 (epochs 6-8) | yes | "
             "3 (cpu A); 5 (cpu B) |") in budgets
+    report["runs"]["learned|seed=0|epochs=4"]["median_epoch_seconds"] = None  # a run not timed: no minutes
+    _results_with(report, tmp_path, monkeypatch)
+    assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | - |" in \
+        performance_tables.reproduction_budgets().splitlines()
     targets = performance_tables.reproduction_targets()
     assert ("| convolutional >= random | cifar10-mini:100, 8 epochs | `quadratic+convolutional@0.1/2` 0.460 (3) | "
             "`quadratic` 0.490 (3) | -0.030 | +0.00 | no | 0.010 |") in targets

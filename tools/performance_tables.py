@@ -567,8 +567,10 @@ def _fastest_runs(data, model, epochs):
     fastest median epoch, the least disturbed by other work on the machine."""
     fastest = {}
     for run in _runs(data, model, epochs).values():
-        if run["cpu"] not in fastest or run["median_epoch_seconds"] < fastest[run["cpu"]]["median_epoch_seconds"]:
-            fastest[run["cpu"]] = run
+        cpu = run.get("cpu") or "unknown CPU"
+        if run.get("median_epoch_seconds") is not None and (
+                cpu not in fastest or run["median_epoch_seconds"] < fastest[cpu]["median_epoch_seconds"]):
+            fastest[cpu] = run
     return dict(sorted(fastest.items()))
 
 
@@ -581,7 +583,8 @@ def _minutes(run, epochs):
 def _run_minutes(data, model, epochs):
     """The cell "training minutes a run": `_minutes` of each CPU class's `_fastest_runs`, with
     the class, since CPUs differ more than seeds."""
-    return "; ".join(f"{_minutes(run, epochs)} ({cpu})" for cpu, run in _fastest_runs(data, model, epochs).items())
+    fastest = _fastest_runs(data, model, epochs)
+    return "; ".join(f"{_minutes(run, epochs)} ({cpu})" for cpu, run in fastest.items()) if fastest else "-"
 
 
 def _last_quarter(entry, epochs):
@@ -605,15 +608,16 @@ def reproduction_accuracy():
                f"mean ± sample standard deviation over the seeds. Last quarter: the mean change of test accuracy over "
                f"the last quarter of training; flattened when smaller than the seeds' standard deviation. Training "
                f"minutes: epochs times the median epoch's seconds of the fastest seed on each CPU class (the study ran "
-               f"partly beside other work, which slowed whole runs); an epoch's steps, validation and files, its "
-               f"steps alone in runs recorded before the trainer timed whole epochs.\n\n")
+               f"partly beside other work, which slowed whole runs); an epoch's steps, validation and snapshots, "
+               f"its steps alone in runs recorded before the trainer timed whole epochs.\n\n")
     return caption + _table(["model", "seeds", "test accuracy", "range", "last quarter", "flattened",
                              "training minutes a run (CPU)"], rows)
 
 
 def reproduction_budgets():
     """Every budget the study ran, per model (comparison variants included): seeds, final test
-    accuracy, the last quarter's change and whether the curve flattened."""
+    accuracy, the last quarter's change, whether the curve flattened and the training time of a
+    run on each CPU class that ran it."""
     from benchmarks import reproduction as study
 
     data = _load("reproduction")
@@ -629,7 +633,8 @@ def reproduction_budgets():
     caption = (f"The study's budget is {data['budget']} epochs, the one with the most runs; the others are the "
                f"search for it. Against the shorter budget: the change of the mean test accuracy from the model's "
                f"next shorter budget (its seeds may differ). Flattened: the mean change of test accuracy over the "
-               f"last quarter of training is smaller than the seeds' standard deviation at that budget.\n\n")
+               f"last quarter of training is smaller than the seeds' standard deviation at that budget. Training "
+               f"minutes: as in the accuracy table.\n\n")
     return caption + _table(["model", "epochs", "seeds", "test accuracy", "against the shorter budget", "last quarter",
                              "flattened", "training minutes a run (CPU)"], rows)
 
