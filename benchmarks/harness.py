@@ -33,6 +33,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -214,6 +215,14 @@ def cpu() -> dict:
     return record
 
 
+def cpu_name(model: str) -> str:
+    """A CPU's model name as `cpu_class` gives it: without the vendor's marks, the clock and a
+    closing "Processor" or "CPU", which say nothing of its matrix units; e.g. "Intel(R) Xeon(R)
+    Platinum 8480+ CPU @ 2.00GHz" -> "Intel Xeon Platinum 8480+"."""
+    name = re.sub(r"\((R|TM)\)|\s+(CPU\s+)?@.*$|\s+(Processor|CPU)$", "", model, flags=re.IGNORECASE)
+    return " ".join(name.split()) or "unknown CPU"
+
+
 def cpu_class(record: dict | None = None) -> str:
     """What decides which format serves fastest, as a short name: the CPU's model and its widest
     matrix units, e.g. ``"AMD EPYC, AVX-512 VNNI BF16"``, ``"AMD EPYC, AVX2"``,
@@ -230,7 +239,7 @@ def cpu_class(record: dict | None = None) -> str:
         units = "AVX2" + (" VNNI" if "avx_vnni" in features else "")
     else:
         units = "no AVX2"
-    return f"{record.get('model', 'unknown CPU')}, {units}"
+    return f"{cpu_name(record.get('model', ''))}, {units}"
 
 
 def matmul_peaks(framework: str = "tensorflow", size: int = 2048, repeats: int = 5) -> dict:

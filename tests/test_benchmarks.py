@@ -179,9 +179,21 @@ def test_benchmarks_share_one_harness_and_change_nothing_on_import():
     ([], "no AVX2"),
 ])
 def test_cpu_class_names_the_widest_matrix_units(features, units):
-    assert harness.cpu_class({"model": "Some CPU", "features": features}) == f"Some CPU, {units}"
+    assert harness.cpu_class({"model": "Some model", "features": features}) == f"Some model, {units}"
     # trainers.process's record spells the list "extensions"
-    assert harness.cpu_class({"model": "Some CPU", "extensions": features}) == f"Some CPU, {units}"
+    assert harness.cpu_class({"model": "Some model", "extensions": features}) == f"Some model, {units}"
+
+
+@pytest.mark.parametrize("model, name", [
+    ("Intel(R) Xeon(R) Processor", "Intel Xeon"),
+    ("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz", "Intel Xeon Platinum 8480+"),
+    ("Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz", "Intel Core i7-8700"),
+    ("AMD EPYC 9654 96-Core Processor", "AMD EPYC 9654 96-Core"),
+    ("AMD EPYC", "AMD EPYC"),
+    ("", "unknown CPU"),
+])
+def test_cpu_class_names_the_cpu_without_marks_or_clock(model, name):
+    assert harness.cpu_class({"model": model, "features": ["avx2"]}) == f"{name}, AVX2"
 
 
 def test_runs_of_other_cpus_stay_and_a_merge_keeps_unmeasured_presets(tmp_path, monkeypatch):
