@@ -159,6 +159,12 @@ def epoch_seconds(record: dict) -> float:
     return record.get("epoch_seconds", record.get("train_seconds", 0.0))
 
 
+def training_minutes(run: dict, epochs: int) -> float:
+    """Minutes of training a read ``run`` takes at its median epoch's speed (epochs slowed by
+    other work on the machine, or paused, left out) over ``epochs``."""
+    return run["median_epoch_seconds"] * epochs / 60
+
+
 def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) -> dict:
     """The run in ``model_dir`` as the report keeps it: its results, compact history and every
     snapshot's `analyse_snapshot` (maps at the last)."""
@@ -402,7 +408,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
         harness.write_report(output, {k: v for k, v in report.items() if k not in ("date", "machine")},
                              inline_numbers=True)
         log(f"[{index}/{len(plan)}] {key}: test accuracy {run['test_accuracy']:.4f} "
-            f"({run['median_epoch_seconds'] * epochs / 60:.0f} min of training at the median epoch's speed)")
+            f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
         shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
         if prune_snapshots:
             kept = {min(snapshot_epochs(model_dir)), max(snapshot_epochs(model_dir))}

@@ -482,12 +482,12 @@ def _plt():
     return plt
 
 
-def _save(plt, figure, path):
+def _save(figure, path):
     """Writes ``figure`` to ``path`` laid out, without the matplotlib version in its metadata
     (so a PNG changes only with its data), and closes it."""
     figure.tight_layout()
     figure.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(figure)
+    _plt().close(figure)
 
 
 def plot_data_efficiency(path):
@@ -517,7 +517,7 @@ def plot_data_efficiency(path):
     axis.set_title(f"Data efficiency, {epochs} epochs ({data['date']})")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    _save(plt, figure, path)
+    _save(figure, path)
 
 
 # ------------------------------------------------------------------------------ reproduction
@@ -575,9 +575,9 @@ def _fastest_runs(data, model, epochs):
 
 
 def _minutes(run, epochs):
-    """Minutes of training ``run`` at its median epoch's speed (epochs slowed by other work on
-    the machine, or paused, left out)."""
-    return f"{run['median_epoch_seconds'] * epochs / 60:.0f}"
+    from benchmarks import reproduction as study
+
+    return f"{study.training_minutes(run, epochs):.0f}"
 
 
 def _run_minutes(data, model, epochs):
@@ -714,9 +714,9 @@ def reproduction_first_accuracy():
     data, budget, entries = _reproduction()
     parts = [f"{_model_name(m)} {_spread(e['test_accuracy'])} ({_seeds(len(e['seeds']))})" for m, e in entries.items()]
     # The command of one run as the study ran it (the flags it fixed, the rest the trainer's
-    # defaults), timed on its least disturbed seed.
+    # defaults), timed on the fastest of each CPU class's least disturbed seeds (`_fastest_runs`).
     model = next(iter(entries))
-    run = min(_runs(data, model, budget).values(), key=lambda r: r["median_epoch_seconds"])
+    run = min(_fastest_runs(data, model, budget).values(), key=lambda r: r["median_epoch_seconds"])
     flags = " ".join(f"--{k}={v}" for k, v in run["flags"].items() if k not in ("seed", "snapshot_every"))
     return (f"Trained {budget} epochs on cifar10-mini ({data['data']['training_images']} training images, a tenth "
             f"held out for validation), test accuracy: " + "; ".join(parts) + ". One of them: "
@@ -753,7 +753,7 @@ def plot_reproduction_curves(path):
     axis.set_title(f"Test accuracy during training ({budget} epochs, cifar10-mini; dashed: other budgets)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    _save(plt, figure, path)
+    _save(figure, path)
 
 
 def plot_reproduction_locality(path):
@@ -775,7 +775,7 @@ def plot_reproduction_locality(path):
         axis.grid(alpha=0.3)
     axes[0, 0].set_ylabel("mean attention distance (grid pixels)")
     axes[0, -1].legend(fontsize=7)
-    _save(plt, figure, path)
+    _save(figure, path)
 
 
 def _plot_reproduction_maps(path, model):
@@ -834,7 +834,7 @@ def plot_reproduction_centers(path):
     axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     figure.suptitle(f"sa_quadratic_small, seed={seed}: the heads' centers from initialization (open) to "
                     f"epoch {snapshots[-1]['epoch']} (filled); x: the query", fontsize=9)
-    _save(plt, figure, path)
+    _save(figure, path)
 
 
 def _lowest_seed(data, model, budget):
