@@ -24,8 +24,10 @@ map at the grid's center pixel, averaged over those images (the paper's Figure 4
 Resumable at every level: a run's model directory lives in ``--work_dir`` (outside the
 repository), so an interrupted training resumes where it stopped (bit-identical to an
 uninterrupted one); a run is written to ``--output`` as soon as it is read, and a rerun skips the
-runs the report has. Runs go model by model, each model's seeds in order, so the first models of
-``--models`` get their seeds first. `summarize` gives per model and budget the mean and spread
+runs the report has, but derives its summary, budget and claims from every recorded run again
+(`_derived`), rewriting the report when this version of the analysis reads them otherwise. Runs
+go model by model, each model's seeds in order, so the first models of ``--models`` get their
+seeds first. `summarize` gives per model and budget the mean and spread
 over seeds of the final accuracy, of the learning curve and of the per-layer locality at every
 snapshot; `claims` checks the paper's claims on it. Budgets are searched upward: a run at
 another ``--epochs`` is kept beside the others, and the report's budget is the one with the most
@@ -232,7 +234,12 @@ def summarize(runs: dict) -> dict:
     spread); ``last_quarter_change`` (per seed, the test accuracy at the end minus at the last
     snapshot at or before three quarters of the epochs; its spread) and ``flattened`` (whether its
     mean magnitude is below the final accuracy's std; None with one seed); and for attention
-    models ``locality`` (per snapshot epoch, per layer, each `layer_summary` value's spread)."""
+    models ``locality`` (per snapshot epoch, per layer, each `layer_summary` value's spread);
+    ``against_shorter``: None at a model's shortest budget, else the model's next shorter budget
+    (``epochs``), the change of the mean test accuracy from it (``change``) and ``within_spread``:
+    whether that change is smaller than the larger of the two budgets' stds (None when neither
+    has a std), the reading of "more epochs would not move it" that the cosine schedule's last
+    quarter cannot give (its learning rate anneals there, and a model gains at any budget)."""
     groups: dict[str, list] = {}
     for key, run in sorted(runs.items()):
         model, seed, epochs = split_key(key)
@@ -264,6 +271,20 @@ def summarize(runs: dict) -> dict:
                          for layer in range(len(snapshot_sets[0][e]["layers"]))]
                 for e in common}
         summary[group] = entry
+    budgets: dict[str, list[int]] = {}
+    for group in summary:
+        model, epochs = split_summary_key(group)
+        budgets.setdefault(model, []).append(epochs)
+    for model, epochs_ in budgets.items():
+        epochs_.sort()
+        summary[summary_key(model, epochs_[0])]["against_shorter"] = None
+        for shorter, longer in zip(epochs_, epochs_[1:]):
+            before = summary[summary_key(model, shorter)]["test_accuracy"]
+            after = summary[summary_key(model, longer)]["test_accuracy"]
+            differs = _differs(before, after)
+            summary[summary_key(model, longer)]["against_shorter"] = {
+                "epochs": shorter, "change": after["mean"] - before["mean"],
+                "within_spread": None if differs is None else not differs}
     return summary
 
 
@@ -402,11 +423,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
         run["cpu"] = harness.cpu_class()
         run["session_seconds"] = round(time.perf_counter() - start, 1)
         runs[key] = run
-        report["summary"] = summarize(runs)
-        report["budget"] = main_budget(runs)
-        report["claims"] = claims(report["summary"], report["budget"])
-        harness.write_report(output, {k: v for k, v in report.items() if k not in ("date", "machine")},
-                             inline_numbers=True)
+        _write(output, report)
         log(f"[{index}/{len(plan)}] {key}: test accuracy {run['test_accuracy']:.4f} "
             f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
         shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
@@ -414,7 +431,24 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
             kept = {min(snapshot_epochs(model_dir)), max(snapshot_epochs(model_dir))}
             for epoch in set(snapshot_epochs(model_dir)) - kept:
                 os.remove(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"))
+    if runs and _derived(runs) != {key: report.get(key) for key in ("summary", "budget", "claims")}:
+        _write(output, report)  # the runs as they were, read by this version of the analysis
+        log(f"{output}: summary, budget and claims read again from its {len(runs)} runs")
     return report
+
+
+def _derived(runs: dict) -> dict:
+    """What the report derives from its runs: `summarize`, `main_budget` and `claims`."""
+    summary, budget = summarize(runs), main_budget(runs)
+    return {"summary": summary, "budget": budget, "claims": claims(summary, budget)}
+
+
+def _write(output: str, report: dict) -> None:
+    """Writes ``report`` with what it derives from its runs (`_derived`), keeping its date and
+    machine record out: `harness.write_report` stamps the writing ones."""
+    report.update(_derived(report["runs"]))
+    harness.write_report(output, {k: v for k, v in report.items() if k not in ("date", "machine")},
+                         inline_numbers=True)
 
 
 def main():

@@ -151,6 +151,52 @@ def test_one_seed_has_no_spread_and_no_flattening_verdict():
         [("localized heads emerge in the first layer", "partly")]
 
 
+def test_each_budget_is_compared_with_the_next_shorter_one_within_the_seeds_spread():
+    runs = {}
+    for seed, shift in enumerate((-0.01, 0.0, 0.01)):
+        runs[f"learned|seed={seed}|epochs=8"] = _run({0: 0.1, 8: 0.5 + shift})
+        runs[f"learned|seed={seed}|epochs=16"] = _run({0: 0.1, 16: 0.505 + 2 * shift})  # +0.005, std 0.02
+        runs[f"quadratic|seed={seed}|epochs=8"] = _run({0: 0.1, 8: 0.4 + shift})
+    runs["learned|seed=0|epochs=32"] = _run({0: 0.1, 32: 0.49})  # one seed: the std is 16's
+    runs["quadratic|seed=0|epochs=16"] = _run({0: 0.1, 16: 0.45})  # +0.05 against a std of 0.01
+    runs["quadratic|seed=0|epochs=32"] = _run({0: 0.1, 32: 0.452})  # one seed each: no spread
+    summary = rp.summarize(runs)
+    against = {key: entry["against_shorter"] for key, entry in summary.items()}
+    # Budgets in numeric order: 16 follows 8, though "16" sorts before "8" as text.
+    assert against["learned|epochs=8"] is None and against["quadratic|epochs=8"] is None
+    assert against["learned|epochs=16"]["epochs"] == 8
+    assert against["learned|epochs=16"]["change"] == pytest.approx(0.005)
+    assert against["learned|epochs=16"]["within_spread"] is True
+    assert against["learned|epochs=32"]["epochs"] == 16 and against["learned|epochs=32"]["within_spread"] is True
+    assert against["quadratic|epochs=16"]["change"] == pytest.approx(0.05)
+    assert against["quadratic|epochs=16"]["within_spread"] is False
+    assert against["quadratic|epochs=32"]["within_spread"] is None
+
+
+def test_a_rerun_reads_the_recorded_runs_again_with_the_current_analysis(tiny_cifar, tmp_path):
+    data_dir, _ = tiny_cifar
+    report = _report()
+    stale = dict(report, summary={}, budget=4, claims=[])  # as an earlier version of the analysis wrote it
+    output = str(tmp_path / "reproduction.json")
+    files.write_json(output, stale)
+    logged = []
+
+    def refuses(flags, model_dir):
+        raise AssertionError(f"{flags['model']} was trained again")
+
+    rp.measure(output, data_dir, str(tmp_path / "work"), ["learned"], [0], epochs=4, snapshot_every=1,
+               train=refuses, log=logged.append)
+    with open(output) as f:
+        written = json.load(f)
+    assert written["summary"] == report["summary"] and written["budget"] == 8
+    assert written["claims"] == rp.claims(report["summary"], 8) != []
+    assert written["runs"] == report["runs"] and len(logged) == 1 and "read again" in logged[0]
+    modified = os.path.getmtime(output)
+    rp.measure(output, data_dir, str(tmp_path / "work"), ["learned"], [0], epochs=4, snapshot_every=1,
+               train=refuses, log=logged.append)
+    assert len(logged) == 1 and os.path.getmtime(output) == modified  # nothing to read again: not written
+
+
 def test_json_number_lists_are_written_on_one_line_and_read_back_equal(tmp_path):
     value = {"maps": [[[0.1, 0.25], [1e-05, -2]], [[3, 4], [5, 6]]], "names": ["a", "b"], "empty": [],
              "nested": {"offset": [-1.5, 2.0], "mixed": [1, "x"]}, "note": "seeds [0,1] and [ 2 ]"}
@@ -254,8 +300,8 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     # Training minutes per CPU class: its least disturbed seed's median epoch (20 s on cpu A, not
     # seed 0's 30 s; 40 s on cpu B) times the epochs.
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | 2 (cpu B) |" in budgets
-    assert ("| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.200 (from 4) | +0.000 (epochs 6-8) | yes | "
-            "3 (cpu A); 5 (cpu B) |") in budgets
+    assert ("| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.200 from 4, beyond the spread | +0.000 (epochs 6-8) | "
+            "yes | 3 (cpu A); 5 (cpu B) |") in budgets
     report["runs"]["learned|seed=0|epochs=4"]["median_epoch_seconds"] = None  # a run not timed: no minutes
     _results_with(report, tmp_path, monkeypatch)
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | - |" in \

@@ -623,20 +623,27 @@ def reproduction_budgets():
     data = _load("reproduction")
     groups = sorted(((*study.split_summary_key(key), e) for key, e in data["summary"].items()),
                     key=lambda group: (_study_order(group[0]), group[1]))
-    rows, shorter = [], {}
+    rows = []
     for model, epochs, e in groups:
-        mean = e["test_accuracy"]["mean"]
-        longer = "-" if model not in shorter else f"{mean - shorter[model][1]:+.3f} (from {shorter[model][0]})"
-        shorter[model] = (epochs, mean)
-        rows.append([_model_name(model), epochs, len(e["seeds"]), _spread(e["test_accuracy"]), longer,
-                     *_last_quarter(e, epochs), _run_minutes(data, model, epochs)])
+        rows.append([_model_name(model), epochs, len(e["seeds"]), _spread(e["test_accuracy"]),
+                     _against_shorter(e.get("against_shorter")), *_last_quarter(e, epochs),
+                     _run_minutes(data, model, epochs)])
     caption = (f"The study's budget is {data['budget']} epochs, the one with the most runs; the others are the "
                f"search for it. Against the shorter budget: the change of the mean test accuracy from the model's "
-               f"next shorter budget (its seeds may differ). Flattened: the mean change of test accuracy over the "
-               f"last quarter of training is smaller than the seeds' standard deviation at that budget. Training "
-               f"minutes: as in the accuracy table.\n\n")
+               f"next shorter budget (its seeds may differ), within the spread when smaller than the larger of the "
+               f"two budgets' standard deviations. Flattened: the mean change of test accuracy over the last quarter "
+               f"of training is smaller than the seeds' standard deviation at that budget. Training minutes: as in "
+               f"the accuracy table.\n\n")
     return caption + _table(["model", "epochs", "seeds", "test accuracy", "against the shorter budget", "last quarter",
                              "flattened", "training minutes a run (CPU)"], rows)
+
+
+def _against_shorter(against):
+    """The cell "against the shorter budget" of a summary entry's ``against_shorter``."""
+    if against is None:
+        return "-"
+    verdict = {True: "within the spread", False: "beyond the spread", None: "one seed each"}[against["within_spread"]]
+    return f"{against['change']:+.3f} from {against['epochs']}, {verdict}"
 
 
 def _study_order(model):
