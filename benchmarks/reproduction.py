@@ -37,6 +37,7 @@ runs (`main_budget`). ``tools/performance_tables.py`` makes
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -237,9 +238,8 @@ def summarize(runs: dict) -> dict:
     models ``locality`` (per snapshot epoch, per layer, each `layer_summary` value's spread);
     ``against_shorter``: None at a model's shortest budget, else the model's next shorter budget
     (``epochs``), the change of the mean test accuracy from it (``change``) and ``within_spread``:
-    whether that change is smaller than the larger of the two budgets' stds (None when neither
-    has a std), the reading of "more epochs would not move it" that the cosine schedule's last
-    quarter cannot give (its learning rate anneals there, and a model gains at any budget)."""
+    whether that change is at most the larger of the two budgets' stds (None when neither has a
+    std)."""
     groups: dict[str, list] = {}
     for key, run in sorted(runs.items()):
         model, seed, epochs = split_key(key)
@@ -281,6 +281,8 @@ def summarize(runs: dict) -> dict:
         for shorter, longer in zip(epochs_, epochs_[1:]):
             before = summary[summary_key(model, shorter)]["test_accuracy"]
             after = summary[summary_key(model, longer)]["test_accuracy"]
+            # The budget doubled, not the last quarter, says whether more epochs move a model: a
+            # cosine schedule's last quarter anneals the learning rate, and gains at any budget.
             differs = _differs(before, after)
             summary[summary_key(model, longer)]["against_shorter"] = {
                 "epochs": shorter, "change": after["mean"] - before["mean"],
@@ -390,7 +392,9 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
             train=train, log=print) -> dict:
     """Trains and reads every (model, seed) of the plan that the report at ``output`` does not
     have (`train(flags, model_dir)`, resuming a run ``work_dir`` holds), writes the report after
-    each run with its summary and claims, and returns it. Once a run is read, its checkpoints are
+    each run with what it derives from its runs (`_derived`: summary, budget, claims), and returns
+    it; with nothing to train, rewrites it only where the current analysis (or ``note``, or
+    ``data_dir``'s image counts) reads otherwise than the recorded report. Once a run is read, its checkpoints are
     deleted and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are
     45 MB each; kept, they let a later version of the analysis read the run again)."""
     for model in models:
@@ -401,6 +405,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
 
     data = data_lib.load_cifar10_files(data_dir)  # fails here, before any run, on a wrong --data_dir
     report = read_report(output)
+    recorded = _content(report)
     runs = report.setdefault("runs", {})
     notes = report.setdefault("notes", [])
     if note and note not in notes:
@@ -424,6 +429,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
         run["session_seconds"] = round(time.perf_counter() - start, 1)
         runs[key] = run
         _write(output, report)
+        recorded = _content(report)
         log(f"[{index}/{len(plan)}] {key}: test accuracy {run['test_accuracy']:.4f} "
             f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
         shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
@@ -431,10 +437,17 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
             kept = {min(snapshot_epochs(model_dir)), max(snapshot_epochs(model_dir))}
             for epoch in set(snapshot_epochs(model_dir)) - kept:
                 os.remove(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"))
-    if runs and _derived(runs) != {key: report.get(key) for key in ("summary", "budget", "claims")}:
-        _write(output, report)  # the runs as they were, read by this version of the analysis
-        log(f"{output}: summary, budget and claims read again from its {len(runs)} runs")
+    report.update(_derived(runs))
+    if runs and _content(report) != recorded:
+        # An earlier version of the analysis may have derived them otherwise; the runs stay as measured.
+        _write(output, report)
+        log(f"{output}: rewritten, its {len(runs)} runs read again by the current analysis")
     return report
+
+
+def _content(report: dict) -> dict:
+    """A copy of ``report`` without the date and machine record that every write stamps."""
+    return copy.deepcopy({k: v for k, v in report.items() if k not in ("date", "machine")})
 
 
 def _derived(runs: dict) -> dict:
@@ -444,11 +457,11 @@ def _derived(runs: dict) -> dict:
 
 
 def _write(output: str, report: dict) -> None:
-    """Writes ``report`` with what it derives from its runs (`_derived`), keeping its date and
-    machine record out: `harness.write_report` stamps the writing ones."""
+    """Writes ``report`` with what it derives from its runs (`_derived`). `harness.write_report`
+    stamps the date and machine of this write, which may only have read the runs again: each run
+    keeps its own CPU class."""
     report.update(_derived(report["runs"]))
-    harness.write_report(output, {k: v for k, v in report.items() if k not in ("date", "machine")},
-                         inline_numbers=True)
+    harness.write_report(output, _content(report), inline_numbers=True)
 
 
 def main():

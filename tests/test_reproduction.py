@@ -155,9 +155,10 @@ def test_each_budget_is_compared_with_the_next_shorter_one_within_the_seeds_spre
     runs = {}
     for seed, shift in enumerate((-0.01, 0.0, 0.01)):
         runs[f"learned|seed={seed}|epochs=8"] = _run({0: 0.1, 8: 0.5 + shift})
-        runs[f"learned|seed={seed}|epochs=16"] = _run({0: 0.1, 16: 0.505 + 2 * shift})  # +0.005, std 0.02
+        # +0.015: beyond 8's std (0.01), within 16's (0.02), the larger.
+        runs[f"learned|seed={seed}|epochs=16"] = _run({0: 0.1, 16: 0.515 + 2 * shift})
         runs[f"quadratic|seed={seed}|epochs=8"] = _run({0: 0.1, 8: 0.4 + shift})
-    runs["learned|seed=0|epochs=32"] = _run({0: 0.1, 32: 0.49})  # one seed: the std is 16's
+    runs["learned|seed=0|epochs=32"] = _run({0: 0.1, 32: 0.5})  # one seed: the std is 16's
     runs["quadratic|seed=0|epochs=16"] = _run({0: 0.1, 16: 0.45})  # +0.05 against a std of 0.01
     runs["quadratic|seed=0|epochs=32"] = _run({0: 0.1, 32: 0.452})  # one seed each: no spread
     summary = rp.summarize(runs)
@@ -165,7 +166,7 @@ def test_each_budget_is_compared_with_the_next_shorter_one_within_the_seeds_spre
     # Budgets in numeric order: 16 follows 8, though "16" sorts before "8" as text.
     assert against["learned|epochs=8"] is None and against["quadratic|epochs=8"] is None
     assert against["learned|epochs=16"]["epochs"] == 8
-    assert against["learned|epochs=16"]["change"] == pytest.approx(0.005)
+    assert against["learned|epochs=16"]["change"] == pytest.approx(0.015)
     assert against["learned|epochs=16"]["within_spread"] is True
     assert against["learned|epochs=32"]["epochs"] == 16 and against["learned|epochs=32"]["within_spread"] is True
     assert against["quadratic|epochs=16"]["change"] == pytest.approx(0.05)
@@ -173,8 +174,11 @@ def test_each_budget_is_compared_with_the_next_shorter_one_within_the_seeds_spre
     assert against["quadratic|epochs=32"]["within_spread"] is None
 
 
-def test_a_rerun_reads_the_recorded_runs_again_with_the_current_analysis(tiny_cifar, tmp_path):
+def test_a_rerun_reads_the_recorded_runs_again_with_the_current_analysis(tiny_cifar, tmp_path, monkeypatch):
     data_dir, _ = tiny_cifar
+    writes = []
+    monkeypatch.setattr(rp.harness, "write_report", lambda *a, write=rp.harness.write_report, **k: (
+        writes.append(a[0]), write(*a, **k))[1])
     report = _report()
     stale = dict(report, summary={}, budget=4, claims=[])  # as an earlier version of the analysis wrote it
     output = str(tmp_path / "reproduction.json")
@@ -191,10 +195,14 @@ def test_a_rerun_reads_the_recorded_runs_again_with_the_current_analysis(tiny_ci
     assert written["summary"] == report["summary"] and written["budget"] == 8
     assert written["claims"] == rp.claims(report["summary"], 8) != []
     assert written["runs"] == report["runs"] and len(logged) == 1 and "read again" in logged[0]
-    modified = os.path.getmtime(output)
+    assert writes == [output]
     rp.measure(output, data_dir, str(tmp_path / "work"), ["learned"], [0], epochs=4, snapshot_every=1,
                train=refuses, log=logged.append)
-    assert len(logged) == 1 and os.path.getmtime(output) == modified  # nothing to read again: not written
+    assert len(logged) == 1 and writes == [output]  # nothing read otherwise: not written again
+    rp.measure(output, data_dir, str(tmp_path / "work"), ["learned"], [0], epochs=4, snapshot_every=1,
+               note="why fewer seeds", train=refuses, log=logged.append)
+    with open(output) as f:
+        assert writes == [output] * 2 and json.load(f)["notes"] == ["why fewer seeds"]
 
 
 def test_json_number_lists_are_written_on_one_line_and_read_back_equal(tmp_path):
@@ -300,8 +308,17 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     # Training minutes per CPU class: its least disturbed seed's median epoch (20 s on cpu A, not
     # seed 0's 30 s; 40 s on cpu B) times the epochs.
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | 2 (cpu B) |" in budgets
-    assert ("| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.200 from 4, beyond the spread | +0.000 (epochs 6-8) | "
-            "yes | 3 (cpu A); 5 (cpu B) |") in budgets
+    assert ("| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.200 from 4 (1 seed), beyond the spread | "
+            "+0.000 (epochs 6-8) | yes | 3 (cpu A); 5 (cpu B) |") in budgets
+    # A second seed at 4 (0.71: a std of 0.28) puts 8's change within the spread; ResNet18 at 16
+    # and 32, one seed each, has none.
+    runs = dict(report["runs"], **{"learned|seed=1|epochs=4": _run({0: 0.1, 3: 0.7, 4: 0.71}),
+                                   "resnet18|seed=0|epochs=16": _run({0: 0.1, 12: 0.6, 16: 0.6}),
+                                   "resnet18|seed=0|epochs=32": _run({0: 0.1, 24: 0.6, 32: 0.61})})
+    _results_with(dict(report, runs=runs, summary=rp.summarize(runs)), tmp_path, monkeypatch)
+    budgets = performance_tables.reproduction_budgets()
+    assert "| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.000 from 4 (2 seeds), within the spread |" in budgets
+    assert "| `resnet18` | 32 | 1 | 0.610 | +0.010 from 16 (1 seed), no spread |" in budgets
     report["runs"]["learned|seed=0|epochs=4"]["median_epoch_seconds"] = None  # a run not timed: no minutes
     _results_with(report, tmp_path, monkeypatch)
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | - |" in \

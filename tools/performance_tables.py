@@ -626,24 +626,27 @@ def reproduction_budgets():
     rows = []
     for model, epochs, e in groups:
         rows.append([_model_name(model), epochs, len(e["seeds"]), _spread(e["test_accuracy"]),
-                     _against_shorter(e.get("against_shorter")), *_last_quarter(e, epochs),
+                     _against_shorter(data["summary"], model, e.get("against_shorter")), *_last_quarter(e, epochs),
                      _run_minutes(data, model, epochs)])
     caption = (f"The study's budget is {data['budget']} epochs, the one with the most runs; the others are the "
                f"search for it. Against the shorter budget: the change of the mean test accuracy from the model's "
-               f"next shorter budget (its seeds may differ), within the spread when smaller than the larger of the "
-               f"two budgets' standard deviations. Flattened: the mean change of test accuracy over the last quarter "
+               f"next shorter budget (with that budget's seeds, which may differ), within the spread when at most the "
+               f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the mean change of test accuracy over the last quarter "
                f"of training is smaller than the seeds' standard deviation at that budget. Training minutes: as in "
                f"the accuracy table.\n\n")
     return caption + _table(["model", "epochs", "seeds", "test accuracy", "against the shorter budget", "last quarter",
                              "flattened", "training minutes a run (CPU)"], rows)
 
 
-def _against_shorter(against):
-    """The cell "against the shorter budget" of a summary entry's ``against_shorter``."""
+def _against_shorter(summary, model, against):
+    """The cell "against the shorter budget" of ``model``'s summary entry's ``against_shorter``."""
+    from benchmarks import reproduction as study
+
     if against is None:
         return "-"
-    verdict = {True: "within the spread", False: "beyond the spread", None: "one seed each"}[against["within_spread"]]
-    return f"{against['change']:+.3f} from {against['epochs']}, {verdict}"
+    seeds = len(summary[study.summary_key(model, against["epochs"])]["seeds"])
+    verdict = {True: "within the spread", False: "beyond the spread", None: "no spread"}[against["within_spread"]]
+    return f"{against['change']:+.3f} from {against['epochs']} ({_seeds(seeds)}), {verdict}"
 
 
 def _study_order(model):
