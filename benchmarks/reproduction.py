@@ -394,8 +394,8 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
     have (`train(flags, model_dir)`, resuming a run ``work_dir`` holds), writes the report after
     each run with what it derives from its runs (`_derived`: summary, budget, claims), and returns
     it; with nothing to train, rewrites it only where the current analysis (or ``note``, or
-    ``data_dir``'s image counts) reads otherwise than the recorded report. Once a run is read, its checkpoints are
-    deleted and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are
+    ``data_dir``'s image counts) reads otherwise than the recorded report. Once a run is read, its
+    checkpoints are deleted and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are
     45 MB each; kept, they let a later version of the analysis read the run again)."""
     for model in models:
         data_efficiency.parse_variant(model)  # ValueError naming the forms, before any run
@@ -428,8 +428,8 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
         run["cpu"] = harness.cpu_class()
         run["session_seconds"] = round(time.perf_counter() - start, 1)
         runs[key] = run
-        _write(output, report)
-        recorded = _content(report)
+        report.update(_derived(runs))
+        recorded = _write(output, report)
         log(f"[{index}/{len(plan)}] {key}: test accuracy {run['test_accuracy']:.4f} "
             f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
         shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
@@ -437,7 +437,8 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
             kept = {min(snapshot_epochs(model_dir)), max(snapshot_epochs(model_dir))}
             for epoch in set(snapshot_epochs(model_dir)) - kept:
                 os.remove(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"))
-    report.update(_derived(runs))
+    if runs:
+        report.update(_derived(runs))
     if runs and _content(report) != recorded:
         # An earlier version of the analysis may have derived them otherwise; the runs stay as measured.
         _write(output, report)
@@ -456,12 +457,13 @@ def _derived(runs: dict) -> dict:
     return {"summary": summary, "budget": budget, "claims": claims(summary, budget)}
 
 
-def _write(output: str, report: dict) -> None:
-    """Writes ``report`` with what it derives from its runs (`_derived`). `harness.write_report`
-    stamps the date and machine of this write, which may only have read the runs again: each run
-    keeps its own CPU class."""
-    report.update(_derived(report["runs"]))
-    harness.write_report(output, _content(report), inline_numbers=True)
+def _write(output: str, report: dict) -> dict:
+    """Writes ``report`` and returns its `_content` as written. `harness.write_report` stamps the
+    date and machine of this write, which may only have read the runs again: each run keeps its
+    own CPU class."""
+    content = _content(report)
+    harness.write_report(output, content, inline_numbers=True)
+    return content
 
 
 def main():

@@ -176,9 +176,13 @@ def test_each_budget_is_compared_with_the_next_shorter_one_within_the_seeds_spre
 
 def test_a_rerun_reads_the_recorded_runs_again_with_the_current_analysis(tiny_cifar, tmp_path, monkeypatch):
     data_dir, _ = tiny_cifar
-    writes = []
-    monkeypatch.setattr(rp.harness, "write_report", lambda *a, write=rp.harness.write_report, **k: (
-        writes.append(a[0]), write(*a, **k))[1])
+    writes, write_report = [], rp.harness.write_report
+
+    def counted(path, *args, **kwargs):
+        writes.append(path)
+        return write_report(path, *args, **kwargs)
+
+    monkeypatch.setattr(rp.harness, "write_report", counted)
     report = _report()
     stale = dict(report, summary={}, budget=4, claims=[])  # as an earlier version of the analysis wrote it
     output = str(tmp_path / "reproduction.json")

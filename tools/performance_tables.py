@@ -631,9 +631,9 @@ def reproduction_budgets():
     caption = (f"The study's budget is {data['budget']} epochs, the one with the most runs; the others are the "
                f"search for it. Against the shorter budget: the change of the mean test accuracy from the model's "
                f"next shorter budget (with that budget's seeds, which may differ), within the spread when at most the "
-               f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the mean change of test accuracy over the last quarter "
-               f"of training is smaller than the seeds' standard deviation at that budget. Training minutes: as in "
-               f"the accuracy table.\n\n")
+               f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the "
+               f"mean change of test accuracy over the last quarter of training is smaller than the seeds' standard "
+               f"deviation at that budget. Training minutes: as in the accuracy table.\n\n")
     return caption + _table(["model", "epochs", "seeds", "test accuracy", "against the shorter budget", "last quarter",
                              "flattened", "training minutes a run (CPU)"], rows)
 
