@@ -211,9 +211,25 @@ def test_xla_runs_on_one_device_and_a_task_must_fit_the_trainers_replicas(tmp_pa
         train_lib.Trainer(config, strategy=tf.distribute.OneDeviceStrategy("/cpu:0"), task=task)
 
 
+def test_one_cpu_replica_iterates_the_dataset_itself():
+    """On one replica on the CPU the trainer iterates its dataset itself, not through
+    tf.distribute's per-device iterator (whose deletion, once an epoch, waits for tf.data's
+    autotuning thread), and gets the batches tf.distribute gives; a replica on another device
+    goes through tf.distribute (`test_two_replicas_match_one_replica`: two CPU replicas)."""
+    dataset = tf.data.Dataset.range(10).batch(4)
+    one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
+    for strategy in (one_device, tf.distribute.MirroredStrategy(["/cpu:0"]), tf.distribute.get_strategy()):
+        assert distribute.distribute_dataset(strategy, dataset) is dataset, strategy
+    assert not distribute.one_cpu_replica(tf.distribute.OneDeviceStrategy("/gpu:0"))
+    theirs = [one_device.experimental_local_results(batch)[0].numpy().tolist()
+              for batch in one_device.experimental_distribute_dataset(dataset)]
+    ours = [batch.numpy().tolist() for batch in distribute.distribute_dataset(one_device, dataset)]
+    assert ours == theirs == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
 def test_auto_strategy_is_one_device_on_one_device():
     """In this process TensorFlow has one CPU device: ``auto`` takes OneDeviceStrategy there (a
-    MirroredStrategy over one device spent seconds deleting each epoch's iterator);
+    MirroredStrategy over one device gains nothing);
     `test_two_replicas_match_one_replica` runs ``auto``'s other branch on two logical CPUs."""
     assert len(tf.config.list_logical_devices("CPU")) == 1
     assert isinstance(distribute.create_strategy("auto"), tf.distribute.OneDeviceStrategy)

@@ -42,9 +42,7 @@ def create_strategy(name: str) -> tf.distribute.Strategy:
 
     * ``auto``: MultiWorkerMirroredStrategy when TF_CONFIG names several workers, else
       MirroredStrategy over all GPUs (or all logical CPU devices when there is no GPU) when there
-      are several, else ``one_device``: over one device a MirroredStrategy gains nothing, and
-      deleting each epoch's distributed dataset iterator took it 15-60 s in about half the epochs
-      (TF 2.21, CPU), against none for OneDeviceStrategy.
+      are several, else ``one_device``: over one device a MirroredStrategy gains nothing.
     * ``mirrored``: MirroredStrategy over all GPUs, or all logical CPU devices.
     * ``multi_worker``: MultiWorkerMirroredStrategy from TF_CONFIG.
     * ``one_device``: the first GPU, else the CPU.
@@ -140,8 +138,29 @@ def replicated_eval_step(strategy: tf.distribute.Strategy, step):
     return eval_step
 
 
+def one_cpu_replica(strategy: tf.distribute.Strategy) -> bool:
+    """True when ``strategy`` computes one replica, on this process's CPU (the default strategy,
+    or one device that is a CPU): its batches need no splitting and no copy."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: this process's one device
+        return True
+    return strategy.num_replicas_in_sync == 1 and len(devices) == 1 and \
+        tf.DeviceSpec.from_string(devices[0]).device_type == "CPU"
+
+
 def distribute_dataset(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):
-    """``dataset``'s global batches split across ``strategy``'s replicas."""
+    """``dataset``'s global batches split across ``strategy``'s replicas; on one replica on the
+    host's CPU (`one_cpu_replica`), ``dataset`` itself.
+
+    tf.distribute iterates through a per-device tf.data iterator whose datasets have tf.data's
+    autotuning model on whatever ``dataset``'s options say; deleting that iterator waits for the
+    model's thread to wake, up to its optimization period, which doubles to tens of seconds over
+    an epoch (TF 2.21). The trainer deletes one iterator per epoch; on one CPU replica the
+    per-device iterator only copies each batch to the memory it is in, so it is skipped there.
+    """
+    if one_cpu_replica(strategy):
+        return dataset
     return strategy.experimental_distribute_dataset(dataset)
 
 
