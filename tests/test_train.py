@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import types
 
 import epfml_reference
 import numpy as np
@@ -212,15 +213,19 @@ def test_xla_runs_on_one_device_and_a_task_must_fit_the_trainers_replicas(tmp_pa
 
 
 def test_one_cpu_replica_iterates_the_dataset_itself():
-    """On one replica on the CPU the trainer iterates its dataset itself, not through
+    """On one CPU replica `distribute.distribute_dataset` gives the dataset itself, not
     tf.distribute's per-device iterator (whose deletion, once an epoch, waits for tf.data's
-    autotuning thread), and gets the batches tf.distribute gives; a replica on another device
-    goes through tf.distribute (`test_two_replicas_match_one_replica`: two CPU replicas)."""
+    autotuning thread), with the batches tf.distribute gives; a replica on another device, or
+    several replicas of one CPU device each (workers), go through tf.distribute
+    (`test_two_replicas_match_one_replica`: two CPU replicas)."""
     dataset = tf.data.Dataset.range(10).batch(4)
     one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
     for strategy in (one_device, tf.distribute.MirroredStrategy(["/cpu:0"]), tf.distribute.get_strategy()):
         assert distribute.distribute_dataset(strategy, dataset) is dataset, strategy
     assert not distribute.one_cpu_replica(tf.distribute.OneDeviceStrategy("/gpu:0"))
+    two_workers = types.SimpleNamespace(extended=types.SimpleNamespace(
+        worker_devices=("/job:worker/replica:0/task:0/device:CPU:0",)), num_replicas_in_sync=2)
+    assert not distribute.one_cpu_replica(two_workers)
     theirs = [one_device.experimental_local_results(batch)[0].numpy().tolist()
               for batch in one_device.experimental_distribute_dataset(dataset)]
     ours = [batch.numpy().tolist() for batch in distribute.distribute_dataset(one_device, dataset)]

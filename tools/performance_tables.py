@@ -174,6 +174,24 @@ def epoch_overhead():
                             rows)
 
 
+def iterator_deletion():
+    """Seconds to delete an epoch's data iterator after epochs of several lengths, per input path
+    (`benchmarks.iterator_deletion`)."""
+    data = _load("iterator_deletion")
+    names = {"tf_defaults": "model on, tf.distribute's per-device iterator (TensorFlow's defaults)",
+             "model_itself": "model on, the dataset itself",
+             "distributed": "model off in the pipeline, tf.distribute's per-device iterator",
+             "trainer": "model off, the dataset itself (the trainer on one CPU replica)"}
+    lengths = list(next(iter(data["runs"].values())))
+    rows = [[names[side]] + [f"{s[length]['mean']:.1f} ({s[length]['max']:.1f}), {s[length]['waited']} waited"
+                             for length in lengths] for side, s in data["summary"].items()]
+    caption = (f"{data['date']}, {data['cpu_class']}, OneDeviceStrategy on the CPU, the trainer's cifar10-mini "
+               f"pipeline ({data['batches']} batches an epoch), tf.data's autotuning model on or off, "
+               f"{data['repeats']} epochs a side and length: mean (max) seconds of the deletion, and how many of "
+               f"the {data['repeats']} deletions waited (over {data['waited_seconds']:g} s).\n\n")
+    return caption + _table(["input path"] + [f"epoch of {length} s" for length in lengths], rows)
+
+
 def training_accuracy(name="vs_reference_training"):
     data = _load(name)
     rows = [[encoding, ", ".join(str(s) for s in t["seeds"]), _num(t["reference"]), _num(t["sa_conv"]),
@@ -880,6 +898,7 @@ TABLES = {
     "remat": ("remat_allocator", remat),
     "malloc": ("malloc", malloc),
     "epoch_overhead": ("epoch_overhead", epoch_overhead),
+    "iterator_deletion": ("iterator_deletion", iterator_deletion),
     "vs_reference_training": ("vs_reference_training", training_accuracy),
     "vs_reference_lockstep": ("vs_reference_lockstep", lambda: training_accuracy("vs_reference_lockstep")),
     "serving": ("serving", serving),

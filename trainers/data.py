@@ -53,11 +53,13 @@ DEFAULT_VALIDATION_FRACTION = 0.1
 # The largest official file is CIFAR-100's `train` (155 MB); anything far larger is refused.
 MAX_FILE_BYTES = 200 * 2**20
 # tf.data's autotuning model for the pipelines of `make_dataset`. Off: the trainer makes one
-# iterator per epoch (a resumed epoch sees the data the lost one did), and under tf.distribute
-# deleting one waits for the model's thread to wake from its optimization period, which doubles
-# to tens of seconds over an epoch (benchmarks/epoch_overhead.py). Without the model,
-# ``AUTOTUNE`` parallelism stays tf.data's initial one (the cores, at most 16); what the pipeline
-# yields does not change.
+# iterator per epoch (a resumed epoch sees the data the lost one did), and deleting an iterator
+# whose pipeline runs the model waits for the model's thread to wake from its optimization period,
+# which doubles to tens of seconds over an epoch (benchmarks/epoch_overhead.py,
+# benchmarks/iterator_deletion.py). tf.distribute's per-device iterator runs the model whatever
+# this says (`trainers.distribute.distribute_dataset`). Without the model, ``AUTOTUNE``
+# parallelism stays tf.data's initial one (the cores, at most 16); what the pipeline yields does
+# not change.
 TF_DATA_AUTOTUNE = False
 CIFAR10_LABEL_NAMES = (
     "airplane", "automobile", "bird", "cat", "deer",

@@ -139,8 +139,8 @@ def replicated_eval_step(strategy: tf.distribute.Strategy, step):
 
 
 def one_cpu_replica(strategy: tf.distribute.Strategy) -> bool:
-    """True when ``strategy`` computes one replica, on this process's CPU (the default strategy,
-    or one device that is a CPU): its batches need no splitting and no copy."""
+    """True when ``strategy`` computes one replica in all, on a CPU device (or is the default
+    strategy): its batches need no splitting across replicas or workers."""
     try:
         devices = strategy.extended.worker_devices
     except RuntimeError:  # the default strategy: this process's one device
@@ -150,14 +150,15 @@ def one_cpu_replica(strategy: tf.distribute.Strategy) -> bool:
 
 
 def distribute_dataset(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):
-    """``dataset``'s global batches split across ``strategy``'s replicas; on one replica on the
-    host's CPU (`one_cpu_replica`), ``dataset`` itself.
+    """``dataset``'s global batches split across ``strategy``'s replicas; on one CPU replica
+    (`one_cpu_replica`), ``dataset`` itself.
 
     tf.distribute iterates through a per-device tf.data iterator whose datasets have tf.data's
-    autotuning model on whatever ``dataset``'s options say; deleting that iterator waits for the
-    model's thread to wake, up to its optimization period, which doubles to tens of seconds over
-    an epoch (TF 2.21). The trainer deletes one iterator per epoch; on one CPU replica the
-    per-device iterator only copies each batch to the memory it is in, so it is skipped there.
+    default options, the autotuning model on, whatever ``dataset``'s say; deleting that iterator
+    waits for the model's thread to wake, up to its optimization period, which doubles to tens of
+    seconds over an epoch (TF 2.21; benchmarks/iterator_deletion.py). The trainer deletes one
+    iterator per epoch; on one CPU replica the per-device iterator only re-buffers batches already
+    in the replica's memory, so it is skipped there.
     """
     if one_cpu_replica(strategy):
         return dataset
