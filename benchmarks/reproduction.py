@@ -427,6 +427,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
         run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
         run["cpu"] = harness.cpu_class()
         run["session_seconds"] = round(time.perf_counter() - start, 1)
+        _add_runs_recorded_since(runs, output)
         runs[key] = run
         report.update(_derived(runs))
         recorded = _write(output, report)
@@ -437,6 +438,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
             kept = {min(snapshot_epochs(model_dir)), max(snapshot_epochs(model_dir))}
             for epoch in set(snapshot_epochs(model_dir)) - kept:
                 os.remove(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"))
+    _add_runs_recorded_since(runs, output)
     if runs:
         report.update(_derived(runs))
     if runs and _content(report) != recorded:
@@ -444,6 +446,14 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
         _write(output, report)
         log(f"{output}: rewritten, its {len(runs)} runs read again by the current analysis")
     return report
+
+
+def _add_runs_recorded_since(runs: dict, output: str) -> None:
+    """Adds to ``runs`` the runs the report at ``output`` holds and ``runs`` lacks: those another
+    study process recorded while this one trained (each reads the report once, at its start, and
+    writes all it knows after each run, which would otherwise drop them)."""
+    for key, run in read_report(output).get("runs", {}).items():
+        runs.setdefault(key, run)
 
 
 def _content(report: dict) -> dict:

@@ -88,6 +88,29 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
         rp.measure(output, data_dir, work, ["vit"], [0], epochs=2, snapshot_every=1)
 
 
+def test_runs_another_study_process_recorded_meanwhile_are_kept(tiny_cifar, tmp_path):
+    """Two study processes writing one report (say, one model each): each read it at its start,
+    and the one landing last keeps the other's run instead of writing only what it knew."""
+    data_dir, _ = tiny_cifar
+    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
+    other = {"learned|seed=5|epochs=2": {**_run({0: 0.1, 2: 0.3}), "flags": {"model": "sa_learned_small"}}}
+
+    def train_while_another_process_records(flags, model_dir):
+        _tiny_train([])(flags, model_dir)
+        report = rp.read_report(output)
+        report.setdefault("runs", {}).update(other)
+        with open(output, "w") as f:
+            json.dump(report, f)
+
+    report = rp.measure(output, data_dir, work, ["learned"], [0], epochs=2, snapshot_every=1, locality_images=4,
+                        train=train_while_another_process_records, log=lambda s: None)
+    with open(output) as f:
+        written = json.load(f)
+    assert list(written["runs"]) == ["learned|seed=5|epochs=2", "learned|seed=0|epochs=2"]
+    assert written["runs"]["learned|seed=5|epochs=2"]["test_accuracy"] == 0.3
+    assert set(report["runs"]) == set(written["runs"]) and written["summary"]["learned|epochs=2"]["seeds"] == [0, 5]
+
+
 def _run(accuracies, distances=None, masses=None):
     """A run as the report keeps it, with test accuracy ``accuracies[e]`` at snapshot epoch
     ``e`` and, for attention models, one layer per ``distances[e]`` entry (every head alike)."""
