@@ -37,6 +37,7 @@ runs (`main_budget`). ``tools/performance_tables.py`` makes
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -394,9 +395,10 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
     have (`train(flags, model_dir)`, resuming a run ``work_dir`` holds), writes the report after
     each run with what it derives from its runs (`_derived`: summary, budget, claims), and returns
     it; with nothing to train, rewrites it only where the current analysis (or ``note``, or
-    ``data_dir``'s image counts) reads otherwise than the recorded report. Once a run is read, its
-    checkpoints are deleted and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are
-    45 MB each; kept, they let a later version of the analysis read the run again)."""
+    ``data_dir``'s image counts, or runs another study process recorded since) reads otherwise
+    than the recorded report. Once a run is read, its checkpoints are deleted and, with
+    ``prune_snapshots``, its snapshots but the first and last (ResNet18's are 45 MB each; kept,
+    they let a later version of the analysis read the run again)."""
     for model in models:
         data_efficiency.parse_variant(model)  # ValueError naming the forms, before any run
     if epochs < 1 or snapshot_every < 1:
@@ -405,7 +407,6 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
 
     data = data_lib.load_cifar10_files(data_dir)  # fails here, before any run, on a wrong --data_dir
     report = read_report(output)
-    recorded = _content(report)
     runs = report.setdefault("runs", {})
     notes = report.setdefault("notes", [])
     if note and note not in notes:
@@ -414,6 +415,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
     plan = [(model, seed) for model in models for seed in seeds]
     for index, (model, seed) in enumerate(plan, 1):
         key = run_key(model, seed, epochs)
+        _add_recorded_since(report, output)
         if key in runs:
             continue
         model_dir = run_dir(work_dir, model, seed, epochs)
@@ -427,10 +429,11 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
         run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
         run["cpu"] = harness.cpu_class()
         run["session_seconds"] = round(time.perf_counter() - start, 1)
-        _add_runs_recorded_since(runs, output)
-        runs[key] = run
-        report.update(_derived(runs))
-        recorded = _write(output, report)
+        with _report_lock(output):
+            _add_recorded_since(report, output)
+            runs[key] = run
+            report.update(_derived(runs))
+            _write(output, report)
         log(f"[{index}/{len(plan)}] {key}: test accuracy {run['test_accuracy']:.4f} "
             f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
         shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
@@ -438,22 +441,42 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
             kept = {min(snapshot_epochs(model_dir)), max(snapshot_epochs(model_dir))}
             for epoch in set(snapshot_epochs(model_dir)) - kept:
                 os.remove(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"))
-    _add_runs_recorded_since(runs, output)
-    if runs:
-        report.update(_derived(runs))
-    if runs and _content(report) != recorded:
-        # An earlier version of the analysis may have derived them otherwise; the runs stay as measured.
-        _write(output, report)
-        log(f"{output}: rewritten, its {len(runs)} runs read again by the current analysis")
+    with _report_lock(output):
+        _add_recorded_since(report, output)
+        if runs:
+            report.update(_derived(runs))
+        if runs and _content(report) != _content(read_report(output)):
+            # An earlier version of the analysis may have derived them otherwise, or another
+            # study process recorded runs since this one's last write; the runs stay as measured.
+            _write(output, report)
+            log(f"{output}: rewritten, its {len(runs)} runs read again by the current analysis")
     return report
 
 
-def _add_runs_recorded_since(runs: dict, output: str) -> None:
-    """Adds to ``runs`` the runs the report at ``output`` holds and ``runs`` lacks: those another
-    study process recorded while this one trained (each reads the report once, at its start, and
-    writes all it knows after each run, which would otherwise drop them)."""
-    for key, run in read_report(output).get("runs", {}).items():
-        runs.setdefault(key, run)
+@contextlib.contextmanager
+def _report_lock(output: str):
+    """Holds an exclusive lock on the report's folder while a study process reads, merges and
+    writes the report, so that two processes' writes cannot cross."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    folder = os.open(os.path.dirname(os.path.abspath(output)), os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)
+
+
+def _add_recorded_since(report: dict, output: str) -> None:
+    """Adds to ``report`` the runs and notes the report at ``output`` holds and ``report`` lacks:
+    those another study process recorded since this one read it (each writes all it knows after
+    each run, which would otherwise drop them). A run in both stays as this process has it: runs
+    are written once, as measured."""
+    recorded = read_report(output)
+    for key, run in recorded.get("runs", {}).items():
+        report["runs"].setdefault(key, run)
+    report["notes"] += [note for note in recorded.get("notes", []) if note not in report["notes"]]
 
 
 def _content(report: dict) -> dict:
@@ -467,13 +490,11 @@ def _derived(runs: dict) -> dict:
     return {"summary": summary, "budget": budget, "claims": claims(summary, budget)}
 
 
-def _write(output: str, report: dict) -> dict:
-    """Writes ``report`` and returns its `_content` as written. `harness.write_report` stamps the
-    date and machine of this write, which may only have read the runs again: each run keeps its
-    own CPU class."""
-    content = _content(report)
-    harness.write_report(output, content, inline_numbers=True)
-    return content
+def _write(output: str, report: dict) -> None:
+    """Writes ``report`` without the date and machine record of its last write (`_content`):
+    `harness.write_report` stamps those of this write, which may only have read the runs again;
+    each run keeps its own CPU class."""
+    harness.write_report(output, _content(report), inline_numbers=True)
 
 
 def main():

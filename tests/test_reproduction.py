@@ -90,25 +90,39 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
 
 def test_runs_another_study_process_recorded_meanwhile_are_kept(tiny_cifar, tmp_path):
     """Two study processes writing one report (say, one model each): each read it at its start,
-    and the one landing last keeps the other's run instead of writing only what it knew."""
+    and each write keeps the runs and notes the other recorded since, whether they came while
+    this one trained (its landing keeps them) or after its last landing (its last rewrite does)."""
     data_dir, _ = tiny_cifar
     output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
-    other = {"learned|seed=5|epochs=2": {**_run({0: 0.1, 2: 0.3}), "flags": {"model": "sa_learned_small"}}}
 
-    def train_while_another_process_records(flags, model_dir):
-        _tiny_train([])(flags, model_dir)
+    def record_another_run(seed, note):
         report = rp.read_report(output)
-        report.setdefault("runs", {}).update(other)
+        report.setdefault("runs", {})[f"learned|seed={seed}|epochs=2"] = {
+            **_run({0: 0.1, 2: 0.3}), "flags": {"model": "sa_learned_small"}}
+        report.setdefault("notes", []).append(note)
         with open(output, "w") as f:
             json.dump(report, f)
 
+    def train_while_another_process_records(flags, model_dir):
+        _tiny_train([])(flags, model_dir)
+        record_another_run(5, "from the other process")
+
+    landed = []
+
+    def log_after_landing(line):
+        if "test accuracy" in line:
+            landed.append(sorted(rp.read_report(output)["runs"]))
+            record_another_run(6, "from a third process")
+
     report = rp.measure(output, data_dir, work, ["learned"], [0], epochs=2, snapshot_every=1, locality_images=4,
-                        train=train_while_another_process_records, log=lambda s: None)
+                        note="this one's", train=train_while_another_process_records, log=log_after_landing)
+    assert landed == [["learned|seed=0|epochs=2", "learned|seed=5|epochs=2"]]
     with open(output) as f:
         written = json.load(f)
-    assert list(written["runs"]) == ["learned|seed=5|epochs=2", "learned|seed=0|epochs=2"]
+    assert set(written["runs"]) == set(report["runs"]) == {f"learned|seed={s}|epochs=2" for s in (0, 5, 6)}
     assert written["runs"]["learned|seed=5|epochs=2"]["test_accuracy"] == 0.3
-    assert set(report["runs"]) == set(written["runs"]) and written["summary"]["learned|epochs=2"]["seeds"] == [0, 5]
+    assert written["summary"]["learned|epochs=2"]["seeds"] == [0, 5, 6]
+    assert set(written["notes"]) == {"this one's", "from the other process", "from a third process"}
 
 
 def _run(accuracies, distances=None, masses=None):
