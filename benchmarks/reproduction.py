@@ -442,14 +442,14 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
             for epoch in set(snapshot_epochs(model_dir)) - kept:
                 os.remove(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"))
     with _report_lock(output):
-        _add_recorded_since(report, output)
+        recorded = _add_recorded_since(report, output)
         if runs:
             report.update(_derived(runs))
-        if runs and _content(report) != _content(read_report(output)):
-            # An earlier version of the analysis may have derived them otherwise, or another
-            # study process recorded runs since this one's last write; the runs stay as measured.
-            _write(output, report)
-            log(f"{output}: rewritten, its {len(runs)} runs read again by the current analysis")
+            if _content(report) != _content(recorded):
+                # An earlier version of the analysis may have derived them otherwise, or another
+                # study process recorded runs since this one's last write; the runs stay as measured.
+                _write(output, report)
+                log(f"{output}: rewritten, its {len(runs)} runs read again by the current analysis")
     return report
 
 
@@ -468,15 +468,16 @@ def _report_lock(output: str):
         os.close(folder)
 
 
-def _add_recorded_since(report: dict, output: str) -> None:
+def _add_recorded_since(report: dict, output: str) -> dict:
     """Adds to ``report`` the runs and notes the report at ``output`` holds and ``report`` lacks:
     those another study process recorded since this one read it (each writes all it knows after
     each run, which would otherwise drop them). A run in both stays as this process has it: runs
-    are written once, as measured."""
+    are written once, as measured. Returns the report read from ``output``."""
     recorded = read_report(output)
     for key, run in recorded.get("runs", {}).items():
         report["runs"].setdefault(key, run)
     report["notes"] += [note for note in recorded.get("notes", []) if note not in report["notes"]]
+    return recorded
 
 
 def _content(report: dict) -> dict:
