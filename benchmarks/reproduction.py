@@ -1,13 +1,16 @@
 """The paper's findings on cifar10-mini: test accuracy against epochs, and what the attention heads
 learned, over seeds, at a budget the same for every model.
 
-    .venv/bin/python -m benchmarks.reproduction [--models=learned,quadratic,resnet18,content,gated] \\
-        [--seeds=0,1,2] [--epochs=60] [--snapshot_every=5] [--work_dir=runs/reproduction]
+    .venv/bin/python -m benchmarks.reproduction     # the study: every run `STUDY` lists
+    .venv/bin/python -m benchmarks.reproduction --models=learned --seeds=3 --epochs=120  # one more
 
-Every run is one ``sa-conv-train`` process with the trainer's defaults (SGD with momentum, cosine
-decay after warm-up, batch 100, its 10% validation split) on the CIFAR-10 files of ``--data_dir``,
-for ``--epochs`` epochs, keeping the model every ``--snapshot_every`` epochs
-(``--snapshot_every``, `trainers.train`). Models (`MODELS`): the small presets
+Without ``--models``, ``--seeds`` or ``--epochs`` the plan is `STUDY`, the runs
+``docs/reproduction.md`` reports; with any of them it is every model and seed at ``--epochs``
+(`plan`; defaults `MODELS`, seeds 0, 1, 2 and `BUDGET`). Every run is one ``sa-conv-train``
+process with the trainer's defaults (SGD with momentum, cosine decay after warm-up, batch 100,
+its 10% validation split) on the CIFAR-10 files of ``--data_dir``, keeping the model
+`SNAPSHOTS` times a run (``--snapshot_every`` overrides it; `trainers.train`). Models
+(`MODELS`): the small presets
 ``sa_ENCODING_small`` of the paper's encodings and ConViT's gated one
 (`benchmarks.data_efficiency.parse_variant`: ``learned``, ``quadratic``, ``content``, ``gated``)
 and ``resnet18``; any other variant `parse_variant` names (``learned+convolutional@0.1``) runs as a
@@ -25,13 +28,12 @@ Resumable at every level: a run's model directory lives in ``--work_dir`` (outsi
 repository), so an interrupted training resumes where it stopped (bit-identical to an
 uninterrupted one); a run is written to ``--output`` as soon as it is read, and a rerun skips the
 runs the report has, but derives its summary, budget and claims from every recorded run again
-(`_derived`), rewriting the report when this version of the analysis reads them otherwise. Runs
-go model by model, each model's seeds in order, so the first models of ``--models`` get their
-seeds first. `summarize` gives per model and budget the mean and spread
-over seeds of the final accuracy, of the learning curve and of the per-layer locality at every
-snapshot; `claims` checks the paper's claims on it. Budgets are searched upward: a run at
-another ``--epochs`` is kept beside the others, and the report's budget is the one with the most
-runs (`main_budget`). ``tools/performance_tables.py`` makes
+(`_derived`), rewriting the report when this version of the analysis reads them otherwise.
+`summarize` gives per model and budget the mean and spread over seeds of the final accuracy, of
+the learning curve and of the per-layer locality at every snapshot; `claims` checks the paper's
+claims on it. Budgets are searched upward: a run at another ``--epochs`` is kept beside the
+others, and the report's budget is the one with the most runs (`main_budget`; `BUDGET` once
+`STUDY` has run). ``tools/performance_tables.py`` makes
 ``docs/reproduction.md``'s tables and figures from the report.
 """
 
@@ -51,6 +53,20 @@ import numpy as np
 from benchmarks import data_efficiency, harness
 
 MODELS = ("learned", "quadratic", "resnet18", "content", "gated")
+BUDGET = 120  # epochs: the budget the search settled on (docs/reproduction.md, "Choosing the budget")
+SNAPSHOTS = 12  # snapshots a run besides its initialization, as the study's runs were made
+# The runs docs/reproduction.md reports, (models, seeds, epochs) in the order they run: every model
+# at the budget, three seeds where the CPU time allowed (the content and gated models one each:
+# their attention logits depend on the pixels, and a run takes about as long as ResNet18's, several
+# of the position-only models'), the comparison variant of docs/attention_init.md, then the search
+# for the budget: 60 epochs first, where the attention models' curves still climbed, and twice the
+# budget for one seed of the model that climbed most.
+STUDY = ((("learned", "quadratic", "resnet18"), (0, 1, 2), BUDGET),
+         (("content", "gated"), (0,), BUDGET),
+         (("learned+convolutional@0.1",), (0, 1, 2), BUDGET),
+         (("learned", "quadratic"), (0, 1, 2), 60),
+         (("resnet18",), (0,), 60),
+         (("quadratic",), (0,), 2 * BUDGET))
 MAP_DECIMALS = 4  # probabilities of 256 keys: 1e-4 is below what a figure shows
 
 
@@ -67,6 +83,21 @@ def split_key(key: str) -> tuple[str, int, int]:
 def run_dir(work_dir: str, model: str, seed: int, epochs: int) -> str:
     """The model directory of one run; a variant's ``@0.1/2`` (strength/distance) nests none."""
     return os.path.join(work_dir, f"{model.replace('/', '-')}_seed{seed}_epochs{epochs}")
+
+
+def plan(models=None, seeds=None, epochs=None) -> list[tuple[str, int, int]]:
+    """The ``(model, seed, epochs)`` runs to make: `STUDY`'s when none of the three is given, else
+    every model and seed at ``epochs`` (defaults `MODELS`, seeds 0, 1, 2 and `BUDGET`), model by
+    model, each model's seeds in order."""
+    parts = STUDY if models is None and seeds is None and epochs is None else \
+        ((MODELS if models is None else models, (0, 1, 2) if seeds is None else seeds,
+          BUDGET if epochs is None else epochs),)
+    return [(model, seed, epochs_) for models_, seeds_, epochs_ in parts for model in models_ for seed in seeds_]
+
+
+def default_snapshot_every(epochs: int) -> int:
+    """Epochs between snapshots: `SNAPSHOTS` a run (every epoch in runs shorter than that)."""
+    return max(1, epochs // SNAPSHOTS)
 
 
 def summary_key(model: str, epochs: int) -> str:
@@ -388,21 +419,24 @@ def read_report(path: str) -> dict:
         return json.load(f)
 
 
-def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: int, snapshot_every: int,
+def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_every: int | None = None,
             locality_images: int = 32, prune_snapshots: bool = False, note: str | None = None,
             train=train, log=print) -> dict:
-    """Trains and reads every (model, seed) of the plan that the report at ``output`` does not
-    have (`train(flags, model_dir)`, resuming a run ``work_dir`` holds), writes the report after
+    """Trains and reads every ``(model, seed, epochs)`` of ``runs_to_make`` (a `plan`) that the
+    report at ``output`` does not have (`train(flags, model_dir)`, resuming a run ``work_dir``
+    holds; a snapshot every ``snapshot_every`` epochs, `default_snapshot_every` when None), writes the report after
     each run with what it derives from its runs (`_derived`: summary, budget, claims), and returns
     it; with nothing to train, rewrites it only where the current analysis (or ``note``, or
     ``data_dir``'s image counts, or runs another study process recorded since) reads otherwise
     than the recorded report. Once a run is read, its checkpoints are deleted and, with
     ``prune_snapshots``, its snapshots but the first and last (ResNet18's are 45 MB each; kept,
     they let a later version of the analysis read the run again)."""
-    for model in models:
+    for model, _, epochs in runs_to_make:
         data_efficiency.parse_variant(model)  # ValueError naming the forms, before any run
-    if epochs < 1 or snapshot_every < 1:
-        raise ValueError(f"--epochs and --snapshot_every must be positive, got {epochs} and {snapshot_every}.")
+        if epochs < 1:
+            raise ValueError(f"--epochs must be positive, got {epochs}.")
+    if snapshot_every is not None and snapshot_every < 1:
+        raise ValueError(f"--snapshot_every must be positive, got {snapshot_every}.")
     from trainers import data as data_lib
 
     data = data_lib.load_cifar10_files(data_dir)  # fails here, before any run, on a wrong --data_dir
@@ -412,19 +446,18 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
     if note and note not in notes:
         notes.append(note)
     report["data"] = {"training_images": len(data.train), "test_images": len(data.test)}
-    plan = [(model, seed) for model in models for seed in seeds]
-    for index, (model, seed) in enumerate(plan, 1):
+    for index, (model, seed, epochs) in enumerate(runs_to_make, 1):
         key = run_key(model, seed, epochs)
         _add_recorded_since(report, output)
         if key in runs:
             continue
         model_dir = run_dir(work_dir, model, seed, epochs)
-        flags = train_flags(model, seed, epochs, snapshot_every, data_dir)
-        log(f"[{index}/{len(plan)}] {key}: training in {model_dir} ...")
+        flags = train_flags(model, seed, epochs, snapshot_every or default_snapshot_every(epochs), data_dir)
+        log(f"[{index}/{len(runs_to_make)}] {key}: training in {model_dir} ...")
         start = time.perf_counter()
         if not os.path.isfile(os.path.join(model_dir, "results.json")):
             train(flags, model_dir)
-        log(f"[{index}/{len(plan)}] {key}: reading its snapshots ...")
+        log(f"[{index}/{len(runs_to_make)}] {key}: reading its snapshots ...")
         run = analyse_run(model_dir, data_dir, locality_images, log=log)
         run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
         run["cpu"] = harness.cpu_class()
@@ -434,7 +467,7 @@ def measure(output: str, data_dir: str, work_dir: str, models, seeds, epochs: in
             runs[key] = run
             report.update(_derived(runs))
             _write(output, report)
-        log(f"[{index}/{len(plan)}] {key}: test accuracy {run['test_accuracy']:.4f} "
+        log(f"[{index}/{len(runs_to_make)}] {key}: test accuracy {run['test_accuracy']:.4f} "
             f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
         shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
         if prune_snapshots:
@@ -504,11 +537,13 @@ def main():
                         help="CIFAR-10 python-format files (cifar10-mini)")
     parser.add_argument("--work_dir", default=os.path.join(harness.ROOT, "runs", "reproduction"),
                         help="the runs' model directories: an interrupted run resumes from here")
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help="the study's models; other data-efficiency variants run as comparisons")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--epochs", type=int, default=60, help="the budget: the same for every model")
-    parser.add_argument("--snapshot_every", type=int, default=5)
+    parser.add_argument("--models", default=None,
+                        help=f"default {','.join(MODELS)}; other data-efficiency variants run as comparisons "
+                             f"(without --models, --seeds and --epochs: the study's runs, STUDY)")
+    parser.add_argument("--seeds", default=None, help="default 0,1,2")
+    parser.add_argument("--epochs", type=int, default=None, help=f"default {BUDGET}: the same for every model")
+    parser.add_argument("--snapshot_every", type=int, default=None,
+                        help=f"default: {SNAPSHOTS} snapshots a run")
     parser.add_argument("--locality_images", type=int, default=32)
     parser.add_argument("--prune_snapshots", action="store_true",
                         help="delete a read run's snapshots but its first and last")
@@ -518,9 +553,11 @@ def main():
     def items(text):
         return [item.strip() for item in text.split(",") if item.strip()]
 
-    measure(args.output, os.path.abspath(args.data_dir), os.path.abspath(args.work_dir), items(args.models),
-            [int(s) for s in items(args.seeds)], args.epochs, args.snapshot_every, args.locality_images,
-            args.prune_snapshots, args.note, log=lambda line: print(line, file=sys.stderr, flush=True))
+    runs_to_make = plan(None if args.models is None else items(args.models),
+                        None if args.seeds is None else [int(s) for s in items(args.seeds)], args.epochs)
+    measure(args.output, os.path.abspath(args.data_dir), os.path.abspath(args.work_dir), runs_to_make,
+            args.snapshot_every, args.locality_images, args.prune_snapshots, args.note,
+            log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
         _tiny_train(trained)(flags, model_dir)
 
     with pytest.raises(RuntimeError, match="killed"):
-        rp.measure(output, data_dir, work, ["learned", "quadratic"], [0], epochs=2, snapshot_every=1,
+        rp.measure(output, data_dir, work, rp.plan(["learned", "quadratic"], [0], 2), snapshot_every=1,
                    locality_images=4, prune_snapshots=True, train=fails_on_quadratic, log=lambda s: None)
     with open(output) as f:
         report = json.load(f)
@@ -76,7 +76,7 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
                                                         abs=0.01)
 
     trained.clear()
-    report = rp.measure(output, data_dir, work, ["learned", "quadratic"], [0], epochs=2, snapshot_every=1,
+    report = rp.measure(output, data_dir, work, rp.plan(["learned", "quadratic"], [0], 2), snapshot_every=1,
                         locality_images=4, train=_tiny_train(trained), log=lambda s: None)
     assert trained == ["sa_quadratic_small"]  # the learned run was not trained again
     assert len(os.listdir(os.path.join(work, "quadratic_seed0_epochs2", "snapshots"))) == 3  # kept by default
@@ -85,7 +85,7 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
     assert quadratic[0]["centers"] != quadratic[-1]["centers"]  # the centers moved in training
     assert set(report["summary"]) == {"learned|epochs=2", "quadratic|epochs=2"}
     with pytest.raises(ValueError, match="Unknown variant 'vit'"):
-        rp.measure(output, data_dir, work, ["vit"], [0], epochs=2, snapshot_every=1)
+        rp.measure(output, data_dir, work, rp.plan(["vit"], [0], 2))
 
 
 def test_runs_another_study_process_recorded_meanwhile_are_kept(tiny_cifar, tmp_path):
@@ -114,7 +114,7 @@ def test_runs_another_study_process_recorded_meanwhile_are_kept(tiny_cifar, tmp_
             landed.append(sorted(rp.read_report(output)["runs"]))
             record_another_run(6, "from a third process")
 
-    report = rp.measure(output, data_dir, work, ["learned"], [0], epochs=2, snapshot_every=1, locality_images=4,
+    report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1, locality_images=4,
                         note="this one's", train=train_while_another_process_records, log=log_after_landing)
     assert landed == [["learned|seed=0|epochs=2", "learned|seed=5|epochs=2"]]
     with open(output) as f:
@@ -123,6 +123,27 @@ def test_runs_another_study_process_recorded_meanwhile_are_kept(tiny_cifar, tmp_
     assert written["runs"]["learned|seed=5|epochs=2"]["test_accuracy"] == 0.3
     assert written["summary"]["learned|epochs=2"]["seeds"] == [0, 5, 6]
     assert set(written["notes"]) == {"this one's", "from the other process", "from a third process"}
+
+
+def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_made():
+    """One command reproduces the page: the default plan has every run the committed report holds,
+    each with the snapshots it was made with; flags give every model and seed at one budget."""
+    study = rp.plan()
+    assert len(set(study)) == len(study)
+    assert study[:3] == [("learned", 0, rp.BUDGET), ("learned", 1, rp.BUDGET), ("learned", 2, rp.BUDGET)]
+    with open(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "reproduction.json")) as f:
+        recorded = json.load(f)["runs"]
+    assert set(recorded) <= {rp.run_key(*run) for run in study}
+    for key, run in recorded.items():
+        assert run["flags"]["snapshot_every"] == rp.default_snapshot_every(rp.split_key(key)[2]), key
+    assert {model for model, _, epochs in study if epochs == rp.BUDGET} >= set(rp.MODELS)
+    assert rp.plan(epochs=30) == [(model, seed, 30) for model in rp.MODELS for seed in (0, 1, 2)]
+    assert rp.plan(["gated"], [4]) == [("gated", 4, rp.BUDGET)]
+    assert [rp.default_snapshot_every(e) for e in (4, 12, 60, 240)] == [1, 1, 5, 20]
+    with pytest.raises(ValueError, match="--epochs must be positive, got 0"):
+        rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], [0], 0))
+    with pytest.raises(ValueError, match="--snapshot_every must be positive, got 0"):
+        rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], [0], 2), snapshot_every=0)
 
 
 def _run(accuracies, distances=None, masses=None):
@@ -229,7 +250,7 @@ def test_a_rerun_reads_the_recorded_runs_again_with_the_current_analysis(tiny_ci
     def refuses(flags, model_dir):
         raise AssertionError(f"{flags['model']} was trained again")
 
-    rp.measure(output, data_dir, str(tmp_path / "work"), ["learned"], [0], epochs=4, snapshot_every=1,
+    rp.measure(output, data_dir, str(tmp_path / "work"), rp.plan(["learned"], [0], 4), snapshot_every=1,
                train=refuses, log=logged.append)
     with open(output) as f:
         written = json.load(f)
@@ -237,10 +258,10 @@ def test_a_rerun_reads_the_recorded_runs_again_with_the_current_analysis(tiny_ci
     assert written["claims"] == rp.claims(report["summary"], 8) != []
     assert written["runs"] == report["runs"] and len(logged) == 1 and "read again" in logged[0]
     assert writes == [output]
-    rp.measure(output, data_dir, str(tmp_path / "work"), ["learned"], [0], epochs=4, snapshot_every=1,
+    rp.measure(output, data_dir, str(tmp_path / "work"), rp.plan(["learned"], [0], 4), snapshot_every=1,
                train=refuses, log=logged.append)
     assert len(logged) == 1 and writes == [output]  # nothing read otherwise: not written again
-    rp.measure(output, data_dir, str(tmp_path / "work"), ["learned"], [0], epochs=4, snapshot_every=1,
+    rp.measure(output, data_dir, str(tmp_path / "work"), rp.plan(["learned"], [0], 4), snapshot_every=1,
                note="why fewer seeds", train=refuses, log=logged.append)
     with open(output) as f:
         assert writes == [output] * 2 and json.load(f)["notes"] == ["why fewer seeds"]
@@ -301,7 +322,7 @@ def test_a_comparison_variant_neither_chooses_the_budget_nor_nests_directories()
     assert rp.main_budget(runs) == 60
     assert rp.run_dir("/w", "quadratic+convolutional@0.1/2", 1, 60) == "/w/quadratic+convolutional@0.1-2_seed1_epochs60"
     with pytest.raises(ValueError, match="Unknown initialization 'convlutional'.*random, convolutional"):
-        rp.measure("unused.json", "unused", "unused", ["learned+convlutional"], [0], epochs=2, snapshot_every=1)
+        rp.measure("unused.json", "unused", "unused", rp.plan(["learned+convlutional"], [0], 2))
 
 
 def _report():
