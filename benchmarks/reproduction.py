@@ -1,15 +1,20 @@
-"""The paper's findings on cifar10-mini: test accuracy against epochs, and what the attention heads
-learned, over seeds, at a budget the same for every model.
+"""The paper's findings on cifar10-mini: accuracy against epochs and what the heads learned.
 
-    .venv/bin/python -m benchmarks.reproduction     # the study: every run `STUDY` lists
-    .venv/bin/python -m benchmarks.reproduction --models=learned --seeds=3 --epochs=120  # one more
+Test accuracy and the attention heads' locality, over seeds, at a budget the same for every model.
 
-Without ``--models``, ``--seeds`` or ``--epochs`` the plan is `STUDY`, the runs
-``docs/reproduction.md`` reports; with any of them it is every model and seed at ``--epochs``
-(`plan`; defaults `MODELS`, seeds 0, 1, 2 and `BUDGET`). Every run is one ``sa-conv-train``
+    .venv/bin/python -m benchmarks.reproduction --dry_run  # what it would train
+    .venv/bin/python -m benchmarks.reproduction            # the study: every run docs/reproduction.md reports
+    .venv/bin/python -m benchmarks.reproduction --models=gated --seeds=1,2 --output=/tmp/more.json
+
+With none of ``--models``, ``--seeds`` and ``--epochs`` the plan is `STUDY`, the runs
+``docs/reproduction.md`` reports (a run recorded in ``benchmarks/results/reproduction.json``
+belongs in `STUDY`, so that this command makes it again; a test checks); with any of them it is
+every model and seed at one budget (`plan`; defaults `MODELS`, seeds 0, 1, 2 and `BUDGET`
+epochs). Every run is one ``sa-conv-train``
 process with the trainer's defaults (SGD with momentum, cosine decay after warm-up, batch 100,
 its 10% validation split) on the CIFAR-10 files of ``--data_dir``, keeping the model
-`SNAPSHOTS` times a run (``--snapshot_every`` overrides it; `trainers.train`). Models
+`SNAPSHOTS` times a run (`default_snapshot_every`; ``--snapshot_every`` overrides it for a
+plan at one ``--epochs``; `trainers.train`). Models
 (`MODELS`): the small presets
 ``sa_ENCODING_small`` of the paper's encodings and ConViT's gated one
 (`benchmarks.data_efficiency.parse_variant`: ``learned``, ``quadratic``, ``content``, ``gated``)
@@ -60,7 +65,8 @@ SNAPSHOTS = 12  # snapshots a run besides its initialization, as the study's run
 # their attention logits depend on the pixels, and a run takes about as long as ResNet18's, several
 # of the position-only models'), the comparison variant of docs/attention_init.md, then the search
 # for the budget: 60 epochs first, where the attention models' curves still climbed, and twice the
-# budget for one seed of the model that climbed most.
+# budget for one seed of the model that climbed most. A run the committed report records belongs
+# here, so that the program's default plan makes it again.
 STUDY = ((("learned", "quadratic", "resnet18"), (0, 1, 2), BUDGET),
          (("content", "gated"), (0,), BUDGET),
          (("learned+convolutional@0.1",), (0, 1, 2), BUDGET),
@@ -96,8 +102,9 @@ def plan(models=None, seeds=None, epochs=None) -> list[tuple[str, int, int]]:
 
 
 def default_snapshot_every(epochs: int) -> int:
-    """Epochs between snapshots: `SNAPSHOTS` a run (every epoch in runs shorter than that)."""
-    return max(1, epochs // SNAPSHOTS)
+    """Epochs between snapshots: at most `SNAPSHOTS` a run besides the initialization (every
+    epoch in runs of fewer epochs); the trainer also keeps the last epoch's."""
+    return -(-epochs // SNAPSHOTS)
 
 
 def summary_key(model: str, epochs: int) -> str:
@@ -419,6 +426,19 @@ def read_report(path: str) -> dict:
         return json.load(f)
 
 
+def describe_plan(runs_to_make, recorded: dict, work_dir: str) -> list[str]:
+    """One line per planned run: its key and whether the report has it (``recorded``), it has a
+    model directory in ``work_dir`` to resume, or it is still to train."""
+    lines = []
+    for model, seed, epochs in runs_to_make:
+        key = run_key(model, seed, epochs)
+        state = ("recorded" if key in recorded else
+                 "to resume" if os.path.isdir(run_dir(work_dir, model, seed, epochs)) else "to train")
+        lines.append(f"{key}: {state}")
+    todo = sum(not line.endswith("recorded") for line in lines)
+    return lines + [f"{todo} of {len(lines)} runs to make"]
+
+
 def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_every: int | None = None,
             locality_images: int = 32, prune_snapshots: bool = False, note: str | None = None,
             train=train, log=print) -> dict:
@@ -431,6 +451,9 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
     than the recorded report. Once a run is read, its checkpoints are deleted and, with
     ``prune_snapshots``, its snapshots but the first and last (ResNet18's are 45 MB each; kept,
     they let a later version of the analysis read the run again)."""
+    runs_to_make = list(runs_to_make)
+    if not runs_to_make:
+        raise ValueError("The plan has no run: give at least one model and seed.")
     for model, _, epochs in runs_to_make:
         data_efficiency.parse_variant(model)  # ValueError naming the forms, before any run
         if epochs < 1:
@@ -538,13 +561,21 @@ def main():
     parser.add_argument("--work_dir", default=os.path.join(harness.ROOT, "runs", "reproduction"),
                         help="the runs' model directories: an interrupted run resumes from here")
     parser.add_argument("--models", default=None,
-                        help=f"default {','.join(MODELS)}; other data-efficiency variants run as comparisons "
-                             f"(without --models, --seeds and --epochs: the study's runs, STUDY)")
-    parser.add_argument("--seeds", default=None, help="default 0,1,2")
-    parser.add_argument("--epochs", type=int, default=None, help=f"default {BUDGET}: the same for every model")
+                        help=f"comma-separated, e.g. {','.join(MODELS)}; other data-efficiency variants "
+                             f"(learned+convolutional@0.1) run as comparisons. With none of --models, --seeds "
+                             f"and --epochs: every run docs/reproduction.md reports (see --dry_run); with any of "
+                             f"them, every model and seed at one budget, the others' defaults {','.join(MODELS)}, "
+                             f"0,1,2 and {BUDGET}")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--epochs", type=int, default=None, help=f"the budget, the same for every model "
+                                                                  f"(default {BUDGET})")
     parser.add_argument("--snapshot_every", type=int, default=None,
-                        help=f"default: {SNAPSHOTS} snapshots a run")
-    parser.add_argument("--locality_images", type=int, default=32)
+                        help=f"epochs between snapshots, with --epochs (default: epochs / {SNAPSHOTS}, "
+                             f"rounded up)")
+    parser.add_argument("--locality_images", type=int, default=32,
+                        help="test images the locality metrics average over")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="list the plan's runs and which the report has, and train nothing")
     parser.add_argument("--prune_snapshots", action="store_true",
                         help="delete a read run's snapshots but its first and last")
     parser.add_argument("--note", default=None, help="a note kept in the report (e.g. why fewer seeds)")
@@ -553,8 +584,19 @@ def main():
     def items(text):
         return [item.strip() for item in text.split(",") if item.strip()]
 
-    runs_to_make = plan(None if args.models is None else items(args.models),
-                        None if args.seeds is None else [int(s) for s in items(args.seeds)], args.epochs)
+    if args.snapshot_every is not None and args.epochs is None:
+        parser.error("--snapshot_every needs --epochs: the study's budgets each keep their own spacing.")
+    try:
+        seeds = None if args.seeds is None else [int(s) for s in items(args.seeds)]
+    except ValueError:
+        parser.error(f"--seeds takes comma-separated integers, got {args.seeds!r}.")
+    runs_to_make = plan(None if args.models is None else items(args.models), seeds, args.epochs)
+    if not runs_to_make:
+        parser.error("The plan has no run: --models and --seeds each need at least one entry.")
+    if args.dry_run:
+        for line in describe_plan(runs_to_make, read_report(args.output).get("runs", {}), args.work_dir):
+            print(line)
+        return
     measure(args.output, os.path.abspath(args.data_dir), os.path.abspath(args.work_dir), runs_to_make,
             args.snapshot_every, args.locality_images, args.prune_snapshots, args.note,
             log=lambda line: print(line, file=sys.stderr, flush=True))

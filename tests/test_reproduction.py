@@ -139,11 +139,28 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     assert {model for model, _, epochs in study if epochs == rp.BUDGET} >= set(rp.MODELS)
     assert rp.plan(epochs=30) == [(model, seed, 30) for model in rp.MODELS for seed in (0, 1, 2)]
     assert rp.plan(["gated"], [4]) == [("gated", 4, rp.BUDGET)]
-    assert [rp.default_snapshot_every(e) for e in (4, 12, 60, 240)] == [1, 1, 5, 20]
+    assert [rp.default_snapshot_every(e) for e in (4, 12, 13, 50, 60, 240)] == [1, 1, 2, 5, 5, 20]
+    assert rp.describe_plan(study[:2], {rp.run_key(*study[0]): {}}, "/nonexistent") == [
+        f"learned|seed=0|epochs={rp.BUDGET}: recorded", f"learned|seed=1|epochs={rp.BUDGET}: to train",
+        "1 of 2 runs to make"]
+    with pytest.raises(ValueError, match="no run"):
+        rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], []))
     with pytest.raises(ValueError, match="--epochs must be positive, got 0"):
         rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], [0], 0))
     with pytest.raises(ValueError, match="--snapshot_every must be positive, got 0"):
         rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], [0], 2), snapshot_every=0)
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--snapshot_every=3"], "--snapshot_every needs --epochs"),
+    (["--seeds=1,x"], "--seeds takes comma-separated integers, got '1,x'"),
+    (["--models=", "--dry_run"], "The plan has no run"),
+])
+def test_flags_that_make_no_sense_stop_before_anything_runs(flags, error, tmp_path):
+    from benchmarks import harness
+
+    proc = harness.run_module("benchmarks.reproduction", [f"--work_dir={tmp_path}", *flags])
+    assert proc.returncode == 2 and error in proc.stderr and not os.listdir(tmp_path)
 
 
 def _run(accuracies, distances=None, masses=None):
