@@ -98,11 +98,19 @@ def worker_id(strategy: tf.distribute.Strategy) -> int:
 # ------------------------------------------------------------------------------ replicated steps
 
 
+def _worker_devices(strategy: tf.distribute.Strategy):
+    """``strategy``'s devices that compute replicas; None for the default strategy, which
+    computes its one replica on this process's device and has no such list."""
+    try:
+        return strategy.extended.worker_devices
+    except RuntimeError:
+        return None
+
+
 def xla_runs_on(strategy: tf.distribute.Strategy) -> bool:
     """False where XLA cannot address the replicas: several logical devices of one CPU."""
-    try:
-        devices = strategy.extended.worker_devices
-    except RuntimeError:  # the default strategy: this process's one device
+    devices = _worker_devices(strategy)
+    if devices is None:
         return True
     on_cpus = bool(devices) and all("CPU" in d.upper().rsplit("/DEVICE:", 1)[-1] for d in devices)
     return not (on_cpus and strategy.num_replicas_in_sync > len({d.split("/device:")[0] for d in devices}))
@@ -141,9 +149,8 @@ def replicated_eval_step(strategy: tf.distribute.Strategy, step):
 def one_cpu_replica(strategy: tf.distribute.Strategy) -> bool:
     """True when ``strategy`` computes one replica in all, on a CPU device (or is the default
     strategy): its batches need no splitting across replicas or workers."""
-    try:
-        devices = strategy.extended.worker_devices
-    except RuntimeError:  # the default strategy: this process's one device
+    devices = _worker_devices(strategy)
+    if devices is None:
         return True
     return strategy.num_replicas_in_sync == 1 and len(devices) == 1 and \
         tf.DeviceSpec.from_string(devices[0]).device_type == "CPU"
