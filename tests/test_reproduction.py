@@ -163,6 +163,47 @@ def test_flags_that_make_no_sense_stop_before_anything_runs(flags, error, tmp_pa
     assert proc.returncode == 2 and error in proc.stderr and not os.listdir(tmp_path)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's lock table")
+def test_a_study_process_waits_for_anothers_write_before_it_writes(tiny_cifar, tmp_path):
+    """Each study process reads, merges and writes the report under an exclusive flock of its
+    folder. While this test holds that lock, another process's last rewrite waits for it (the
+    kernel lists the process as blocked on the lock) and the report stays as it was; released,
+    the rewrite lands."""
+    import fcntl
+    import subprocess
+    import sys
+    import time
+
+    data_dir, _ = tiny_cifar
+    folder = tmp_path / "results"
+    folder.mkdir()
+    output = str(folder / "reproduction.json")
+    # A recorded run and nothing derived yet: the other process trains nothing, only rewrites.
+    with open(output, "w") as f:
+        json.dump({"runs": {"learned|seed=0|epochs=2": {**_run({0: 0.1, 2: 0.3}), "flags": {}}}}, f)
+    held = os.open(folder, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        other = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from benchmarks import reproduction as rp; "
+             "rp.measure(sys.argv[1], sys.argv[2], sys.argv[3], rp.plan(['learned'], [0], 2))",
+             output, data_dir, str(tmp_path / "work")],
+            cwd=os.path.join(os.path.dirname(__file__), ".."), stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while other.poll() is None and time.monotonic() < deadline:
+            with open("/proc/locks") as f:
+                if any(line.split()[1] == "->" and line.split()[5] == str(other.pid) for line in f):
+                    break
+            time.sleep(0.1)
+        assert other.poll() is None, f"the other process did not wait for the lock: {other.stderr.read()[-2000:]}"
+        assert "summary" not in rp.read_report(output)
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        os.close(held)
+    assert other.wait(timeout=120) == 0, other.stderr.read()[-2000:]
+    assert rp.read_report(output)["summary"]["learned|epochs=2"]["seeds"] == [0]
+
+
 def _run(accuracies, distances=None, masses=None):
     """A run as the report keeps it, with test accuracy ``accuracies[e]`` at snapshot epoch
     ``e`` and, for attention models, one layer per ``distances[e]`` entry (every head alike)."""
