@@ -10,15 +10,13 @@ With none of ``--models``, ``--seeds`` and ``--epochs`` the plan is `STUDY`, the
 ``docs/reproduction.md`` reports (a run recorded in ``benchmarks/results/reproduction.json``
 belongs in `STUDY`, so that this command makes it again; a test checks); with any of them it is
 every model and seed at one budget (`plan`; defaults `MODELS`, seeds 0, 1, 2 and `BUDGET`
-epochs). Every run is one ``sa-conv-train``
-process with the trainer's defaults (SGD with momentum, cosine decay after warm-up, batch 100,
-its 10% validation split) on the CIFAR-10 files of ``--data_dir``, keeping the model
-`SNAPSHOTS` times a run (`default_snapshot_every`; ``--snapshot_every`` overrides it for a
-plan at one ``--epochs``; `trainers.train`). Models
-(`MODELS`): the small presets
-``sa_ENCODING_small`` of the paper's encodings and ConViT's gated one
-(`benchmarks.data_efficiency.parse_variant`: ``learned``, ``quadratic``, ``content``, ``gated``)
-and ``resnet18``; any other variant `parse_variant` names (``learned+convolutional@0.1``) runs as a
+epochs). Every run is one ``sa-conv-train`` process with the trainer's defaults (SGD with
+momentum, cosine decay after warm-up, batch 100, its 10% validation split) on the CIFAR-10 files
+of ``--data_dir``, keeping the model `SNAPSHOTS` times a run (`default_snapshot_every`;
+``--snapshot_every`` overrides it for a plan at one ``--epochs``; `trainers.train`). Models
+(`MODELS`): the small presets ``sa_ENCODING_small`` of the paper's encodings and ConViT's gated
+one (`benchmarks.data_efficiency.parse_variant`: ``learned``, ``quadratic``, ``content``,
+``gated``) and ``resnet18``; any other variant `parse_variant` names (``learned+convolutional@0.1``) runs as a
 comparison, asked the data-efficiency benchmark's questions at this budget (`efficiency_targets`)
 but not the paper's claims.
 
@@ -444,9 +442,9 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
             train=train, log=print) -> dict:
     """Trains and reads every ``(model, seed, epochs)`` of ``runs_to_make`` (a `plan`) that the
     report at ``output`` does not have (`train(flags, model_dir)`, resuming a run ``work_dir``
-    holds; a snapshot every ``snapshot_every`` epochs, `default_snapshot_every` when None), writes the report after
-    each run with what it derives from its runs (`_derived`: summary, budget, claims), and returns
-    it; with nothing to train, rewrites it only where the current analysis (or ``note``, or
+    holds; a snapshot every ``snapshot_every`` epochs, `default_snapshot_every` when None),
+    writes the report after each run with what it derives from its runs (`_derived`: summary,
+    budget, claims), and returns it; with nothing to train, rewrites it only where the current analysis (or ``note``, or
     ``data_dir``'s image counts, or runs another study process recorded since) reads otherwise
     than the recorded report. Once a run is read, its checkpoints are deleted and, with
     ``prune_snapshots``, its snapshots but the first and last (ResNet18's are 45 MB each; kept,
