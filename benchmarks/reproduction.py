@@ -16,9 +16,9 @@ of ``--data_dir``, keeping the model `SNAPSHOTS` times a run (`default_snapshot_
 ``--snapshot_every`` overrides it for a plan at one ``--epochs``; `trainers.train`). Models
 (`MODELS`): the small presets ``sa_ENCODING_small`` of the paper's encodings and ConViT's gated
 one (`benchmarks.data_efficiency.parse_variant`: ``learned``, ``quadratic``, ``content``,
-``gated``) and ``resnet18``; any other variant `parse_variant` names (``learned+convolutional@0.1``) runs as a
-comparison, asked the data-efficiency benchmark's questions at this budget (`efficiency_targets`)
-but not the paper's claims.
+``gated``) and ``resnet18``; any other variant `parse_variant` names
+(``learned+convolutional@0.1``) runs as a comparison, asked the data-efficiency benchmark's
+questions at this budget (`efficiency_targets`) but not the paper's claims.
 
 Each snapshot is then read (`analyse_snapshot`): its accuracy on the test split and, for
 attention models, per layer and head the locality metrics of `sa_conv.inspection` (mean attention
