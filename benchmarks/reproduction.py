@@ -25,7 +25,11 @@ attention models, per layer and head the locality metrics of `sa_conv.inspection
 distance, mass in the 3x3 around the most attended pixel, entropy, the most attended offset)
 averaged over ``--locality_images`` test images and the interior query pixels, the quadratic
 heads' centers and the gated heads' gates. The last snapshot also keeps each head's attention
-map at the grid's center pixel, averaged over those images (the paper's Figure 4).
+map at the grid's center pixel, averaged over those images (the paper's Figure 4). That whole
+reading, with the run's per-epoch history, is written to `DETAIL` in the run's model directory;
+the report keeps what ``docs/reproduction.md`` reads (`compact_run`: per layer the heads'
+`layer_summary` instead of each head's metrics, no history; the maps of one seed per model and
+budget, the figure's).
 
 Resumable at every level: a run's model directory lives in ``--work_dir`` (outside the
 repository), so an interrupted training resumes where it stopped (bit-identical to an
@@ -72,6 +76,7 @@ STUDY = ((("learned", "quadratic", "resnet18"), (0, 1, 2), BUDGET),
          (("resnet18",), (0,), 60),
          (("quadratic",), (0,), 2 * BUDGET))
 MAP_DECIMALS = 4  # probabilities of 256 keys: 1e-4 is below what a figure shows
+DETAIL = "analysis.json"  # a run's whole reading (`analyse_run`), in its model directory
 
 
 def run_key(model: str, seed: int, epochs: int) -> str:
@@ -206,8 +211,8 @@ def training_minutes(run: dict, epochs: int) -> float:
 
 
 def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) -> dict:
-    """The run in ``model_dir`` as the report keeps it: its results, compact history and every
-    snapshot's `analyse_snapshot` (maps at the last)."""
+    """The run in ``model_dir`` as read: its results, history and every snapshot's
+    `analyse_snapshot` (maps at the last); the report keeps its `compact_run`."""
     import keras
 
     from trainers import data as data_lib
@@ -248,10 +253,13 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
 
 
 def _spread(values):
+    """Mean, sample std (None for one value), range and count of ``values``, to 6 decimals (the
+    page shows 3)."""
     values = [v for v in values if v is not None]
     if not values:
         return None
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
+    return {"mean": round(statistics.fmean(values), 6),
+            "std": round(statistics.stdev(values), 6) if len(values) > 1 else None,
             "min": min(values), "max": max(values), "n": len(values)}
 
 
@@ -266,17 +274,38 @@ def layer_summary(heads_metrics: list) -> dict:
             "most_local_distance": local["mean_distance"], "most_local_mass": local["mass_3x3"]}
 
 
+def _compact_snapshot(snapshot: dict) -> dict:
+    if "layers" not in snapshot:
+        return dict(snapshot)
+    kept = {k: v for k, v in snapshot.items() if k != "layers"}
+    kept["locality"] = [{name: _rounded(value) for name, value in layer_summary(heads).items()}
+                        for heads in snapshot["layers"]]
+    return kept
+
+
+def compact_run(run: dict) -> dict:
+    """``run`` (`analyse_run`'s) as the report keeps it: without ``history``, and each snapshot's
+    ``layers`` (per layer, per head, `sa_conv.inspection.locality_metrics`) replaced by
+    ``locality`` (per layer, `layer_summary`). A compact run is returned as it is."""
+    return {**{k: v for k, v in run.items() if k != "history"},
+            "snapshots": [_compact_snapshot(s) for s in run["snapshots"]]}
+
+
+def is_compact(run: dict) -> bool:
+    return "history" not in run and not any("layers" in s for s in run["snapshots"])
+
+
 def summarize(runs: dict) -> dict:
-    """Per ``model|epochs=E``, over its seeds: ``seeds``; ``test_accuracy`` (`_spread`: mean,
-    sample std, range, n); ``curve`` (per snapshot epoch, the test accuracy's
-    spread); ``last_quarter_change`` (per seed, the test accuracy at the end minus at the last
-    snapshot at or before three quarters of the epochs; its spread) and ``flattened`` (whether its
-    mean magnitude is below the final accuracy's std; None with one seed); and for attention
-    models ``locality`` (per snapshot epoch, per layer, each `layer_summary` value's spread);
-    ``against_shorter``: None at a model's shortest budget, else the model's next shorter budget
-    (``epochs``), the change of the mean test accuracy from it (``change``) and ``within_spread``:
-    whether that change is at most the larger of the two budgets' stds (None when neither has a
-    std)."""
+    """Per ``model|epochs=E``, over its seeds (``runs`` as the report keeps them, `compact_run`):
+    ``seeds``; ``test_accuracy`` (`_spread`: mean, sample std, range, n); ``curve`` (per snapshot
+    epoch, the test accuracy's spread); ``last_quarter_change`` (per seed, the test accuracy at the
+    end minus at the last snapshot at or before three quarters of the epochs; its spread) and
+    ``flattened`` (whether its mean magnitude is below the final accuracy's std; None with one
+    seed); and for attention models ``locality`` (per snapshot epoch, per layer, each
+    `layer_summary` value's spread); ``against_shorter``: None at a model's shortest budget, else
+    the model's next shorter budget (``epochs``), the change of the mean test accuracy from it
+    (``change``) and ``within_spread``: whether that change is at most the larger of the two
+    budgets' stds (None when neither has a std)."""
     groups: dict[str, list] = {}
     for key, run in sorted(runs.items()):
         model, seed, epochs = split_key(key)
@@ -301,11 +330,11 @@ def summarize(runs: dict) -> dict:
                  "quarter_epoch": quarter, "last_quarter_change": change,
                  "flattened": (None if final["std"] is None or change is None
                                else abs(change["mean"]) < final["std"])}
-        if all("layers" in s[e] for s in snapshot_sets for e in common):
+        if all("locality" in s[e] for s in snapshot_sets for e in common):
             entry["locality"] = {
-                str(e): [{name: _spread([layer_summary(s[e]["layers"][layer])[name] for s in snapshot_sets])
+                str(e): [{name: _spread([s[e]["locality"][layer][name] for s in snapshot_sets])
                           for name in (*LAYER_METRICS, "most_local_distance", "most_local_mass")}
-                         for layer in range(len(snapshot_sets[0][e]["layers"]))]
+                         for layer in range(len(snapshot_sets[0][e]["locality"]))]
                 for e in common}
         summary[group] = entry
     budgets: dict[str, list[int]] = {}
@@ -322,7 +351,7 @@ def summarize(runs: dict) -> dict:
             # cosine schedule's last quarter anneals the learning rate, and gains at any budget.
             differs = _differs(before, after)
             summary[summary_key(model, longer)]["against_shorter"] = {
-                "epochs": shorter, "change": after["mean"] - before["mean"],
+                "epochs": shorter, "change": round(after["mean"] - before["mean"], 6),
                 "within_spread": None if differs is None else not differs}
     return summary
 
@@ -395,7 +424,7 @@ def claims(summary: dict, epochs: int) -> list[dict]:
                          "verdict": verdict})
         if resnet is not None and model != "resnet18":
             ours, theirs = entry["test_accuracy"], resnet["test_accuracy"]
-            gap = ours["mean"] - theirs["mean"]
+            gap = round(ours["mean"] - theirs["mean"], 6)
             spread = max([s["std"] for s in (ours, theirs) if s["std"] is not None], default=None)
             verdict = ("held" if gap >= 0 or (spread is not None and -gap <= spread) else
                        "partly" if spread is not None and -gap <= 2 * spread else "not here")
@@ -440,15 +469,16 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str) -> list[str]:
 def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_every: int | None = None,
             locality_images: int = 32, prune_snapshots: bool = False, note: str | None = None,
             train=train, log=print) -> dict:
-    """Trains and reads every ``(model, seed, epochs)`` of ``runs_to_make`` (a `plan`) that the
-    report at ``output`` does not have (`train(flags, model_dir)`, resuming a run ``work_dir``
-    holds; a snapshot every ``snapshot_every`` epochs, `default_snapshot_every` when None),
-    writes the report after each run with what it derives from its runs (`_derived`: summary,
-    budget, claims), and returns it; with nothing to train, rewrites it only where the current analysis (or ``note``, or
-    ``data_dir``'s image counts, or runs another study process recorded since) reads otherwise
-    than the recorded report. Once a run is read, its checkpoints are deleted and, with
-    ``prune_snapshots``, its snapshots but the first and last (ResNet18's are 45 MB each; kept,
-    they let a later version of the analysis read the run again)."""
+    """Trains and reads every ``(model, seed, epochs)`` of ``runs_to_make`` (a `plan`) that the report
+    at ``output`` does not have (`train(flags, model_dir)`, resuming a run ``work_dir`` holds; a
+    snapshot every ``snapshot_every`` epochs, `default_snapshot_every` when None), writes each run's
+    whole reading to `DETAIL` in its model directory and the report after each run, with the runs as
+    `_keep_what_the_page_reads` keeps them and what it derives from them (`_derived`: summary,
+    budget, claims), and returns it; with nothing to train, rewrites it only where the current
+    analysis (or ``note``, or ``data_dir``'s image counts, or runs another study process recorded
+    since) reads otherwise than the recorded report. Once a run is read, its checkpoints are deleted
+    and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are 45 MB each;
+    kept, they let a later version of the analysis read the run again)."""
     runs_to_make = list(runs_to_make)
     if not runs_to_make:
         raise ValueError("The plan has no run: give at least one model and seed.")
@@ -483,9 +513,11 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
         run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
         run["cpu"] = harness.cpu_class()
         run["session_seconds"] = round(time.perf_counter() - start, 1)
+        _write_detail(os.path.join(model_dir, DETAIL), run)
         with _report_lock(output):
             _add_recorded_since(report, output)
-            runs[key] = run
+            runs[key] = compact_run(run)
+            _keep_what_the_page_reads(runs, work_dir)
             report.update(_derived(runs))
             _write(output, report)
         log(f"[{index}/{len(runs_to_make)}] {key}: test accuracy {run['test_accuracy']:.4f} "
@@ -498,6 +530,7 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
     with _report_lock(output):
         recorded = _add_recorded_since(report, output)
         if runs:
+            _keep_what_the_page_reads(runs, work_dir)
             report.update(_derived(runs))
             if _content(report) != _content(recorded):
                 # An earlier version of the analysis may have derived them otherwise, or another
@@ -505,6 +538,34 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
                 _write(output, report)
                 log(f"{output}: rewritten, its {len(runs)} runs read again by the current analysis")
     return report
+
+
+def _keep_what_the_page_reads(runs: dict, work_dir: str) -> None:
+    """Makes ``runs`` what the report keeps: every run `compact_run` (one an earlier version of
+    the study recorded whole first has its reading written to `DETAIL` in its model directory in
+    ``work_dir``, unless that holds one already), and the last snapshot's maps only in the
+    lowest seed's run of each model and budget, the one the page's Figure 4 draws."""
+    lowest: dict[tuple[str, int], int] = {}
+    for key in runs:
+        model, seed, epochs = split_key(key)
+        lowest[model, epochs] = min(seed, lowest.get((model, epochs), seed))
+    for key, run in runs.items():
+        model, seed, epochs = split_key(key)
+        if not is_compact(run):
+            detail = os.path.join(run_dir(work_dir, model, seed, epochs), DETAIL)
+            if not os.path.exists(detail):
+                _write_detail(detail, run)
+            run = runs[key] = compact_run(run)
+        if seed != lowest[model, epochs]:
+            for snapshot in run["snapshots"]:
+                snapshot.pop("maps", None)
+                snapshot.pop("query", None)
+
+
+def _write_detail(path: str, run: dict) -> None:
+    from trainers import files
+
+    files.write_json(path, run, inline_numbers=True)
 
 
 @contextlib.contextmanager

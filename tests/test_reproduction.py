@@ -54,9 +54,16 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
         results = json.load(f)
     # The last snapshot is the trained model, read as the trainer evaluated it.
     assert run["snapshots"][-1]["test_accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-9)
-    assert run["snapshots"][0]["layers"] != run["snapshots"][-1]["layers"]
+    # The whole reading is in the run's directory; the report keeps each layer's summary of it.
+    with open(os.path.join(work, "learned_seed0_epochs2", rp.DETAIL)) as f:
+        detail = json.load(f)
+    assert rp.compact_run(detail) == run and "history" not in run
+    assert [len(s["layers"]) for s in detail["snapshots"]] == [1] * 3 and len(detail["snapshots"][-1]["layers"][0]) == 9
+    assert detail["snapshots"][0]["layers"] != detail["snapshots"][-1]["layers"]
     last = run["snapshots"][-1]
-    assert len(last["layers"]) == 1 and len(last["layers"][0]) == 9
+    heads = detail["snapshots"][-1]["layers"][0]
+    assert last["locality"][0]["mass_3x3"] == pytest.approx(np.mean([h["mass_3x3"] for h in heads]), abs=1e-5)
+    assert last["locality"][0]["most_local_distance"] == min(h["mean_distance"] for h in heads)
     maps = np.array(last["maps"])
     assert maps.shape == (1, 9, 16, 16) and last["query"] == [8, 8]
     # Probabilities rounded to 4 decimals: each map sums to 1 within 256 roundings.
@@ -66,13 +73,13 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
     assert sorted(os.listdir(os.path.join(work, "learned_seed0_epochs2", "snapshots"))) == \
         ["epoch_000.keras", "epoch_002.keras"]
     assert not os.path.exists(os.path.join(work, "learned_seed0_epochs2", "checkpoints"))
-    assert [h["epoch"] for h in run["history"]] == [1, 2]
+    assert [h["epoch"] for h in detail["history"]] == [1, 2]
     # An epoch as a user waits for it: its steps, validation and snapshots; its steps alone in a
     # history written before the trainer timed whole epochs.
-    assert all(h["epoch_seconds"] > h["train_seconds"] > 0 for h in run["history"])
+    assert all(h["epoch_seconds"] > h["train_seconds"] > 0 for h in detail["history"])
     assert rp.epoch_seconds({"train_seconds": 3.0, "epoch_seconds": 4.0}) == 4.0
     assert rp.epoch_seconds({"train_seconds": 3.0}) == 3.0
-    assert run["median_epoch_seconds"] == pytest.approx(np.median([h["epoch_seconds"] for h in run["history"]]),
+    assert run["median_epoch_seconds"] == pytest.approx(np.median([h["epoch_seconds"] for h in detail["history"]]),
                                                         abs=0.01)
 
     trained.clear()
@@ -123,6 +130,63 @@ def test_runs_another_study_process_recorded_meanwhile_are_kept(tiny_cifar, tmp_
     assert written["runs"]["learned|seed=5|epochs=2"]["test_accuracy"] == 0.3
     assert written["summary"]["learned|epochs=2"]["seeds"] == [0, 5, 6]
     assert set(written["notes"]) == {"this one's", "from the other process", "from a third process"}
+
+
+def test_a_report_recorded_whole_keeps_what_the_page_reads_and_each_run_directory_the_rest(tiny_cifar, tmp_path):
+    """A report an earlier version of the study wrote with every run's whole reading (history,
+    each head's metrics, every seed's maps) is rewritten as the page reads it, and nothing is
+    lost: each reading goes to its run's directory, unless that already holds one."""
+    data_dir, _ = tiny_cifar
+    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
+
+    def whole(shift):
+        run = _run({0: 0.1, 8: 0.5 + shift}, {0: [6.0, 6.0], 8: [2.0 + shift, 5.0]}, {0: [0.1, 0.1], 8: [0.5, 0.2]},
+                   compact=False)
+        run["snapshots"][-1].update(query=[8, 8], maps=[[[[shift]]]])
+        return run
+
+    runs = {"learned|seed=0|epochs=8": whole(0.0), "learned|seed=1|epochs=8": whole(0.2),
+            "quadratic|seed=1|epochs=8": whole(0.4)}
+    files.write_json(output, {"runs": runs})
+    earlier = os.path.join(rp.run_dir(work, "learned", 1, 8), rp.DETAIL)
+    files.write_json(earlier, {"measured": "before"})
+
+    def refuses(flags, model_dir):
+        raise AssertionError(f"{flags['model']} was trained again")
+
+    report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 8), train=refuses, log=lambda s: None)
+    with open(output) as f:
+        written = json.load(f)
+    assert written["runs"] == report["runs"] and set(written["runs"]) == set(runs)
+    assert all(rp.is_compact(run) for run in written["runs"].values())
+    assert not any(rp.is_compact(run) for run in runs.values())
+    # Layer 0 at the end: heads at 2.0 + shift and 2.1 + shift, the first the most local.
+    end = written["runs"]["learned|seed=1|epochs=8"]["snapshots"][-1]
+    assert end["locality"][0]["mean_distance"] == pytest.approx(2.25)
+    assert end["locality"][0]["most_local_distance"] == pytest.approx(2.2)
+    assert end["locality"][1]["mass_3x3"] == pytest.approx(0.2)
+    assert written["summary"]["learned|epochs=8"]["locality"]["8"][0]["mean_distance"]["mean"] == pytest.approx(2.15)
+    # One map set per model and budget, its lowest seed's (the figure's); every seed's in its directory.
+    assert [key for key, run in written["runs"].items() if "maps" in run["snapshots"][-1]] == \
+        ["learned|seed=0|epochs=8", "quadratic|seed=1|epochs=8"]
+    assert "query" not in end
+    for key in ("learned|seed=0|epochs=8", "quadratic|seed=1|epochs=8"):
+        with open(os.path.join(rp.run_dir(work, *rp.split_key(key)), rp.DETAIL)) as f:
+            assert json.load(f) == runs[key]
+    with open(earlier) as f:
+        assert json.load(f) == {"measured": "before"}
+
+
+def test_the_committed_report_keeps_what_the_page_reads():
+    with open(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "reproduction.json")) as f:
+        runs = json.load(f)["runs"]
+    assert all(rp.is_compact(run) for run in runs.values())
+    with_maps = {rp.split_key(key) for key, run in runs.items() if "maps" in run["snapshots"][-1]}
+    lowest = {}
+    for model, seed, epochs in map(rp.split_key, runs):
+        if any(len(s.get("locality", [])) for s in runs[rp.run_key(model, seed, epochs)]["snapshots"]):
+            lowest[model, epochs] = min(seed, lowest.get((model, epochs), seed))
+    assert with_maps == {(model, seed, epochs) for (model, epochs), seed in lowest.items()}
 
 
 def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_made():
@@ -204,9 +268,10 @@ def test_a_study_process_waits_for_anothers_write_before_it_writes(tiny_cifar, t
     assert rp.read_report(output)["summary"]["learned|epochs=2"]["seeds"] == [0]
 
 
-def _run(accuracies, distances=None, masses=None):
-    """A run as the report keeps it, with test accuracy ``accuracies[e]`` at snapshot epoch
-    ``e`` and, for attention models, one layer per ``distances[e]`` entry (every head alike)."""
+def _run(accuracies, distances=None, masses=None, compact=True):
+    """A run as the report keeps it (as `analyse_run` reads it, without ``compact``), with test
+    accuracy ``accuracies[e]`` at snapshot epoch ``e`` and, for attention models, one layer per
+    ``distances[e]`` entry of two heads, at ``d`` and ``d + 0.1``."""
     snapshots = []
     for epoch, accuracy in sorted(accuracies.items()):
         snapshot = {"epoch": epoch, "test_accuracy": accuracy}
@@ -215,7 +280,10 @@ def _run(accuracies, distances=None, masses=None):
                                     "peak_offset": [0.0, 0.0]} for h in range(2)]
                                   for d, m in zip(distances[epoch], masses[epoch])]
         snapshots.append(snapshot)
-    return {"test_accuracy": accuracies[max(accuracies)], "train_seconds": 10.0, "snapshots": snapshots}
+    history = [{"epoch": e, "train_accuracy": accuracies[max(accuracies)]} for e in range(1, max(accuracies) + 1)]
+    run = {"test_accuracy": accuracies[max(accuracies)], "train_seconds": 10.0, "snapshots": snapshots,
+           "history": history}
+    return rp.compact_run(run) if compact else run
 
 
 def test_summary_spreads_curves_flattening_and_the_claims():
