@@ -295,6 +295,25 @@ SMALL_RUN = dict(model="sa_quadratic_small", num_layers=1, dataset="synthetic", 
                  eval_batch_size=100, validation_size=100, epochs=2, strategy="one_device")
 
 
+@pytest.mark.parametrize("umask, new_file", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_files_written_atomically_get_the_permissions_open_would_give_them(tmp_path, umask, new_file):
+    """A results file, a report or an export's metadata is readable as a file ``open`` made would
+    be (not a temporary file's 0o600), and a rewritten file keeps its permissions."""
+    from trainers import files
+
+    previous = os.umask(umask)
+    try:
+        files.write_json(str(tmp_path / "results.json"), {"test_accuracy": 0.5})
+        assert os.stat(tmp_path / "results.json").st_mode & 0o777 == new_file
+        os.chmod(tmp_path / "results.json", 0o640)
+        files.write_json(str(tmp_path / "results.json"), {"test_accuracy": 0.6})
+        assert os.stat(tmp_path / "results.json").st_mode & 0o777 == 0o640
+    finally:
+        os.umask(previous)
+    with open(tmp_path / "results.json") as f:
+        assert json.load(f) == {"test_accuracy": 0.6}
+
+
 def test_resume_with_other_model_flags_names_them(tmp_path):
     """A restart whose model flags differ from the stopped run's is refused with those flags named
     (not as unreadable checkpoints); config.json keeps the stopped run's, and its flags resume."""
