@@ -308,7 +308,7 @@ def measure(output: str, data_dir: str, variants, datasets, seeds, epochs: int =
 
 
 def main():
-    parser = harness.arguments(__doc__, "data_efficiency.json")
+    parser = harness.arguments(__doc__, "data_efficiency.json", merge=False)
     parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),
                         help="the CIFAR-10 python-format files the cifar10-mini datasets are cut from")
     parser.add_argument("--variants", default="quadratic,quadratic+convolutional@0.1,content,gated,resnet18")

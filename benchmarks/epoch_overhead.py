@@ -51,7 +51,7 @@ def run_case(preset: str, side: str, epochs: int, data_dir: str) -> dict:
 
 
 def main() -> None:
-    parser = harness.arguments(__doc__, "epoch_overhead.json")
+    parser = harness.arguments(__doc__, "epoch_overhead.json", merge=False)
     parser.add_argument("--preset", default="sa_learned_small")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)

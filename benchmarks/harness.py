@@ -57,14 +57,16 @@ class SideError(RuntimeError):
         self.side, self.returncode, self.stderr = side, returncode, stderr
 
 
-def arguments(doc: str, output: str) -> argparse.ArgumentParser:
+def arguments(doc: str, output: str, merge: bool = True) -> argparse.ArgumentParser:
     """The parser of a benchmark whose module docstring is ``doc``, writing ``output`` (a file
-    name in ``benchmarks/results``) by default: ``--output``, ``--merge`` (keep the entries of
-    ``--output`` not measured again) and the hidden ``--side`` of its children."""
+    name in ``benchmarks/results``) by default: ``--output``, with ``merge`` ``--merge`` (keep the
+    entries of ``--output`` not measured again; a benchmark that always keeps them, or writes its
+    report whole, offers none) and the hidden ``--side`` of its children."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default=os.path.join(RESULTS, output), help="the JSON report")
-    parser.add_argument("--merge", action="store_true", help="keep the entries of --output not measured again")
+    if merge:
+        parser.add_argument("--merge", action="store_true", help="keep the entries of --output not measured again")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     return parser
 

@@ -72,7 +72,7 @@ def measure(side: str, epoch_seconds: float, repeats: int, data_dir: str) -> dic
 
 
 def main() -> None:
-    parser = harness.arguments(__doc__, "iterator_deletion.json")
+    parser = harness.arguments(__doc__, "iterator_deletion.json", merge=False)
     parser.add_argument("--epoch_seconds", default="20,60", help="epoch lengths in seconds, comma-separated")
     parser.add_argument("--repeats", type=int, default=6, help="epochs per side and length")
     parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),

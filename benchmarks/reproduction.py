@@ -614,7 +614,7 @@ def _write(output: str, report: dict) -> None:
 
 
 def main():
-    parser = harness.arguments(__doc__, "reproduction.json")
+    parser = harness.arguments(__doc__, "reproduction.json", merge=False)
     parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),
                         help="CIFAR-10 python-format files (cifar10-mini)")
     parser.add_argument("--work_dir", default=os.path.join(harness.ROOT, "runs", "reproduction"),

@@ -35,7 +35,7 @@ from benchmarks import harness
 
 
 def main():
-    parser = harness.arguments(__doc__, "resolution_transfer.json")
+    parser = harness.arguments(__doc__, "resolution_transfer.json", merge=False)
     parser.add_argument("--model", default="sa_quadratic_small")
     parser.add_argument("--dataset", default="cifar10")
     parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"))

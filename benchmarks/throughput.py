@@ -189,7 +189,7 @@ def measure_export(steps: int) -> dict:
 
 
 def main():
-    parser = harness.arguments(__doc__, "throughput.json")
+    parser = harness.arguments(__doc__, "throughput.json", merge=False)
     parser.add_argument("--cases", default="small,paper,fast_vs_dense_16,fast_vs_dense_32,baseline,xla,export",
                         help=f"Comma-separated cases or groups: {', '.join(list(GROUPS) + ['export'] + list(CASES))}.")
     parser.add_argument("--train_steps", type=int, default=3)

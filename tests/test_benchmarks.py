@@ -170,6 +170,27 @@ def test_benchmarks_share_one_harness_and_change_nothing_on_import():
                 assert ast.unparse(node.test) == "__name__ == '__main__'", path.name
 
 
+def test_a_benchmark_offers_merge_only_when_it_reads_it():
+    """``--merge`` is the harness's flag; a benchmark whose report is always merged (a resumable
+    study) or always written whole does not offer it, rather than accept it and do nothing."""
+    import ast
+
+    for path in sorted((PROJECT_ROOT / "benchmarks").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and ast.unparse(node.func) ==
+                 "harness.arguments"]
+        if not calls:
+            continue
+        offers = not any(k.arg == "merge" and ast.literal_eval(k.value) is False for k in calls[0].keywords)
+        reads = any(isinstance(node, ast.Attribute) and node.attr == "merge" and ast.unparse(node.value) == "args"
+                    for node in ast.walk(tree))
+        assert offers == reads, f"{path.name}: offers --merge {offers}, reads args.merge {reads}"
+    parser = harness.arguments("A benchmark.", "x.json", merge=False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--merge"])
+    assert harness.arguments("A benchmark.", "x.json").parse_args(["--merge"]).merge is True
+
+
 @pytest.mark.parametrize("features, units", [
     (["avx2", "fma"], "AVX2"),
     (["avx2", "avx_vnni"], "AVX2 VNNI"),
