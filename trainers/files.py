@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import stat
-import tempfile
 
 
 def write_text(path: str, text: str) -> None:
@@ -22,12 +22,11 @@ def write_bytes(path: str, data: bytes) -> None:
 def _write(path, content, mode):
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    permissions = _permissions(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    fd, tmp = _new_file_beside(path)
     try:
         with os.fdopen(fd, mode, **({"newline": ""} if mode == "w" else {})) as f:
             f.write(content)
-        os.chmod(tmp, permissions)
+        _keep_permissions(path, tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -35,27 +34,27 @@ def _write(path, content, mode):
         raise
 
 
-def _permissions(path: str) -> int:
-    """The permissions ``path`` keeps when rewritten: its own, or for a new file what ``open``
-    gives one (0o666 less the umask). A temporary file is made 0o600, which would hide a report or
-    an exported model's metadata from the other users of a machine (a serving process's, say)."""
-    try:
-        return stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return 0o666 & ~_umask()
+def _new_file_beside(path: str) -> tuple[int, str]:
+    """A new temporary file in ``path``'s folder, made as ``open`` makes a file (0o666 less the
+    umask, and the folder's default ACL), not as ``tempfile.mkstemp`` does (0o600, which would
+    hide a report or an exported model's metadata from the other users of a machine)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
 
 
-def _umask() -> int:
+def _keep_permissions(path: str, tmp: str) -> None:
+    """Gives ``tmp`` the permissions of the ``path`` it replaces, where there is one: a rewritten
+    file keeps them. A file system without permissions (FAT, some network shares) keeps its own."""
     try:
-        with open("/proc/self/status") as f:  # reads it without setting it (Linux 4.7 and later)
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
+        os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
     except OSError:
         pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 # A list of numbers as json.dumps lays it out with an indent: one number a line. JSON strings hold
