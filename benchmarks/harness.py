@@ -11,8 +11,9 @@ importing a benchmark changes nothing outside it.
 Standard library only (with `trainers.files`, which is too): the reference's sides import this
 module in an interpreter without Keras.
 
-* `arguments`, `parse`: the parser every benchmark starts from (``--output``, ``--merge``,
-  ``--side``), and its arguments with the process configured (or the reference's side run).
+* `arguments`, `parse`: the parser every benchmark starts from (``--output``, ``--merge`` where
+  the benchmark reads it, ``--side``), and its arguments with the process configured (or the
+  reference's side run).
 * `run_side`, `print_result`: a side in its own process, and its answer; `run_module`: any
   module run as a program (the trainer a benchmark measures); `run_module_watched`: with its
   memory read from outside.

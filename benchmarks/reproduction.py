@@ -296,7 +296,7 @@ def is_compact(run: dict) -> bool:
 
 
 def summarize(runs: dict) -> dict:
-    """Per ``model|epochs=E``, over its seeds (``runs`` as the report keeps them, `compact_run`):
+    """Per ``model|epochs=E``, over its seeds (``runs`` as read or as the report keeps them):
     ``seeds``; ``test_accuracy`` (`_spread`: mean, sample std, range, n); ``curve`` (per snapshot
     epoch, the test accuracy's spread); ``last_quarter_change`` (per seed, the test accuracy at the
     end minus at the last snapshot at or before three quarters of the epochs; its spread) and
@@ -313,7 +313,7 @@ def summarize(runs: dict) -> dict:
     summary = {}
     for group, members in groups.items():
         epochs = split_summary_key(group)[1]
-        runs_ = [run for _, run in members]
+        runs_ = [compact_run(run) for _, run in members]
         final = _spread([r["test_accuracy"] for r in runs_])
         snapshot_sets = [{s["epoch"]: s for s in r["snapshots"]} for r in runs_]
         common = sorted(set.intersection(*(set(s) for s in snapshot_sets)))
@@ -544,7 +544,7 @@ def _keep_what_the_page_reads(runs: dict, work_dir: str) -> None:
     """Makes ``runs`` what the report keeps: every run `compact_run` (one an earlier version of
     the study recorded whole first has its reading written to `DETAIL` in its model directory in
     ``work_dir``, unless that holds one already), and the last snapshot's maps only in the
-    lowest seed's run of each model and budget, the one the page's Figure 4 draws."""
+    lowest seed's run of each model and budget (at the report's budget, the page's Figure 4)."""
     lowest: dict[tuple[str, int], int] = {}
     for key in runs:
         model, seed, epochs = split_key(key)
@@ -590,7 +590,9 @@ def _add_recorded_since(report: dict, output: str) -> dict:
     are written once, as measured. Returns the report read from ``output``."""
     recorded = read_report(output)
     for key, run in recorded.get("runs", {}).items():
-        report["runs"].setdefault(key, run)
+        # A copy: the runs are then kept as the report keeps them (`_keep_what_the_page_reads`),
+        # and ``recorded`` must stay as read to tell whether that changed anything.
+        report["runs"].setdefault(key, copy.deepcopy(run))
     report["notes"] += [note for note in recorded.get("notes", []) if note not in report["notes"]]
     return recorded
 

@@ -189,6 +189,30 @@ def test_the_committed_report_keeps_what_the_page_reads():
     assert with_maps == {(model, seed, epochs) for (model, epochs), seed in lowest.items()}
 
 
+def test_maps_another_process_recorded_after_the_last_landing_are_kept_only_for_the_lowest_seed(tiny_cifar,
+                                                                                                 tmp_path):
+    data_dir, _ = tiny_cifar
+    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
+
+    def record_a_run_with_maps(line):
+        if "test accuracy" in line:
+            report = rp.read_report(output)
+            run = _run({0: 0.1, 2: 0.3}, {0: [6.0], 2: [5.0]}, {0: [0.1], 2: [0.2]})
+            run["snapshots"][-1].update(query=[8, 8], maps=[[[[1.0]]]])
+            report["runs"]["learned|seed=6|epochs=2"] = run
+            # Derived as this process derives it: only the maps tell the two reports apart.
+            summary, budget = rp.summarize(report["runs"]), rp.main_budget(report["runs"])
+            report.update(summary=summary, budget=budget, claims=rp.claims(summary, budget))
+            files.write_json(output, report)
+
+    rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1, locality_images=4,
+               train=_tiny_train([]), log=record_a_run_with_maps)
+    with open(output) as f:
+        written = json.load(f)["runs"]
+    assert "maps" in written["learned|seed=0|epochs=2"]["snapshots"][-1]
+    assert "maps" not in written["learned|seed=6|epochs=2"]["snapshots"][-1]
+
+
 def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_made():
     """One command reproduces the page: the default plan has every run the committed report holds,
     each with the snapshots it was made with; flags give every model and seed at one budget."""
@@ -329,6 +353,9 @@ def test_one_seed_has_no_spread_and_no_flattening_verdict():
                                                              {0: [0.1], 3: [0.2], 4: [0.3]})})
     entry = summary["learned|epochs=4"]
     assert entry["test_accuracy"]["std"] is None and entry["flattened"] is None
+    # Runs as read (each head's metrics) summarize as the report's compact ones do.
+    assert rp.summarize({"learned|seed=0|epochs=4": _run({0: 0.1, 3: 0.3, 4: 0.31}, {0: [5.0], 3: [4.0], 4: [3.0]},
+                                                         {0: [0.1], 3: [0.2], 4: [0.3]}, compact=False)}) == summary
     # Moved the right way, but with one seed nothing is beyond a spread: partly; one layer has
     # no depth to compare.
     assert [(row["claim"], row["verdict"]) for row in rp.claims(summary, 4)] == \
