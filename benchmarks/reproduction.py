@@ -46,7 +46,6 @@ others, and the report's budget is the one with the most runs (`main_budget`; `B
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
@@ -568,19 +567,12 @@ def _write_detail(path: str, run: dict) -> None:
     files.write_json(path, run, inline_numbers=True)
 
 
-@contextlib.contextmanager
 def _report_lock(output: str):
-    """Holds an exclusive lock on the report's folder while a study process reads, merges and
-    writes the report, so that two processes' writes cannot cross."""
-    import fcntl
+    """The report's folder lock, held while a study process reads, merges and writes the report,
+    so that two processes' writes cannot cross (`trainers.files.held`)."""
+    from trainers import files
 
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    folder = os.open(os.path.dirname(os.path.abspath(output)), os.O_RDONLY)
-    try:
-        fcntl.flock(folder, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(folder)
+    return files.held(os.path.dirname(os.path.abspath(output)))
 
 
 def _add_recorded_since(report: dict, output: str) -> dict:

@@ -314,6 +314,19 @@ def test_files_written_atomically_get_the_permissions_open_would_give_them(tmp_p
         assert json.load(f) == {"test_accuracy": 0.6}
 
 
+def test_a_second_trainer_on_a_folder_being_trained_into_stops_before_writing(tmp_path):
+    """Two trainers on one --model_dir (a run started again while the first still runs) would
+    interleave checkpoints, snapshots and history: the second stops at once, naming the first."""
+    from trainers import files
+
+    config = _tiny(tmp_path / "run")
+    with files.held(str(tmp_path / "run")):
+        with pytest.raises(files.Busy, match=rf"Process {os.getpid()} is training into {tmp_path / 'run'}"):
+            train_lib.train(config, log=lambda s: None)
+        assert os.listdir(tmp_path / "run") == []
+    assert train_lib.train(config, log=lambda s: None)["steps"] == 2  # once the first has ended
+
+
 def test_resume_with_other_model_flags_names_them(tmp_path):
     """A restart whose model flags differ from the stopped run's is refused with those flags named
     (not as unreadable checkpoints); config.json keeps the stopped run's, and its flags resume."""

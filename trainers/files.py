@@ -1,7 +1,9 @@
-"""Atomic writes: a crash or a kill never leaves a half-written report behind."""
+"""Atomic writes (a crash or a kill never leaves a half-written report behind) and folder locks
+(two processes never write one run's or one report's files at once)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -55,6 +57,52 @@ def _keep_permissions(path: str, tmp: str) -> None:
         os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
     except OSError:
         pass
+
+
+class Busy(RuntimeError):
+    """Another process holds the folder's lock (`held` with ``wait=False``)."""
+
+
+@contextlib.contextmanager
+def held(folder: str, wait: bool = True, what: str = "writing into"):
+    """Holds an exclusive lock on ``folder`` (``flock`` on the folder itself: released on exit,
+    or by the system however the process ends). Another process waits for it, or with ``wait``
+    False raises `Busy` at once, naming the holder's process ID where ``/proc/locks`` shows it and
+    ``what`` that process is doing. Without ``fcntl`` (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    os.makedirs(folder, exist_ok=True)
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = _lock_holder(descriptor)
+            raise Busy(f"{'Process ' + str(holder) if holder else 'Another process'} is {what} {folder} "
+                       f"(it holds the folder's lock): wait for it to end or stop it, or use another "
+                       f"folder.") from None
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def _lock_holder(descriptor: int) -> int | None:
+    """The process ID holding a ``flock`` on ``descriptor``'s file, from ``/proc/locks``."""
+    status = os.fstat(descriptor)
+    inode = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                fields = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 3331 00:2a:1234 0 EOF"; a waiter's line has "->".
+                if "->" not in fields and len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode:
+                    return int(fields[4])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 # A list of numbers as json.dumps lays it out with an indent: one number a line. JSON strings hold
