@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -104,7 +105,9 @@ def parse(parser: argparse.ArgumentParser, reference=None, outputs: dict | None 
     measures configure theirs (`trainers.process.configure`, before TensorFlow loads), or None
     after ``--side=reference`` ran ``reference(args)`` and printed its result: that side runs in
     the reference's interpreter, which has no Keras and is not configured. ``outputs``: ``{flag:
-    file name}``, the default ``--output`` when that flag is set (another report)."""
+    file name}``, the default ``--output`` when that flag is set (another report). A benchmark
+    stopped with SIGTERM (``kill``) then ends as Ctrl-C ends it, its running child killed with
+    it (`run_module`), not left running (a training with no one to read it)."""
     args = parser.parse_args()
     for flag, name in (outputs or {}).items():
         if getattr(args, flag) and args.output == parser.get_default("output"):
@@ -115,7 +118,14 @@ def parse(parser: argparse.ArgumentParser, reference=None, outputs: dict | None 
     from trainers import process
 
     process.configure()
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     return args
+
+
+def _exit_on_signal(signum, frame):
+    # An exception where the main thread waits: subprocess.run and run_module_watched kill their
+    # child on any exception, as they do on Ctrl-C's KeyboardInterrupt.
+    raise SystemExit(128 + signum)
 
 
 def rss_mb(pid="self") -> float:
@@ -132,16 +142,19 @@ def run_module_watched(module: str, args=(), env: dict | None = None, timeout: f
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True, env=env)
         largest, start = 0.0, time.monotonic()
-        while proc.poll() is None:
-            try:
-                largest = max(largest, rss_mb(proc.pid))
-            except (OSError, IndexError):  # it just ended
-                pass
-            if timeout is not None and time.monotonic() - start > timeout:
-                proc.kill()
-                proc.wait()
-                raise subprocess.TimeoutExpired(command, timeout)
-            time.sleep(0.2)
+        try:
+            while proc.poll() is None:
+                try:
+                    largest = max(largest, rss_mb(proc.pid))
+                except (OSError, IndexError):  # it just ended
+                    pass
+                if timeout is not None and time.monotonic() - start > timeout:
+                    raise subprocess.TimeoutExpired(command, timeout)
+                time.sleep(0.2)
+        except BaseException:  # the timeout, Ctrl-C or a SIGTERM (`parse`): the child ends too
+            proc.kill()
+            proc.wait()
+            raise
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(command, proc.returncode, out.read(), err.read()), largest

@@ -170,6 +170,49 @@ def test_benchmarks_share_one_harness_and_change_nothing_on_import():
                 assert ast.unparse(node.test) == "__name__ == '__main__'", path.name
 
 
+SLEEPER = """
+import os, sys, time
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("runner", ["run_module", "run_module_watched"])
+def test_a_benchmark_stopped_with_sigterm_stops_the_child_it_runs(tmp_path, runner):
+    """``kill`` on a benchmark (a study stopped to be started again) ends its child too, as
+    Ctrl-C does: a training left running would write into the run the restarted study resumes."""
+    import signal
+    import time
+
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    pid_file = tmp_path / "child.pid"
+    (tmp_path / "bench.py").write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(PROJECT_ROOT)!r})\n"
+        "from benchmarks import harness\n"
+        "harness.parse(harness.arguments('A benchmark.', 'x.json', merge=False))\n"
+        f"harness.{runner}('sleeper', [{str(pid_file)!r}], env={{**os.environ, 'PYTHONPATH': {str(tmp_path)!r}}})\n")
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "bench.py"), f"--output={tmp_path / 'x.json'}"])
+    child = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):  # killed, and reaped by the benchmark
+            os.kill(child, 0)
+    finally:
+        parent.kill()
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_a_benchmark_offers_merge_only_when_it_reads_it():
     """``--merge`` is the harness's flag; a benchmark whose report is always merged (a resumable
     study) or always written whole does not offer it, rather than accept it and do nothing."""
