@@ -118,7 +118,8 @@ def parse(parser: argparse.ArgumentParser, reference=None, outputs: dict | None 
     from trainers import process
 
     process.configure()
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    if not args.side:  # a side's parent ends it with SIGKILL; a side starts no child of its own
+        signal.signal(signal.SIGTERM, _exit_on_signal)
     return args
 
 

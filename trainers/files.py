@@ -9,6 +9,7 @@ import os
 import re
 import secrets
 import stat
+import warnings
 
 
 def write_text(path: str, text: str) -> None:
@@ -68,7 +69,8 @@ def held(folder: str, wait: bool = True, what: str = "writing into"):
     """Holds an exclusive lock on ``folder`` (``flock`` on the folder itself: released on exit,
     or by the system however the process ends). Another process waits for it, or with ``wait``
     False raises `Busy` at once, naming the holder's process ID where ``/proc/locks`` shows it and
-    ``what`` that process is doing. Without ``fcntl`` (Windows) nothing is locked."""
+    ``what`` that process is doing. Without ``fcntl`` (Windows) nothing is locked, nor (with a
+    warning) on a file system that cannot lock a folder."""
     try:
         import fcntl
     except ImportError:
@@ -84,6 +86,9 @@ def held(folder: str, wait: bool = True, what: str = "writing into"):
             raise Busy(f"{'Process ' + str(holder) if holder else 'Another process'} is {what} {folder} "
                        f"(it holds the folder's lock): wait for it to end or stop it, or use another "
                        f"folder.") from None
+        except OSError as error:  # a file system without flock on folders (NFS, some FUSE mounts)
+            warnings.warn(f"{folder} cannot be locked here ({error}): nothing stops a second process "
+                          f"from writing into it at the same time.", stacklevel=3)
         yield
     finally:
         os.close(descriptor)

@@ -326,12 +326,16 @@ class Trainer:
     def run(self) -> dict:
         """Trains (or resumes) to the end, evaluates the test split once, writes the artefacts,
         holding the output folder's lock (`trainers.files.held`): a second trainer started on it
-        stops at once, before writing anything, rather than interleave its files with this one's.
+        stops (`TrainingError`) before it writes anything, rather than interleave its files with
+        this one's.
 
         Returns the results written to ``results.json``.
         """
-        with files.held(self.output_dir, wait=False, what="training into"):
-            return self._run()
+        try:
+            with files.held(self.output_dir, wait=False, what="training into"):
+                return self._run()
+        except files.Busy as busy:
+            raise TrainingError(str(busy)) from None
 
     def _run(self) -> dict:
         wall_start = time.perf_counter()
