@@ -452,17 +452,44 @@ def read_report(path: str) -> dict:
         return json.load(f)
 
 
-def describe_plan(runs_to_make, recorded: dict, work_dir: str) -> list[str]:
+def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None = None) -> list[str]:
     """One line per planned run: its key and whether the report has it (``recorded``), it has a
-    model directory in ``work_dir`` to resume, or it is still to train."""
-    lines = []
+    model directory in ``work_dir`` to resume, or it is still to train, with the minutes a run of
+    its model and budget takes (`estimated_minutes`, on ``cpu``, a `harness.cpu_class`); then the
+    count and the hours of training left."""
+    lines, hours, untimed = [], 0.0, 0
     for model, seed, epochs in runs_to_make:
         key = run_key(model, seed, epochs)
-        state = ("recorded" if key in recorded else
-                 "to resume" if os.path.isdir(run_dir(work_dir, model, seed, epochs)) else "to train")
-        lines.append(f"{key}: {state}")
+        if key in recorded:
+            lines.append(f"{key}: recorded")
+            continue
+        state = "to resume" if os.path.isdir(run_dir(work_dir, model, seed, epochs)) else "to train"
+        minutes, timed_on = estimated_minutes(recorded, model, epochs, cpu)
+        if minutes is None:
+            untimed += 1
+            lines.append(f"{key}: {state} (not timed yet)")
+            continue
+        hours += minutes / 60
+        lines.append(f"{key}: {state}, a run about {minutes:.0f} min"
+                     + ("" if timed_on == cpu else f" on an {timed_on}"))
     todo = sum(not line.endswith("recorded") for line in lines)
-    return lines + [f"{todo} of {len(lines)} runs to make"]
+    total = ([f"about {hours:.1f} h of training"] if todo > untimed else []) + \
+        ([f"{untimed} not timed yet"] if untimed else [])
+    return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]
+
+
+def estimated_minutes(recorded: dict, model: str, epochs: int, cpu: str | None) -> tuple[float | None, str | None]:
+    """``(minutes, CPU class)`` a run of ``model`` at ``epochs`` takes, from the recorded runs of
+    its preset (any budget or initialization, per epoch): the fastest median epoch on ``cpu`` (the
+    least disturbed run), else on any CPU class; ``(None, None)`` when the preset has no timed run."""
+    preset = data_efficiency.parse_variant(model)["model"]
+    timed = [(run["median_epoch_seconds"], run.get("cpu")) for run in recorded.values()
+             if run.get("flags", {}).get("model") == preset and run.get("median_epoch_seconds")]
+    here = [t for t in timed if t[1] == cpu] or timed
+    if not here:
+        return None, None
+    seconds, timed_on = min(here, key=lambda t: t[0])
+    return seconds * epochs / 60, timed_on
 
 
 def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_every: int | None = None,
@@ -628,7 +655,8 @@ def main():
     parser.add_argument("--locality_images", type=int, default=32,
                         help="test images the locality metrics average over")
     parser.add_argument("--dry_run", action="store_true",
-                        help="list the plan's runs and which the report has, and train nothing")
+                        help="list the plan's runs, which the report has and how long the others take "
+                             "on this CPU class (from the recorded runs), and train nothing")
     parser.add_argument("--prune_snapshots", action="store_true",
                         help="delete a read run's snapshots but its first and last")
     parser.add_argument("--note", default=None, help="a note kept in the report (e.g. why fewer seeds)")
@@ -647,7 +675,8 @@ def main():
     if not runs_to_make:
         parser.error("The plan has no run: --models and --seeds each need at least one entry.")
     if args.dry_run:
-        for line in describe_plan(runs_to_make, read_report(args.output).get("runs", {}), args.work_dir):
+        for line in describe_plan(runs_to_make, read_report(args.output).get("runs", {}), args.work_dir,
+                                  harness.cpu_class()):
             print(line)
         return
     measure(args.output, os.path.abspath(args.data_dir), os.path.abspath(args.work_dir), runs_to_make,

@@ -229,8 +229,24 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     assert rp.plan(["gated"], [4]) == [("gated", 4, rp.BUDGET)]
     assert [rp.default_snapshot_every(e) for e in (4, 12, 13, 50, 60, 240)] == [1, 1, 2, 5, 5, 20]
     assert rp.describe_plan(study[:2], {rp.run_key(*study[0]): {}}, "/nonexistent") == [
-        f"learned|seed=0|epochs={rp.BUDGET}: recorded", f"learned|seed=1|epochs={rp.BUDGET}: to train",
-        "1 of 2 runs to make"]
+        f"learned|seed=0|epochs={rp.BUDGET}: recorded",
+        f"learned|seed=1|epochs={rp.BUDGET}: to train (not timed yet)", "1 of 2 runs to make: 1 not timed yet"]
+    # What a run will take: its preset's fastest median epoch on this CPU class (any budget or
+    # initialization), else on another class, said so.
+    def timed_run(seconds, cpu, preset):
+        return {"median_epoch_seconds": seconds, "cpu": cpu, "flags": {"model": preset}}
+
+    timed = {"learned|seed=0|epochs=120": timed_run(20.0, "cpu A", "sa_learned_small"),
+             "learned|seed=0|epochs=60": timed_run(30.0, "cpu A", "sa_learned_small"),
+             "quadratic|seed=0|epochs=60": timed_run(10.0, "cpu B", "sa_quadratic_small")}
+    assert rp.describe_plan([("learned", 1, 120), ("learned+convolutional@0.1", 0, 60), ("quadratic", 1, 240),
+                             ("gated", 0, 120), ("learned", 0, 60)], timed, "/nonexistent", cpu="cpu A") == [
+        "learned|seed=1|epochs=120: to train, a run about 40 min",
+        "learned+convolutional@0.1|seed=0|epochs=60: to train, a run about 20 min",
+        "quadratic|seed=1|epochs=240: to train, a run about 40 min on an cpu B",
+        "gated|seed=0|epochs=120: to train (not timed yet)",
+        "learned|seed=0|epochs=60: recorded",
+        "4 of 5 runs to make: about 1.7 h of training and 1 not timed yet"]
     with pytest.raises(ValueError, match="no run"):
         rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], []))
     with pytest.raises(ValueError, match="--epochs must be positive, got 0"):
