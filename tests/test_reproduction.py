@@ -273,7 +273,6 @@ def test_a_study_process_waits_for_anothers_write_before_it_writes(tiny_cifar, t
     folder. While this test holds that lock, another process's last rewrite waits for it (the
     kernel lists the process as blocked on the lock) and the report stays as it was; released,
     the rewrite lands."""
-    import fcntl
     import subprocess
     import sys
     import time
@@ -285,9 +284,7 @@ def test_a_study_process_waits_for_anothers_write_before_it_writes(tiny_cifar, t
     # A recorded run and nothing derived yet: the other process trains nothing, only rewrites.
     with open(output, "w") as f:
         json.dump({"runs": {"learned|seed=0|epochs=2": {**_run({0: 0.1, 2: 0.3}), "flags": {}}}}, f)
-    held = os.open(folder, os.O_RDONLY)
-    fcntl.flock(held, fcntl.LOCK_EX)
-    try:
+    with files.held(str(folder)):
         other = subprocess.Popen(
             [sys.executable, "-c", "import sys; from benchmarks import reproduction as rp; "
              "rp.measure(sys.argv[1], sys.argv[2], sys.argv[3], rp.plan(['learned'], [0], 2))",
@@ -301,9 +298,6 @@ def test_a_study_process_waits_for_anothers_write_before_it_writes(tiny_cifar, t
             time.sleep(0.1)
         assert other.poll() is None, f"the other process did not wait for the lock: {other.stderr.read()[-2000:]}"
         assert "summary" not in rp.read_report(output)
-    finally:
-        fcntl.flock(held, fcntl.LOCK_UN)
-        os.close(held)
     assert other.wait(timeout=120) == 0, other.stderr.read()[-2000:]
     assert rp.read_report(output)["summary"]["learned|epochs=2"]["seeds"] == [0]
 
