@@ -456,32 +456,43 @@ def read_report(path: str) -> dict:
 
 def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None = None) -> list[str]:
     """One line per planned run: its key and whether the report has it (``recorded``), it has a
-    model directory in ``work_dir`` to resume, or it is still to train, with the minutes a run of
-    its model and budget takes (`estimated_minutes`, on ``cpu``, a `harness.cpu_class`); then the
-    count and the hours of training left."""
-    lines, hours, untimed = [], 0.0, 0
+    model directory in ``work_dir`` to resume (at the epoch its ``history.json`` reached), or it is
+    still to train, with the minutes its epochs left take (`estimated_minutes`, on ``cpu``, a
+    `harness.cpu_class`); then the count and the hours of training left."""
+    lines, hours, todo, untimed = [], 0.0, 0, 0
     for model, seed, epochs in runs_to_make:
         key = run_key(model, seed, epochs)
         if key in recorded:
             lines.append(f"{key}: recorded")
             continue
-        state = "to resume" if os.path.isdir(run_dir(work_dir, model, seed, epochs)) else "to train"
-        minutes, timed_on = estimated_minutes(recorded, model, epochs, cpu)
+        todo += 1
+        done = min(epochs_done(run_dir(work_dir, model, seed, epochs)), epochs)
+        state = f"to resume after epoch {done} of {epochs}" if done else "to train"
+        minutes, timed_on = estimated_minutes(recorded, model, epochs - done, cpu)
         if minutes is None:
             untimed += 1
             lines.append(f"{key}: {state} (not timed yet)")
             continue
         hours += minutes / 60
-        lines.append(f"{key}: {state}, a run about {minutes:.0f} min"
+        lines.append(f"{key}: {state}, about {minutes:.0f} min" + (" left" if done else "")
                      + ("" if timed_on == cpu else f" on an {timed_on}"))
-    todo = sum(not line.endswith("recorded") for line in lines)
     total = ([f"about {hours:.1f} h of training"] if todo > untimed else []) + \
         ([f"{untimed} not timed yet"] if untimed else [])
     return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]
 
 
+def epochs_done(model_dir: str) -> int:
+    """The epochs an interrupted run in ``model_dir`` has trained, as its ``history.json`` records
+    them (the trainer writes it just before the epoch's checkpoint); 0 without one."""
+    try:
+        with open(os.path.join(model_dir, "history.json")) as f:
+            return max((record["epoch"] for record in json.load(f)), default=0)
+    except FileNotFoundError:
+        return 0
+
+
 def estimated_minutes(recorded: dict, model: str, epochs: int, cpu: str | None) -> tuple[float | None, str | None]:
-    """``(minutes, CPU class)`` a run of ``model`` at ``epochs`` takes, from the recorded runs of
+    """``(minutes, CPU class)`` ``epochs`` of a ``model`` run take, from the recorded runs of
     its preset (any budget or initialization, per epoch): the fastest median epoch on ``cpu`` (the
     least disturbed run), else on any CPU class; ``(None, None)`` when the preset has no timed run."""
     preset = data_efficiency.parse_variant(model)["model"]

@@ -213,7 +213,7 @@ def test_maps_another_process_recorded_after_the_last_landing_are_kept_only_for_
     assert "maps" not in written["learned|seed=6|epochs=2"]["snapshots"][-1]
 
 
-def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_made():
+def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_made(tmp_path):
     """One command reproduces the page: the default plan has every run the committed report holds,
     each with the snapshots it was made with; flags give every model and seed at one budget."""
     study = rp.plan()
@@ -239,14 +239,21 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     timed = {"learned|seed=0|epochs=120": timed_run(20.0, "cpu A", "sa_learned_small"),
              "learned|seed=0|epochs=60": timed_run(30.0, "cpu A", "sa_learned_small"),
              "quadratic|seed=0|epochs=60": timed_run(10.0, "cpu B", "sa_quadratic_small")}
+    # A run interrupted after 90 of 120 epochs is a quarter of a run away.
+    interrupted = rp.run_dir(str(tmp_path), "learned", 2, 120)
+    os.makedirs(interrupted)
+    with open(os.path.join(interrupted, "history.json"), "w") as f:
+        json.dump([{"epoch": epoch} for epoch in range(1, 91)], f)
     assert rp.describe_plan([("learned", 1, 120), ("learned+convolutional@0.1", 0, 60), ("quadratic", 1, 240),
-                             ("gated", 0, 120), ("learned", 0, 60)], timed, "/nonexistent", cpu="cpu A") == [
-        "learned|seed=1|epochs=120: to train, a run about 40 min",
-        "learned+convolutional@0.1|seed=0|epochs=60: to train, a run about 20 min",
-        "quadratic|seed=1|epochs=240: to train, a run about 40 min on an cpu B",
+                             ("gated", 0, 120), ("learned", 0, 60), ("learned", 2, 120)], timed, str(tmp_path),
+                            cpu="cpu A") == [
+        "learned|seed=1|epochs=120: to train, about 40 min",
+        "learned+convolutional@0.1|seed=0|epochs=60: to train, about 20 min",
+        "quadratic|seed=1|epochs=240: to train, about 40 min on an cpu B",
         "gated|seed=0|epochs=120: to train (not timed yet)",
         "learned|seed=0|epochs=60: recorded",
-        "4 of 5 runs to make: about 1.7 h of training and 1 not timed yet"]
+        "learned|seed=2|epochs=120: to resume after epoch 90 of 120, about 10 min left",
+        "5 of 6 runs to make: about 1.8 h of training and 1 not timed yet"]
     with pytest.raises(ValueError, match="no run"):
         rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], []))
     with pytest.raises(ValueError, match="--epochs must be positive, got 0"):
