@@ -494,15 +494,26 @@ def epochs_done(model_dir: str) -> int:
 def estimated_minutes(recorded: dict, model: str, epochs: int, cpu: str | None) -> tuple[float | None, str | None]:
     """``(minutes, CPU class)`` ``epochs`` of a ``model`` run take, from the recorded runs of
     its preset (any budget or initialization, per epoch): the fastest median epoch on ``cpu`` (the
-    least disturbed run), else on any CPU class; ``(None, None)`` when the preset has no timed run."""
+    least disturbed run, `fastest_runs`), else on any CPU class; ``(None, None)`` when the preset
+    has no timed run."""
     preset = data_efficiency.parse_variant(model)["model"]
-    timed = [(run["median_epoch_seconds"], run.get("cpu")) for run in recorded.values()
-             if run.get("flags", {}).get("model") == preset and run.get("median_epoch_seconds")]
-    here = [t for t in timed if t[1] == cpu] or timed
-    if not here:
+    fastest = fastest_runs(run for run in recorded.values() if run.get("flags", {}).get("model") == preset)
+    if not fastest:
         return None, None
-    seconds, timed_on = min(here, key=lambda t: t[0])
-    return seconds * epochs / 60, timed_on
+    timed_on = cpu if cpu in fastest else min(fastest, key=lambda c: fastest[c]["median_epoch_seconds"])
+    return training_minutes(fastest[timed_on], epochs), timed_on
+
+
+def fastest_runs(runs) -> dict:
+    """``{CPU class: run}``: per CPU class among ``runs`` (read runs, each with its ``cpu``), the
+    timed run of the fastest median epoch, the least disturbed by other work on the machine."""
+    fastest = {}
+    for run in runs:
+        cpu = run.get("cpu") or "unknown CPU"
+        if run.get("median_epoch_seconds") is not None and (
+                cpu not in fastest or run["median_epoch_seconds"] < fastest[cpu]["median_epoch_seconds"]):
+            fastest[cpu] = run
+    return fastest
 
 
 def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_every: int | None = None,

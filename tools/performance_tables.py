@@ -582,14 +582,10 @@ def _model_name(model):
 
 def _fastest_runs(data, model, epochs):
     """``{CPU class: run}``: per CPU class that ran ``model`` at ``epochs``, its seed of the
-    fastest median epoch, the least disturbed by other work on the machine."""
-    fastest = {}
-    for run in _runs(data, model, epochs).values():
-        cpu = run.get("cpu") or "unknown CPU"
-        if run.get("median_epoch_seconds") is not None and (
-                cpu not in fastest or run["median_epoch_seconds"] < fastest[cpu]["median_epoch_seconds"]):
-            fastest[cpu] = run
-    return dict(sorted(fastest.items()))
+    fastest median epoch (`benchmarks.reproduction.fastest_runs`), sorted by class."""
+    from benchmarks import reproduction as study
+
+    return dict(sorted(study.fastest_runs(_runs(data, model, epochs).values()).items()))
 
 
 def _minutes(run, epochs):
