@@ -494,17 +494,18 @@ def epochs_done(model_dir: str) -> int:
 def estimated_minutes(recorded: dict, model: str, epochs: int, cpu: str | None) -> tuple[float | None, str | None]:
     """``(minutes, CPU class)`` ``epochs`` of a ``model`` run take, from the recorded runs of
     its preset (any budget or initialization, per epoch): the fastest median epoch on ``cpu`` (the
-    least disturbed run, `fastest_runs`), else on any CPU class; ``(None, None)`` when the preset
-    has no timed run."""
+    least disturbed run, `least_disturbed_runs`), else on any CPU class; ``(None, None)`` when
+    the preset has no timed run."""
     preset = data_efficiency.parse_variant(model)["model"]
-    fastest = fastest_runs(run for run in recorded.values() if run.get("flags", {}).get("model") == preset)
+    fastest = least_disturbed_runs(
+        run for run in recorded.values() if run.get("flags", {}).get("model") == preset)
     if not fastest:
         return None, None
     timed_on = cpu if cpu in fastest else min(fastest, key=lambda c: fastest[c]["median_epoch_seconds"])
     return training_minutes(fastest[timed_on], epochs), timed_on
 
 
-def fastest_runs(runs) -> dict:
+def least_disturbed_runs(runs) -> dict:
     """``{CPU class: run}``: per CPU class among ``runs`` (read runs, each with its ``cpu``), the
     timed run of the fastest median epoch, the least disturbed by other work on the machine."""
     fastest = {}

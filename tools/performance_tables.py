@@ -580,12 +580,12 @@ def _model_name(model):
     return f"`{data_efficiency.parse_variant(model)['model']}{'+' + start if start else ''}`"
 
 
-def _fastest_runs(data, model, epochs):
+def _least_disturbed_runs(data, model, epochs):
     """``{CPU class: run}``: per CPU class that ran ``model`` at ``epochs``, its seed of the
-    fastest median epoch (`benchmarks.reproduction.fastest_runs`), sorted by class."""
+    fastest median epoch (`benchmarks.reproduction.least_disturbed_runs`), sorted by class."""
     from benchmarks import reproduction as study
 
-    return dict(sorted(study.fastest_runs(_runs(data, model, epochs).values()).items()))
+    return dict(sorted(study.least_disturbed_runs(_runs(data, model, epochs).values()).items()))
 
 
 def _minutes(run, epochs):
@@ -595,9 +595,9 @@ def _minutes(run, epochs):
 
 
 def _run_minutes(data, model, epochs):
-    """The cell "training minutes a run": `_minutes` of each CPU class's `_fastest_runs`, with
+    """The cell "training minutes a run": `_minutes` of each CPU class's `_least_disturbed_runs`, with
     the class, since CPUs differ more than seeds."""
-    fastest = _fastest_runs(data, model, epochs)
+    fastest = _least_disturbed_runs(data, model, epochs)
     return "; ".join(f"{_minutes(run, epochs)} ({cpu})" for cpu, run in fastest.items()) if fastest else "-"
 
 
@@ -738,9 +738,9 @@ def reproduction_first_accuracy():
     data, budget, entries = _reproduction()
     parts = [f"{_model_name(m)} {_spread(e['test_accuracy'])} ({_seeds(len(e['seeds']))})" for m, e in entries.items()]
     # The command of one run as the study ran it (the flags it fixed, the rest the trainer's
-    # defaults), timed on the fastest of each CPU class's least disturbed seeds (`_fastest_runs`).
+    # defaults), timed on the fastest of each CPU class's least disturbed seeds (`_least_disturbed_runs`).
     model = next(iter(entries))
-    run = min(_fastest_runs(data, model, budget).values(), key=lambda r: r["median_epoch_seconds"])
+    run = min(_least_disturbed_runs(data, model, budget).values(), key=lambda r: r["median_epoch_seconds"])
     flags = " ".join(f"--{k}={v}" for k, v in run["flags"].items() if k not in ("seed", "snapshot_every"))
     return (f"Trained {budget} epochs on cifar10-mini ({data['data']['training_images']} training images, a tenth "
             f"held out for validation), test accuracy: " + "; ".join(parts) + ". One of them: "
