@@ -180,8 +180,9 @@ def train_once(flags: dict, model_dir: str) -> dict:
                               env=process.child_environment())
     if proc.returncode:
         raise RuntimeError(f"sa-conv-train {flags} failed:\n{proc.stderr[-3000:]}")
-    with open(os.path.join(model_dir, "results.json")) as f:
-        results = json.load(f)
+    from trainers import run_files
+
+    results = run_files.read_results(model_dir, required=True)
     return {"test_accuracy": results["test_accuracy"], "best_val_accuracy": results["best_val_accuracy"],
             "steps": results["steps"], "images_per_second": results["images_per_second"],
             "wall_seconds": round(time.perf_counter() - start, 1)}

@@ -32,14 +32,14 @@ def measure(preset: str, autotune: bool, epochs: int, data_dir: str, model_dir: 
     from trainers import data as data_lib
     from trainers import process
     from trainers.config import make_config
+    from trainers import run_files
     from trainers.train import train
 
     data_lib.TF_DATA_AUTOTUNE = autotune
     config = make_config(overrides=dict(model=preset, dataset="cifar10", data_dir=data_dir, epochs=epochs, seed=0,
                                         model_dir=model_dir))
     train(config, log=lambda s: None)
-    with open(os.path.join(model_dir, "history.json")) as f:
-        history = json.load(f)
+    history = run_files.read_history(model_dir)
     return {"outside_steps_seconds": [round(h["epoch_seconds"] - h["train_seconds"], 2) for h in history],
             "train_seconds": [round(h["train_seconds"], 2) for h in history],
             "final_train_loss": history[-1]["train_loss"], "process": process.describe(config.mixed_precision)}

@@ -140,14 +140,6 @@ def train(flags: dict, model_dir: str) -> None:
                            f"Rerun the benchmark to resume it.")
 
 
-def snapshot_epochs(model_dir: str) -> list[int]:
-    folder = os.path.join(model_dir, "snapshots")
-    if not os.path.isdir(folder):
-        return []
-    return sorted(int(name[len("epoch_"):-len(".keras")]) for name in os.listdir(folder)
-                  if name.startswith("epoch_") and name.endswith(".keras"))
-
-
 def _rounded(value, decimals: int = 5):
     if isinstance(value, float):
         return round(value, decimals)
@@ -217,20 +209,19 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
     import keras
 
     from trainers import data as data_lib
+    from trainers import run_files
 
-    with open(os.path.join(model_dir, "results.json")) as f:
-        results = json.load(f)
-    with open(os.path.join(model_dir, "history.json")) as f:
-        history = json.load(f)
+    results = run_files.read_results(model_dir, required=True)
+    history = run_files.read_history(model_dir)
     test = data_lib.load_cifar10_files(data_dir).test
-    epochs = snapshot_epochs(model_dir)
+    epochs = run_files.snapshot_epochs(model_dir)
     if not epochs or not history:
         raise RuntimeError(f"{model_dir} has no snapshots or no history: train it with --snapshot_every "
                            f"(delete the directory to train it again).")
     snapshots = []
     for epoch in epochs:
         log(f"    reading the snapshot at epoch {epoch} ...")
-        model = keras.models.load_model(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"), compile=False)
+        model = keras.models.load_model(run_files.snapshot_path(model_dir, epoch), compile=False)
         snapshots.append({"epoch": epoch, **analyse_snapshot(model, test, locality_images,
                                                               maps=epoch == epochs[-1])})
         keras.backend.clear_session()
@@ -459,6 +450,8 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     model directory in ``work_dir`` to resume (at the epoch its ``history.json`` reached), or it is
     still to train, with the minutes its epochs left take (`estimated_minutes`, on ``cpu``, a
     `harness.cpu_class`); then the count and the hours of training left."""
+    from trainers import run_files
+
     lines, hours, todo, untimed = [], 0.0, 0, 0
     for model, seed, epochs in runs_to_make:
         key = run_key(model, seed, epochs)
@@ -466,7 +459,7 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
             lines.append(f"{key}: recorded")
             continue
         todo += 1
-        done = min(epochs_done(run_dir(work_dir, model, seed, epochs)), epochs)
+        done = min(run_files.epochs_done(run_dir(work_dir, model, seed, epochs)), epochs)
         state = f"to resume after epoch {done} of {epochs}" if done else "to train"
         minutes, timed_on = estimated_minutes(recorded, model, epochs - done, cpu)
         if minutes is None:
@@ -479,16 +472,6 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     total = ([f"about {hours:.1f} h of training"] if todo > untimed else []) + \
         ([f"{untimed} not timed yet"] if untimed else [])
     return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]
-
-
-def epochs_done(model_dir: str) -> int:
-    """The epochs an interrupted run in ``model_dir`` has trained, as its ``history.json`` records
-    them (the trainer writes it just before the epoch's checkpoint); 0 without one."""
-    try:
-        with open(os.path.join(model_dir, "history.json")) as f:
-            return max((record["epoch"] for record in json.load(f)), default=0)
-    except FileNotFoundError:
-        return 0
 
 
 def estimated_minutes(recorded: dict, model: str, epochs: int, cpu: str | None) -> tuple[float | None, str | None]:
@@ -540,6 +523,7 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
     if snapshot_every is not None and snapshot_every < 1:
         raise ValueError(f"--snapshot_every must be positive, got {snapshot_every}.")
     from trainers import data as data_lib
+    from trainers import run_files
 
     data = data_lib.load_cifar10_files(data_dir)  # fails here, before any run, on a wrong --data_dir
     report = read_report(output)
@@ -557,7 +541,7 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
         flags = train_flags(model, seed, epochs, snapshot_every or default_snapshot_every(epochs), data_dir)
         log(f"[{index}/{len(runs_to_make)}] {key}: training in {model_dir} ...")
         start = time.perf_counter()
-        if not os.path.isfile(os.path.join(model_dir, "results.json")):
+        if not run_files.finished(model_dir):
             train(flags, model_dir)
         log(f"[{index}/{len(runs_to_make)}] {key}: reading its snapshots ...")
         run = analyse_run(model_dir, data_dir, locality_images, log=log)
@@ -573,11 +557,11 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
             _write(output, report)
         log(f"[{index}/{len(runs_to_make)}] {key}: test accuracy {run['test_accuracy']:.4f} "
             f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
-        shutil.rmtree(os.path.join(model_dir, "checkpoints"), ignore_errors=True)
+        shutil.rmtree(os.path.join(model_dir, run_files.CHECKPOINTS), ignore_errors=True)
         if prune_snapshots:
-            kept = {min(snapshot_epochs(model_dir)), max(snapshot_epochs(model_dir))}
-            for epoch in set(snapshot_epochs(model_dir)) - kept:
-                os.remove(os.path.join(model_dir, "snapshots", f"epoch_{epoch:03d}.keras"))
+            taken = run_files.snapshot_epochs(model_dir)
+            for epoch in set(taken) - {min(taken), max(taken)}:
+                os.remove(run_files.snapshot_path(model_dir, epoch))
     with _report_lock(output):
         recorded = _add_recorded_since(report, output)
         if runs:

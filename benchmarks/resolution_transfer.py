@@ -51,7 +51,7 @@ def main():
     import keras
 
     import sa_conv
-    from trainers import distribute
+    from trainers import distribute, run_files
     from trainers import train as train_lib
     from trainers.config import make_config
     from trainers.task import Task
@@ -68,8 +68,10 @@ def main():
 
     if args.trained_run:
         at32_dir = args.trained_run
-        with open(os.path.join(at32_dir, "results.json")) as f:
-            at32 = json.load(f)
+        at32 = run_files.read_results(at32_dir)
+        if at32 is None:
+            raise SystemExit(f"--trained_run={at32_dir} holds no finished sa-conv-train run (no "
+                             f"{run_files.RESULTS}): give a finished run's --model_dir.")
         if at32["epochs"] != args.epochs or at32["model_config"]["image_size"] != 32:
             raise SystemExit(f"--trained_run={at32_dir} trained {at32['epochs']} epochs at "
                              f"{at32['model_config']['image_size']}x{at32['model_config']['image_size']}, not "
@@ -77,13 +79,13 @@ def main():
     else:
         _, at32 = run("at32", epochs=args.epochs)
         at32_dir = os.path.join(workdir, "at32")
-    trained = keras.models.load_model(os.path.join(at32_dir, "model.keras"))
+    trained = keras.models.load_model(os.path.join(at32_dir, run_files.MODEL))
     config64 = make_config(overrides={**common, "image_size": 64, "epochs": 1, "model_dir": os.path.join(workdir, "e")})
     task = Task(config64, log=lambda s: None)
     moved = sa_conv.with_image_size(trained, 64)
     zero_shot = distribute.local_evaluate(task, moved, task.test_split)
     _, tuned = run("fine_tuned_at64", image_size=64, epochs=args.fine_tune_epochs,
-                   learning_rate=args.fine_tune_learning_rate, init_from=os.path.join(at32_dir, "model.keras"))
+                   learning_rate=args.fine_tune_learning_rate, init_from=os.path.join(at32_dir, run_files.MODEL))
     _, scratch = run("scratch_at64", image_size=64, epochs=args.fine_tune_epochs)
     report = {
         "model": args.model, "dataset": args.dataset, "data_dir": os.path.basename(os.path.normpath(args.data_dir)),

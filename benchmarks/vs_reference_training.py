@@ -183,12 +183,12 @@ def run_sa_conv(encoding, seed, args, workdir, init_from=None):
                               env=process.child_environment())
     if proc.returncode:
         raise RuntimeError(f"sa-conv {encoding} seed {seed} failed:\n{proc.stderr[-3000:]}")
-    with open(os.path.join(model_dir, "results.json")) as f:
-        results = json.load(f)
-    with open(os.path.join(model_dir, "config.json")) as f:
-        configured = json.load(f)["process"]  # what the run's process ran with (trainers.process)
-    with open(os.path.join(model_dir, "history.json")) as f:
-        curve = [{"learning_rate": e["learning_rate"], "train_loss": e["train_loss"]} for e in json.load(f)]
+    from trainers import run_files
+
+    results = run_files.read_results(model_dir, required=True)
+    configured = run_files.read_config(model_dir)["process"]  # what the run's process ran with
+    curve = [{"learning_rate": e["learning_rate"], "train_loss": e["train_loss"]}
+             for e in run_files.read_history(model_dir)]
     return {"test_accuracy": results["test_accuracy"], "steps": results["steps"],
             "wall_seconds": time.perf_counter() - start, "epochs": curve, "process": configured}
 

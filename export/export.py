@@ -48,7 +48,6 @@ from trainers import process
 process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
 
 import dataclasses
-import json
 import shutil
 import uuid
 from typing import Optional
@@ -63,7 +62,7 @@ from export.formats import ExportJob
 from export.signatures import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_IMAGE_PIXELS, build_archive  # noqa: F401
 from export.verify import (ExportError, Top1Agreement, probability_tolerance, read_images,  # noqa: F401
                            verification_images)
-from trainers import cli, files
+from trainers import cli, files, run_files
 from trainers import data as data_lib
 
 FORMATS = tuple(precisions.FORMATS)
@@ -148,19 +147,15 @@ def resolve_model(model_dir: str | None, model_path: str | None) -> tuple[str, d
         raise ExportError("Give exactly one of --model_dir (a trainer output) or --model_path (a .keras file).")
     results = {}
     if model_dir:
-        path = os.path.join(model_dir, "model.keras")
+        path = os.path.join(model_dir, run_files.MODEL)
         if not os.path.isfile(path):
             raise ExportError(
                 f"{model_dir!r} has no model.keras: is it a finished sa-conv-train --model_dir?"
             )
-        results_path = os.path.join(model_dir, "results.json")
-        if os.path.isfile(results_path):
-            with open(results_path) as f:
-                results = json.load(f)
-        config_path = os.path.join(model_dir, "config.json")
-        if os.path.isfile(config_path):
-            with open(config_path) as f:
-                results["train_config"] = json.load(f)
+        results = run_files.read_results(model_dir) or {}
+        train_config = run_files.read_config(model_dir)
+        if train_config is not None:
+            results["train_config"] = train_config
         return path, results
     if not os.path.isfile(model_path):
         raise ExportError(f"--model_path {model_path!r} does not exist.")

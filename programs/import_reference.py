@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 
 from sa_conv import reference
-from trainers import cli, files
+from trainers import cli, files, run_files
 from trainers.data import CIFAR10_LABEL_NAMES
 from sa_conv.errors import ConfigError
 
@@ -49,7 +49,7 @@ def import_checkpoint(checkpoint: str, config: str, model_dir: str, overwrite: b
             raise ConfigError(f"--{name} is required.")
     if not os.path.isfile(config):
         raise ConfigError(f"--config {config!r} does not exist.")
-    target = os.path.join(model_dir, "model.keras")
+    target = os.path.join(model_dir, run_files.MODEL)
     if os.path.exists(target) and not overwrite:
         raise ConfigError(f"{target} exists: choose another --model_dir or pass --overwrite.")
     reference_config = reference.read_reference_config(config)
@@ -64,7 +64,7 @@ def import_checkpoint(checkpoint: str, config: str, model_dir: str, overwrite: b
     classes = int(model.outputs[0].shape[-1])
     parameters = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     files.write_json(os.path.join(model_dir, "reference_config.json"), reference_config, sort_keys=True)
-    files.write_json(os.path.join(model_dir, "results.json"), {
+    run_files.write(model_dir, run_files.RESULTS, {
         "preset": model.name,
         "model_config": reference.model_config(reference_config).to_dict(),
         "parameters": parameters,

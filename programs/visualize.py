@@ -8,7 +8,6 @@ from trainers import process
 process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
 
 import dataclasses
-import json
 import os
 from typing import Optional
 
@@ -18,7 +17,7 @@ import numpy as np
 import sa_conv
 from sa_conv import heads, inspection, plotting
 from sa_conv.errors import ConfigError
-from trainers import cli, files
+from trainers import cli, files, run_files
 from trainers import data as data_lib
 
 _field = cli.config_field
@@ -56,9 +55,8 @@ def load_images(spec, dataset, data_dir, model_dir, image_shape):
     ``image_shape`` ``(H, W, C)``. Returns uint8 images and their names."""
     items = [s.strip() for s in (spec or "0").split(",") if s.strip()]
     if all(s.isdigit() for s in items):
-        if dataset is None and model_dir and os.path.isfile(os.path.join(model_dir, "config.json")):
-            with open(os.path.join(model_dir, "config.json")) as f:
-                config = json.load(f)
+        config = run_files.read_config(model_dir) if dataset is None and model_dir else None
+        if config is not None:
             dataset, data_dir = config.get("dataset"), data_dir or config.get("data_dir")
         loaded = data_lib.load_dataset(dataset or "cifar10", data_dir)
         test = loaded.test
@@ -121,7 +119,7 @@ def write_figures(model, images, output_dir, query=None, image_names=None, log=p
 def visualize_run(config: VisualizeConfig, log=print) -> dict:
     """Flag-free entry point: loads the model and images, writes the figures."""
     config.validate()
-    path = config.model_path or os.path.join(config.model_dir, "model.keras")
+    path = config.model_path or os.path.join(config.model_dir, run_files.MODEL)
     if not os.path.isfile(path):
         raise ConfigError(f"{path!r} does not exist.")
     model = keras.models.load_model(path)

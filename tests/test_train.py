@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import sa_conv
 from tests.conftest import PROJECT_ROOT, read_until, reserved_port
-from trainers import distribute
+from trainers import distribute, run_files
 from trainers import train as train_lib
 from trainers.task import Task, decays
 from trainers.config import ConfigError, default_jit_compile, make_config
@@ -40,6 +40,25 @@ def _json(path):
 # ------------------------------------------------------------------------------ learning
 
 
+def test_run_files_read_an_unfinished_run_as_unfinished(tmp_path):
+    """A run killed during its third epoch: two epochs done, no results (None, or with
+    ``required`` an error naming the directory and how to finish it), the snapshots' epochs in
+    order whatever else the folder holds; an empty directory has done nothing."""
+    model_dir = str(tmp_path)
+    assert run_files.epochs_done(model_dir) == 0 and run_files.read_history(model_dir) == []
+    assert run_files.read_config(model_dir) is None and not run_files.finished(model_dir)
+    run_files.write(model_dir, run_files.HISTORY, [{"epoch": 1}, {"epoch": 2}])
+    for epoch in (10, 0, 2):
+        os.makedirs(os.path.dirname(run_files.snapshot_path(model_dir, epoch)), exist_ok=True)
+        open(run_files.snapshot_path(model_dir, epoch), "w").close()
+    open(os.path.join(model_dir, run_files.SNAPSHOTS, "epoch_004.keras.tmp"), "w").close()
+    assert run_files.epochs_done(model_dir) == 2
+    assert run_files.snapshot_epochs(model_dir) == [0, 2, 10]
+    assert run_files.read_results(model_dir) is None
+    with pytest.raises(FileNotFoundError, match=f"{model_dir} holds no finished run.*--model_dir={model_dir}"):
+        run_files.read_results(model_dir, required=True)
+
+
 @pytest.mark.slow
 def test_short_run_learns_on_real_cifar10(cifar10_mini_dir, tmp_path):
     """60 steps of 32 images of the small preset on the real subset: validation accuracy well
@@ -61,6 +80,10 @@ def test_short_run_learns_on_real_cifar10(cifar10_mini_dir, tmp_path):
     for name in ("config.json", "results.json", "model.keras", "best_model.keras"):
         assert (tmp_path / name).is_file(), name
     assert _json(tmp_path / "config.json")["resolved_model"]["hidden_size"] == 64
+    # What the programs that read a model directory see of it.
+    assert run_files.finished(str(tmp_path)) and run_files.epochs_done(str(tmp_path)) == 1
+    assert run_files.read_results(str(tmp_path))["test_accuracy"] == results["test_accuracy"]
+    assert run_files.read_config(str(tmp_path))["resolved_model"]["hidden_size"] == 64
     assert results["parameters"] == 175_323 and results["images_per_second"] > 0
     # TensorBoard scalars for loss, accuracy and the learning rate.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -19,8 +19,9 @@ One training path for every strategy: a custom loop with ``strategy.run`` (Keras
 
 Model directory layout: ``config.json``, ``history.json`` (one record per epoch),
 ``checkpoints/``, ``logs/{train,validation}``, ``best_model.keras``, ``model.keras``,
-``results.json``, and with ``--snapshot_every`` ``snapshots/epoch_<EEE>.keras``. Workers other
-than the chief write to ``workers/worker_<id>/``.
+``results.json``, and with ``--snapshot_every`` ``snapshots/epoch_<EEE>.keras``
+(`trainers.run_files` names those other programs read). Workers other than the chief write to
+``workers/worker_<id>/``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from trainers import process
 process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
 
 import hashlib
-import json
 import os
 import sys
 import time
@@ -45,7 +45,7 @@ from trainers import cli, files
 from trainers import data as data_lib
 from sa_conv import heads as heads_lib
 from sa_conv.errors import ConfigError
-from trainers import checkpoints, distribute, pruning
+from trainers import checkpoints, distribute, pruning, run_files
 from trainers.checkpoints import TrainingError
 from trainers.config import MODEL_OVERRIDES, TrainConfig, make_config
 from trainers.task import Task, count_parameters
@@ -59,10 +59,6 @@ def weights_checksum(model: keras.Model) -> str:
     for w in model.get_weights():
         digest.update(np.ascontiguousarray(w).tobytes())
     return digest.hexdigest()
-
-
-def _write_json(path: str, value) -> None:
-    files.write_json(path, value, sort_keys=True)
 
 
 # The model flags a run records: named when a restart's differ and its checkpoints do not restore.
@@ -167,7 +163,7 @@ class Trainer:
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.checkpoint = checkpoints.training_checkpoint(model, self.optimizer, self.epoch)
         self.manager = tf.train.CheckpointManager(
-            self.checkpoint, os.path.join(self.output_dir, "checkpoints"), max_to_keep=self.config.keep_checkpoints)
+            self.checkpoint, os.path.join(self.output_dir, run_files.CHECKPOINTS), max_to_keep=self.config.keep_checkpoints)
         self.train_steps = distribute.replicated_train_steps(
             self.strategy, self.task.train_step(model, self.optimizer, jit_compile=self.xla()))
         self.eval_step = distribute.replicated_eval_step(self.strategy, self.task.eval_step(model))
@@ -208,16 +204,9 @@ class Trainer:
         candidates = list(reversed(self.manager.checkpoints))
         if not candidates:
             return 0, []
-        history_path = os.path.join(self.output_dir, "history.json")
-        recorded = []
-        if os.path.isfile(history_path):
-            with open(history_path) as f:
-                recorded = json.load(f)
-        config_path = os.path.join(self.output_dir, "config.json")
-        changed = []
-        if os.path.isfile(config_path):
-            with open(config_path) as f:
-                changed = changed_model_flags(json.load(f), self.config)
+        recorded = run_files.read_history(self.output_dir)
+        config = run_files.read_config(self.output_dir)
+        changed = [] if config is None else changed_model_flags(config, self.config)
 
         def restore(path):
             self._match_architecture(path, recorded)
@@ -262,7 +251,7 @@ class Trainer:
                     "total_steps": self.total_steps,
                     "precision": {"policy": self.task.precision, "why": self.task.precision_reason},
                     "process": process.describe(self.task.precision)}
-        _write_json(os.path.join(self.output_dir, "config.json"), resolved)
+        run_files.write(self.output_dir, run_files.CONFIG, resolved)
 
     def train_epochs(self, start_epoch: int, history: list, callbacks=(), save=True) -> tuple[list, float]:
         """Trains epochs ``start_epoch .. total_epochs``, validating after each; calls the Keras
@@ -314,7 +303,7 @@ class Trainer:
                     self._snapshot(epoch + 1)
                 # The epoch's wall time: its steps, validation and artefacts (one checkpoint aside).
                 record["epoch_seconds"] = time.perf_counter() - started
-                _write_json(os.path.join(self.output_dir, "history.json"), history)
+                run_files.write(self.output_dir, run_files.HISTORY, history)
                 self.epoch.assign(epoch + 1)
                 self.manager.save(checkpoint_number=epoch + 1)
             # Last: once its line is printed, the epoch is saved and a rerun resumes after it.
@@ -387,12 +376,12 @@ class Trainer:
             "label_names": list(self.task.label_names),
             "weights_sha256": weights_checksum(self.model),
         }
-        _write_json(os.path.join(self.output_dir, "results.json"), results)
+        run_files.write(self.output_dir, run_files.RESULTS, results)
         if self.chief:
-            checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, "model.keras"))
+            checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, run_files.MODEL))
         self.log(
             f"Test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) after {results['steps']} "
-            f"steps; results in {os.path.join(self.output_dir, 'results.json')}."
+            f"steps; results in {os.path.join(self.output_dir, run_files.RESULTS)}."
         )
         return results
 
@@ -402,7 +391,7 @@ class Trainer:
 
     def snapshot_path(self, epoch: int) -> str:
         """Where ``--snapshot_every`` keeps the model after ``epoch`` epochs (0: the start)."""
-        return os.path.join(self.output_dir, "snapshots", f"epoch_{epoch:03d}.keras")
+        return run_files.snapshot_path(self.output_dir, epoch)
 
     def _snapshot(self, epoch: int) -> None:
         # Written before the epoch's checkpoint: a run killed in between redoes the epoch and

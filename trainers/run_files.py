@@ -1,0 +1,84 @@
+"""The files a training run (`trainers.train`) leaves in its ``--model_dir`` for other programs
+to read, named once here so that the trainer and its readers agree on them:
+
+* ``config.json``: the resolved flags and the process (`trainers.process`), written at the start;
+* ``history.json``: one record per finished epoch, written just before the epoch's checkpoint,
+  so a run interrupted at any moment has trained exactly the epochs it records;
+* ``results.json``: the test evaluation, written at the end, and ``model.keras``, the trained model
+  (`programs.import_reference` writes both for an imported model): a directory with a
+  ``results.json`` holds a finished run;
+* ``snapshots/epoch_<EEE>.keras``: the model at the start and every ``--snapshot_every`` epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from trainers import files
+
+CONFIG = "config.json"
+HISTORY = "history.json"
+RESULTS = "results.json"
+MODEL = "model.keras"
+SNAPSHOTS = "snapshots"
+CHECKPOINTS = "checkpoints"  # the training checkpoints a resumed run restores (`trainers.checkpoints`)
+
+
+def write(model_dir: str, name: str, value) -> None:
+    """Writes ``value`` to the file ``name`` (one of the names above) in ``model_dir``,
+    atomically (`trainers.files.write_json`)."""
+    files.write_json(os.path.join(model_dir, name), value, sort_keys=True)
+
+
+def read_config(model_dir: str) -> dict | None:
+    """The run's resolved flags and process, or None when ``model_dir`` has no ``config.json``."""
+    return _read(model_dir, CONFIG, None)
+
+
+def read_history(model_dir: str) -> list[dict]:
+    """The run's per-epoch records, oldest first; ``[]`` before its first epoch has finished."""
+    return _read(model_dir, HISTORY, [])
+
+
+def read_results(model_dir: str, required: bool = False) -> dict | None:
+    """The finished run's results, or None while it is unfinished; with ``required``, an
+    unfinished run raises FileNotFoundError naming the directory and how to finish it."""
+    results = _read(model_dir, RESULTS, None)
+    if results is None and required:
+        raise FileNotFoundError(
+            f"{model_dir} holds no finished run (no {RESULTS}): run sa-conv-train --model_dir={model_dir} "
+            f"with the flags it was started with to finish it.")
+    return results
+
+
+def finished(model_dir: str) -> bool:
+    """Whether ``model_dir`` holds a finished run (its ``results.json``)."""
+    return os.path.isfile(os.path.join(model_dir, RESULTS))
+
+
+def epochs_done(model_dir: str) -> int:
+    """The epochs the run in ``model_dir`` has trained, as its ``history.json`` records them."""
+    return max((record["epoch"] for record in read_history(model_dir)), default=0)
+
+
+def snapshot_path(model_dir: str, epoch: int) -> str:
+    """The path of the model snapshot taken after ``epoch`` epochs (0: at the start)."""
+    return os.path.join(model_dir, SNAPSHOTS, f"epoch_{epoch:03d}.keras")
+
+
+def snapshot_epochs(model_dir: str) -> list[int]:
+    """The epochs of the snapshots in ``model_dir``, ascending; ``[]`` without any."""
+    folder = os.path.join(model_dir, SNAPSHOTS)
+    if not os.path.isdir(folder):
+        return []
+    return sorted(int(name[len("epoch_"):-len(".keras")]) for name in os.listdir(folder)
+                  if name.startswith("epoch_") and name.endswith(".keras"))
+
+
+def _read(model_dir: str, name: str, missing):
+    try:
+        with open(os.path.join(model_dir, name)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return missing
