@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from export.export import export
-from trainers import cli
+from trainers import cli, run_files
 from trainers import data as data_lib
 from trainers.config import make_config
 from trainers.train import train
@@ -56,7 +56,7 @@ def demo(config: DemoConfig, log=print) -> dict:
     confidence = float(np.max(prediction["probabilities"].numpy()[0]))
     log(f"Test accuracy {results['test_accuracy']:.3f} (chance {1 / loaded.num_classes:.3f}) after "
         f"{results['steps']} steps, {results['images_per_second']:.0f} images/s, "
-        f"{results['wall_time_seconds']:.0f} s. Model: {os.path.join(model_dir, 'model.keras')}")
+        f"{results['wall_time_seconds']:.0f} s. Model: {os.path.join(model_dir, run_files.MODEL)}")
     log(f"The reloaded SavedModel predicts test image 0 as {name!r} (p = {confidence:.2f}); its label is "
         f"{loaded.label_names[int(loaded.test.labels[0])]!r}.")
     results["export_dir"] = version_dir

@@ -71,7 +71,7 @@ def import_checkpoint(checkpoint: str, config: str, model_dir: str, overwrite: b
         "label_names": list(CIFAR10_LABEL_NAMES) if classes == 10 else [f"class_{i}" for i in range(classes)],
         "imported_from": {"checkpoint": os.path.abspath(checkpoint), "sha256": digest, "tensors": len(state)},
         "process": process.describe(),
-    }, sort_keys=True)
+    })
     log(f"Imported {len(state)} tensors of {checkpoint} into {model.name} ({parameters:,} parameters): {target}")
     return target
 

@@ -3,6 +3,7 @@ themselves: test_cli, test_schedule, test_data, in process)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,12 +52,15 @@ def test_run_files_read_an_unfinished_run_as_unfinished(tmp_path):
     for epoch in (10, 0, 2):
         os.makedirs(os.path.dirname(run_files.snapshot_path(model_dir, epoch)), exist_ok=True)
         open(run_files.snapshot_path(model_dir, epoch), "w").close()
-    open(os.path.join(model_dir, run_files.SNAPSHOTS, "epoch_004.keras.tmp"), "w").close()
+    open(run_files.snapshot_path(model_dir, 4) + ".tmp.keras", "w").close()  # killed while saving
     assert run_files.epochs_done(model_dir) == 2
     assert run_files.snapshot_epochs(model_dir) == [0, 2, 10]
     assert run_files.read_results(model_dir) is None
-    with pytest.raises(FileNotFoundError, match=f"{model_dir} holds no finished run.*--model_dir={model_dir}"):
+    with pytest.raises(FileNotFoundError,
+                       match=f"{re.escape(model_dir)} holds no finished run.*--model_dir={re.escape(model_dir)}"):
         run_files.read_results(model_dir, required=True)
+    run_files.write(model_dir, run_files.RESULTS, {"test_accuracy": 0.5})
+    assert run_files.finished(model_dir) and run_files.read_results(model_dir, required=True) == {"test_accuracy": 0.5}
 
 
 @pytest.mark.slow

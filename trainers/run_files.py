@@ -7,13 +7,15 @@ to read, named once here so that the trainer and its readers agree on them:
 * ``results.json``: the test evaluation, written at the end, and ``model.keras``, the trained model
   (`programs.import_reference` writes both for an imported model): a directory with a
   ``results.json`` holds a finished run;
-* ``snapshots/epoch_<EEE>.keras``: the model at the start and every ``--snapshot_every`` epochs.
+* ``snapshots/epoch_<EEE>.keras``: the model at the start, every ``--snapshot_every`` epochs and
+  at the end.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
 from trainers import files
 
@@ -72,8 +74,11 @@ def snapshot_epochs(model_dir: str) -> list[int]:
     folder = os.path.join(model_dir, SNAPSHOTS)
     if not os.path.isdir(folder):
         return []
-    return sorted(int(name[len("epoch_"):-len(".keras")]) for name in os.listdir(folder)
-                  if name.startswith("epoch_") and name.endswith(".keras"))
+    # A snapshot being written is `epoch_<EEE>.keras.tmp.keras` (`checkpoints.save_keras_atomically`).
+    return sorted(int(match[1]) for match in map(_SNAPSHOT.fullmatch, os.listdir(folder)) if match)
+
+
+_SNAPSHOT = re.compile(r"epoch_(\d+)\.keras")
 
 
 def _read(model_dir: str, name: str, missing):

@@ -223,7 +223,7 @@ class Trainer:
                 raise
             raise ConfigError(
                 f"The checkpoints in {self.manager.directory} were written by a run with other model flags: "
-                f"{'; '.join(changed)}. To resume it, pass its flags (recorded in {config_path}); to train "
+                f"{'; '.join(changed)}. To resume it, pass its flags (recorded in {os.path.join(self.output_dir, run_files.CONFIG)}); to train "
                 "this model, start a new run with another --model_dir.") from None
         for line in warnings:
             self.log(line)
@@ -376,9 +376,10 @@ class Trainer:
             "label_names": list(self.task.label_names),
             "weights_sha256": weights_checksum(self.model),
         }
-        run_files.write(self.output_dir, run_files.RESULTS, results)
         if self.chief:
             checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, run_files.MODEL))
+        # Last: a directory with results holds a finished run (`run_files.finished`).
+        run_files.write(self.output_dir, run_files.RESULTS, results)
         self.log(
             f"Test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f}) after {results['steps']} "
             f"steps; results in {os.path.join(self.output_dir, run_files.RESULTS)}."
