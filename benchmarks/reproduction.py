@@ -64,11 +64,11 @@ SNAPSHOTS = 12  # snapshots a run besides its initialization, as the study's run
 # The runs docs/reproduction.md reports, (models, seeds, epochs) in the order they run: every model
 # at the budget, three seeds where the CPU time allowed (the content and gated models two each, the
 # fewest whose spread tells whether a curve flattened: their attention logits depend on the pixels,
-# and their runs are the study's longest with ResNet18's; their second
-# seeds after the comparison variant of docs/attention_init.md), and the search for the budget:
-# twice it, 240 epochs, for the model that climbed most from 60 to 120 (it left the budget at 120),
-# and 60 epochs, where the attention models' curves still climbed. A run the committed report
-# records belongs here, so that the program's default plan makes it again.
+# and their runs take several times the position-only models', as long as ResNet18's or longer;
+# their second seeds after the comparison variant of docs/attention_init.md), and the search for
+# the budget: twice it, 240 epochs, for the model that climbed most from 60 to 120 (it left the
+# budget at 120), and 60 epochs, where the attention models' curves still climbed. A run the
+# committed report records belongs here, so that the program's default plan makes it again.
 STUDY = ((("learned", "quadratic", "resnet18"), (0, 1, 2), BUDGET),
          (("quadratic",), (0, 1, 2), 240),
          (("content", "gated"), (0,), BUDGET),

@@ -44,7 +44,8 @@ def _json(path):
 def test_run_files_read_an_unfinished_run_as_unfinished(tmp_path):
     """A run killed during its third epoch: two epochs done, no results (None, or with
     ``required`` an error naming the directory and how to finish it), the snapshots' epochs in
-    order whatever else the folder holds; an empty directory has done nothing."""
+    order whatever else the folder holds; an empty directory has done nothing, and once the
+    results are written the run reads as finished."""
     model_dir = str(tmp_path)
     assert run_files.epochs_done(model_dir) == 0 and run_files.read_history(model_dir) == []
     assert run_files.read_config(model_dir) is None and not run_files.finished(model_dir)

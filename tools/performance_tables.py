@@ -811,17 +811,21 @@ def _plot_reproduction_maps(path, model):
     from sa_conv import plotting
 
     data, budget, _ = _reproduction()
-    mapped = next(((seed, run) for seed, run in _runs(data, model, budget).items()
-                   if "maps" in run["snapshots"][-1]), None)
-    if mapped is None:
+    runs = _runs(data, model, budget)
+    if not runs:
         return
-    seed, run = mapped
+    mapped = [(seed, run) for seed, run in runs.items() if "maps" in run["snapshots"][-1]]
+    if not mapped:
+        raise ValueError(f"No {model} run at {budget} epochs in the report keeps its attention maps: rerun "
+                         f"benchmarks.reproduction, which reads the recorded runs again and keeps them.")
+    seed, run = mapped[0]
     last = run["snapshots"][-1]
     figure = plotting.attention_grid_figure(
         np.array(last["maps"]), last["query"], title=f"{model}, seed={seed}, after {last['epoch']} epochs: "
                                                       f"attention of the center pixel, mean over "
                                                       f"{run.get('locality_images', 32)} test images")
     figure.savefig(path, dpi=plotting.DPI, metadata={"Software": None})
+    _plt().close(figure)
 
 
 def plot_reproduction_centers(path):

@@ -4,7 +4,7 @@ to read, named once here so that the trainer and its readers agree on them:
 * ``config.json``: the resolved flags and the process (`trainers.process`), written at the start;
 * ``history.json``: one record per finished epoch, written just before the epoch's checkpoint,
   so a run interrupted at any moment has trained exactly the epochs it records;
-* ``results.json``: the test evaluation, written at the end, and ``model.keras``, the trained model
+* ``model.keras``, the trained model, then ``results.json``, the test evaluation, written last
   (`programs.import_reference` writes both for an imported model): a directory with a
   ``results.json`` holds a finished run;
 * ``snapshots/epoch_<EEE>.keras``: the model at the start, every ``--snapshot_every`` epochs and
@@ -25,6 +25,8 @@ RESULTS = "results.json"
 MODEL = "model.keras"
 SNAPSHOTS = "snapshots"
 CHECKPOINTS = "checkpoints"  # the training checkpoints a resumed run restores (`trainers.checkpoints`)
+# A snapshot being written is `epoch_<EEE>.keras.tmp.keras` (`checkpoints.save_keras_atomically`).
+_SNAPSHOT = re.compile(r"epoch_(\d+)\.keras")
 
 
 def write(model_dir: str, name: str, value) -> None:
@@ -74,11 +76,7 @@ def snapshot_epochs(model_dir: str) -> list[int]:
     folder = os.path.join(model_dir, SNAPSHOTS)
     if not os.path.isdir(folder):
         return []
-    # A snapshot being written is `epoch_<EEE>.keras.tmp.keras` (`checkpoints.save_keras_atomically`).
     return sorted(int(match[1]) for match in map(_SNAPSHOT.fullmatch, os.listdir(folder)) if match)
-
-
-_SNAPSHOT = re.compile(r"epoch_(\d+)\.keras")
 
 
 def _read(model_dir: str, name: str, missing):

@@ -221,9 +221,10 @@ class Trainer:
         except TrainingError:
             if not changed:
                 raise
+            recorded_in = os.path.join(self.output_dir, run_files.CONFIG)
             raise ConfigError(
                 f"The checkpoints in {self.manager.directory} were written by a run with other model flags: "
-                f"{'; '.join(changed)}. To resume it, pass its flags (recorded in {os.path.join(self.output_dir, run_files.CONFIG)}); to train "
+                f"{'; '.join(changed)}. To resume it, pass its flags (recorded in {recorded_in}); to train "
                 "this model, start a new run with another --model_dir.") from None
         for line in warnings:
             self.log(line)
