@@ -449,7 +449,8 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     """One line per planned run: its key and whether the report has it (``recorded``), it has a
     model directory in ``work_dir`` to resume (at the epoch its ``history.json`` reached), or it is
     still to train, with the minutes its epochs left take (`estimated_minutes`, on ``cpu``, a
-    `harness.cpu_class`); then the count and the hours of training left."""
+    `harness.cpu_class`; for a preset no recorded run timed, the median of the run's own epochs so
+    far); then the count and the hours of training left."""
     from trainers import run_files
 
     lines, hours, todo, untimed = [], 0.0, 0, 0
@@ -459,9 +460,14 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
             lines.append(f"{key}: recorded")
             continue
         todo += 1
-        done = min(run_files.epochs_done(run_dir(work_dir, model, seed, epochs)), epochs)
+        history = run_files.read_history(run_dir(work_dir, model, seed, epochs))
+        done = min(max((record["epoch"] for record in history), default=0), epochs)
         state = f"to resume after epoch {done} of {epochs}" if done else "to train"
         minutes, timed_on = estimated_minutes(recorded, model, epochs - done, cpu)
+        own = [epoch_seconds(record) for record in history if epoch_seconds(record)]
+        if minutes is None and own:
+            minutes, timed_on = statistics.median(own) * (epochs - done) / 60, cpu
+            state = f"{state} (timed by its own {len(own)} epochs)"
         if minutes is None:
             untimed += 1
             lines.append(f"{key}: {state} (not timed yet)")

@@ -244,16 +244,23 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     os.makedirs(interrupted)
     with open(os.path.join(interrupted, "history.json"), "w") as f:
         json.dump([{"epoch": epoch} for epoch in range(1, 91)], f)
+    # A preset no recorded run timed, interrupted after 4 epochs: its own median epoch (the first,
+    # slowed by the start, left out by the median) times the 116 epochs left.
+    untimed = rp.run_dir(str(tmp_path), "content", 0, 120)
+    os.makedirs(untimed)
+    with open(os.path.join(untimed, "history.json"), "w") as f:
+        json.dump([{"epoch": e, "epoch_seconds": s} for e, s in ((1, 240.0), (2, 120.0), (3, 130.0), (4, 126.0))], f)
     assert rp.describe_plan([("learned", 1, 120), ("learned+convolutional@0.1", 0, 60), ("quadratic", 1, 240),
-                             ("gated", 0, 120), ("learned", 0, 60), ("learned", 2, 120)], timed, str(tmp_path),
-                            cpu="cpu A") == [
+                             ("gated", 0, 120), ("learned", 0, 60), ("learned", 2, 120), ("content", 0, 120)],
+                            timed, str(tmp_path), cpu="cpu A") == [
         "learned|seed=1|epochs=120: to train, about 40 min",
         "learned+convolutional@0.1|seed=0|epochs=60: to train, about 20 min",
         "quadratic|seed=1|epochs=240: to train, about 40 min on an cpu B",
         "gated|seed=0|epochs=120: to train (not timed yet)",
         "learned|seed=0|epochs=60: recorded",
         "learned|seed=2|epochs=120: to resume after epoch 90 of 120, about 10 min left",
-        "5 of 6 runs to make: about 1.8 h of training and 1 not timed yet"]
+        "content|seed=0|epochs=120: to resume after epoch 4 of 120 (timed by its own 4 epochs), about 247 min left",
+        "6 of 7 runs to make: about 6.0 h of training and 1 not timed yet"]
     with pytest.raises(ValueError, match="no run"):
         rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], []))
     with pytest.raises(ValueError, match="--epochs must be positive, got 0"):
