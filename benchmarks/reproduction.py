@@ -460,11 +460,11 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
             lines.append(f"{key}: recorded")
             continue
         todo += 1
-        history = run_files.read_history(run_dir(work_dir, model, seed, epochs))
-        done = min(max((record["epoch"] for record in history), default=0), epochs)
+        model_dir = run_dir(work_dir, model, seed, epochs)
+        done = min(run_files.epochs_done(model_dir), epochs)
         state = f"to resume after epoch {done} of {epochs}" if done else "to train"
         minutes, timed_on = estimated_minutes(recorded, model, epochs - done, cpu)
-        own = [epoch_seconds(record) for record in history if epoch_seconds(record)]
+        own = [epoch_seconds(record) for record in run_files.read_history(model_dir) if epoch_seconds(record)]
         if minutes is None and own:
             minutes, timed_on = statistics.median(own) * (epochs - done) / 60, cpu
             state = f"{state} (timed by its own {len(own)} epochs)"
