@@ -64,15 +64,17 @@ SNAPSHOTS = 12  # snapshots a run besides its initialization, as the study's run
 # The runs docs/reproduction.md reports, (models, seeds, epochs) in the order they run: every model
 # at the budget, three seeds where the CPU time allowed (the content and gated models two each, the
 # fewest whose spread tells whether a curve flattened: their attention logits depend on the pixels,
-# and their runs take several times the position-only models', as long as ResNet18's or longer;
-# their second seeds after the comparison variant of docs/attention_init.md), and the search for
-# the budget: twice it, 240 epochs, for the model that climbed most from 60 to 120 (it left the
-# budget at 120), and 60 epochs, where the attention models' curves still climbed. A run the
-# committed report records belongs here, so that the program's default plan makes it again.
+# and their runs take several times the position-only models', as long as ResNet18's or longer),
+# the comparison variant of docs/attention_init.md (its three short runs before the gated model's
+# long ones: a study stopped every few hours records them sooner), and the search for the budget:
+# twice it, 240 epochs, for the model that climbed most from 60 to 120 (it left the budget at 120),
+# and 60 epochs, where the attention models' curves still climbed. A run the committed report
+# records belongs here, so that the program's default plan makes it again.
 STUDY = ((("learned", "quadratic", "resnet18"), (0, 1, 2), BUDGET),
          (("quadratic",), (0, 1, 2), 240),
-         (("content", "gated"), (0,), BUDGET),
+         (("content",), (0,), BUDGET),
          (("learned+convolutional@0.1",), (0, 1, 2), BUDGET),
+         (("gated",), (0,), BUDGET),
          (("content", "gated"), (1,), BUDGET),
          (("learned", "quadratic"), (0, 1, 2), 60),
          (("resnet18",), (0,), 60))
@@ -449,10 +451,11 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     """One line per planned run: its key and whether the report has it (``recorded``), it has a
     model directory in ``work_dir`` to resume (at the epoch its ``history.json`` reached), or it is
     still to train, with the minutes its epochs left take (`estimated_minutes`, on ``cpu``, a
-    `harness.cpu_class`; for a preset no recorded run timed, the median of the run's own epochs so
-    far); then the count and the hours of training left."""
+    `harness.cpu_class`; for a preset no recorded run timed, the median epoch of its planned runs
+    under way, `_epochs_under_way`); then the count and the hours of training left."""
     from trainers import run_files
 
+    under_way = _epochs_under_way(runs_to_make, recorded, work_dir)
     lines, hours, todo, untimed = [], 0.0, 0, 0
     for model, seed, epochs in runs_to_make:
         key = run_key(model, seed, epochs)
@@ -464,10 +467,12 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
         done = min(run_files.epochs_done(model_dir), epochs)
         state = f"to resume after epoch {done} of {epochs}" if done else "to train"
         minutes, timed_on = estimated_minutes(recorded, model, epochs - done, cpu)
-        own = [epoch_seconds(record) for record in run_files.read_history(model_dir) if epoch_seconds(record)]
-        if minutes is None and own:
-            minutes, timed_on = statistics.median(own) * (epochs - done) / 60, cpu
-            state = f"{state} (timed by its own {len(own)} epochs)"
+        timing = under_way.get(data_efficiency.parse_variant(model)["model"])
+        if minutes is None and timing:
+            seconds, timed_by = timing
+            minutes, timed_on = seconds * (epochs - done) / 60, cpu
+            state = f"{state} (timed by " + (f"its own {timed_by[key]} epochs" if list(timed_by) == [key] else
+                                             ", ".join(f"{n} epoch{'s' * (n != 1)} of {k}" for k, n in timed_by.items())) + ")"
         if minutes is None:
             untimed += 1
             lines.append(f"{key}: {state} (not timed yet)")
@@ -478,6 +483,27 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     total = ([f"about {hours:.1f} h of training"] if todo > untimed else []) + \
         ([f"{untimed} not timed yet"] if untimed else [])
     return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]
+
+
+def _epochs_under_way(runs_to_make, recorded: dict, work_dir: str) -> dict:
+    """``{preset: (median epoch seconds, {run key: epochs timed})}`` over the timed epochs of the
+    planned runs the report does not have yet but ``work_dir`` holds, per preset: what times a
+    preset before any of its runs is recorded (the first epoch, slowed by the start, is one of
+    many, and the median leaves it out)."""
+    from trainers import run_files
+
+    seconds, timed_by = {}, {}
+    for model, seed, epochs in runs_to_make:
+        key = run_key(model, seed, epochs)
+        if key in recorded:
+            continue
+        own = [epoch_seconds(record) for record in run_files.read_history(run_dir(work_dir, model, seed, epochs))
+               if epoch_seconds(record)]
+        if own:
+            preset = data_efficiency.parse_variant(model)["model"]
+            seconds.setdefault(preset, []).extend(own)
+            timed_by.setdefault(preset, {})[key] = len(own)
+    return {preset: (statistics.median(seconds[preset]), timed_by[preset]) for preset in seconds}
 
 
 def estimated_minutes(recorded: dict, model: str, epochs: int, cpu: str | None) -> tuple[float | None, str | None]:
@@ -671,7 +697,8 @@ def main():
                         help="test images the locality metrics average over")
     parser.add_argument("--dry_run", action="store_true",
                         help="list the plan's runs, which the report has and how long the others take "
-                             "on this CPU class (from the recorded runs), and train nothing")
+                             "on this CPU class (from the recorded runs, or a model's runs under way), and "
+                             "train nothing")
     parser.add_argument("--prune_snapshots", action="store_true",
                         help="delete a read run's snapshots but its first and last")
     parser.add_argument("--note", default=None, help="a note kept in the report (e.g. why fewer seeds)")

@@ -245,13 +245,15 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     with open(os.path.join(interrupted, "history.json"), "w") as f:
         json.dump([{"epoch": epoch} for epoch in range(1, 91)], f)
     # A preset no recorded run timed, interrupted after 4 epochs: its own median epoch (the first,
-    # slowed by the start, left out by the median) times the 116 epochs left.
+    # slowed by the start, left out by the median) times the 116 epochs left, and the 120 of its
+    # other seed.
     untimed = rp.run_dir(str(tmp_path), "content", 0, 120)
     os.makedirs(untimed)
     with open(os.path.join(untimed, "history.json"), "w") as f:
         json.dump([{"epoch": e, "epoch_seconds": s} for e, s in ((1, 240.0), (2, 120.0), (3, 130.0), (4, 126.0))], f)
     assert rp.describe_plan([("learned", 1, 120), ("learned+convolutional@0.1", 0, 60), ("quadratic", 1, 240),
-                             ("gated", 0, 120), ("learned", 0, 60), ("learned", 2, 120), ("content", 0, 120)],
+                             ("gated", 0, 120), ("learned", 0, 60), ("learned", 2, 120), ("content", 0, 120),
+                             ("content", 1, 120)],
                             timed, str(tmp_path), cpu="cpu A") == [
         "learned|seed=1|epochs=120: to train, about 40 min",
         "learned+convolutional@0.1|seed=0|epochs=60: to train, about 20 min",
@@ -260,7 +262,16 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
         "learned|seed=0|epochs=60: recorded",
         "learned|seed=2|epochs=120: to resume after epoch 90 of 120, about 10 min left",
         "content|seed=0|epochs=120: to resume after epoch 4 of 120 (timed by its own 4 epochs), about 247 min left",
-        "6 of 7 runs to make: about 6.0 h of training and 1 not timed yet"]
+        "content|seed=1|epochs=120: to train (timed by 4 epochs of content|seed=0|epochs=120), about 256 min",
+        "7 of 8 runs to make: about 10.2 h of training and 1 not timed yet"]
+    # Two runs of the preset under way time it together, each named.
+    second = rp.run_dir(str(tmp_path), "content", 1, 120)
+    os.makedirs(second)
+    with open(os.path.join(second, "history.json"), "w") as f:
+        json.dump([{"epoch": 1, "epoch_seconds": 100.0}], f)
+    assert rp.describe_plan([("content", 0, 120), ("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[1] == (
+        "content|seed=1|epochs=120: to resume after epoch 1 of 120 (timed by 4 epochs of content|seed=0|epochs=120, "
+        "1 epoch of content|seed=1|epochs=120), about 250 min left")
     with pytest.raises(ValueError, match="no run"):
         rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], []))
     with pytest.raises(ValueError, match="--epochs must be positive, got 0"):
