@@ -561,14 +561,18 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     assert ("| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.200 from 4 (1 seed), beyond the spread | "
             "+0.000 (epochs 6-8) | yes | 3 (cpu A); 5 (cpu B) |") in budgets
     # A second seed at 4 (0.71: a std of 0.28) puts 8's change within the spread; ResNet18 at 16
-    # and 32, one seed each, has none.
+    # and 32, one seed each, has none. Quadratic at 4 has two seeds but no snapshot between epochs
+    # 2 and 3: no last quarter, said so.
     runs = dict(report["runs"], **{"learned|seed=1|epochs=4": _run({0: 0.1, 3: 0.7, 4: 0.71}),
                                    "resnet18|seed=0|epochs=16": _run({0: 0.1, 12: 0.6, 16: 0.6}),
-                                   "resnet18|seed=0|epochs=32": _run({0: 0.1, 24: 0.6, 32: 0.61})})
+                                   "resnet18|seed=0|epochs=32": _run({0: 0.1, 24: 0.6, 32: 0.61}),
+                                   "quadratic|seed=0|epochs=4": _run({0: 0.1, 4: 0.3}),
+                                   "quadratic|seed=1|epochs=4": _run({0: 0.1, 4: 0.32})})
     _results_with(dict(report, runs=runs, summary=rp.summarize(runs)), tmp_path, monkeypatch)
     budgets = performance_tables.reproduction_budgets()
     assert "| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.000 from 4 (2 seeds), within the spread |" in budgets
     assert "| `resnet18` | 32 | 1 | 0.610 | +0.010 from 16 (1 seed), no spread |" in budgets
+    assert "| `sa_quadratic_small` | 4 | 2 | 0.310 ± 0.014 | - | - | - (snapshots too sparse) |" in budgets
     report["runs"]["learned|seed=0|epochs=4"]["median_epoch_seconds"] = None  # a run not timed: no minutes
     _results_with(report, tmp_path, monkeypatch)
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | - |" in \
