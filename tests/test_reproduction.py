@@ -603,6 +603,18 @@ def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
     assert [label for label in drawn if label] == ["learned (3 seeds)", "learned, 4 epochs (1 seed)",
                                                     "quadratic (3 seeds)", "resnet18 (3 seeds)"]
     assert (tmp_path / "curves.png").stat().st_size > 0
+    # Locality against training time: a panel per attention model, titled with its seeds.
+    titles = []
+    real_title = axes.Axes.set_title
+    monkeypatch.setattr(axes.Axes, "set_title", lambda axis, title, **kw: titles.append(title) or real_title(
+        axis, title, **kw))
+    gated = dict(report["runs"], **{"gated|seed=0|epochs=8": _run({0: 0.1, 6: 0.5, 8: 0.5},
+                                                                  {e: [3.0, 4.0] for e in (0, 6, 8)},
+                                                                  {e: [0.5, 0.4] for e in (0, 6, 8)})})
+    _results_with(dict(report, runs=gated, summary=rp.summarize(gated)), tmp_path, monkeypatch)
+    performance_tables.plot_reproduction_locality(tmp_path / "locality.png")
+    assert titles == ["learned (3 seeds)", "quadratic (3 seeds)", "gated (1 seed)"]
+    _results_with(report, tmp_path, monkeypatch)
     drawn.clear()
     performance_tables.plot_reproduction_centers(tmp_path / "centers.png")
     # Per layer and head: the track, its start and its end (seed 0's centers, as the snapshots hold them).

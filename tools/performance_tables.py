@@ -797,7 +797,7 @@ def plot_reproduction_locality(path):
             values = [locality[str(k)][layer]["mean_distance"] for k in epochs]
             axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3, label=f"layer {layer}")
             axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2)
-        axis.set_title(f"{model} ({len(entries[model]['seeds'])} seeds)", fontsize=9)
+        axis.set_title(f"{model} ({_seeds(len(entries[model]['seeds']))})", fontsize=9)
         axis.set_xlabel("epoch")
         axis.grid(alpha=0.3)
     axes[0, 0].set_ylabel("mean attention distance (grid pixels)")
