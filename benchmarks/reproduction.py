@@ -65,11 +65,11 @@ SNAPSHOTS = 12  # snapshots a run besides its initialization, as the study's run
 # at the budget, three seeds where the CPU time allowed (the content and gated models two each, the
 # fewest whose spread tells whether a curve flattened: their attention logits depend on the pixels,
 # and their runs take several times the position-only models', as long as ResNet18's or longer),
-# the comparison variant of docs/attention_init.md (its three short runs before the gated model's
-# long ones: a study stopped every few hours records them sooner), and the search for the budget:
-# twice it, 240 epochs, for the model that climbed most from 60 to 120 (it left the budget at 120),
-# and 60 epochs, where the attention models' curves still climbed. A run the committed report
-# records belongs here, so that the program's default plan makes it again.
+# the comparison variant of docs/attention_init.md (its three runs, each a fraction of a content or
+# gated run, before the gated model's: a study stopped every few hours records them sooner), and the
+# search for the budget: twice it, 240 epochs, for the model that climbed most from 60 to 120 (it
+# left the budget at 120), and 60 epochs, where the attention models' curves still climbed. A run
+# the committed report records belongs here, so that the program's default plan makes it again.
 STUDY = ((("learned", "quadratic", "resnet18"), (0, 1, 2), BUDGET),
          (("quadratic",), (0, 1, 2), 240),
          (("content",), (0,), BUDGET),
@@ -295,7 +295,7 @@ def summarize(runs: dict) -> dict:
     epoch, the test accuracy's spread); ``last_quarter_change`` (per seed, the test accuracy at the
     end minus at the last snapshot at or before three quarters of the epochs; its spread) and
     ``flattened`` (whether its mean magnitude is below the final accuracy's std; None with one
-    seed); and for attention models ``locality`` (per snapshot epoch, per layer, each
+    seed or without a last quarter); and for attention models ``locality`` (per snapshot epoch, per layer, each
     `layer_summary` value's spread); ``against_shorter``: None at a model's shortest budget, else
     the model's next shorter budget (``epochs``), the change of the mean test accuracy from it
     (``change``) and ``within_spread``: whether that change is at most the larger of the two
@@ -471,8 +471,7 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
         if minutes is None and timing:
             seconds, timed_by = timing
             minutes, timed_on = seconds * (epochs - done) / 60, cpu
-            state = f"{state} (timed by " + (f"its own {timed_by[key]} epochs" if list(timed_by) == [key] else
-                                             ", ".join(f"{n} epoch{'s' * (n != 1)} of {k}" for k, n in timed_by.items())) + ")"
+            state = f"{state} (timed by {_timed_by(key, timed_by)})"
         if minutes is None:
             untimed += 1
             lines.append(f"{key}: {state} (not timed yet)")
@@ -485,11 +484,21 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]
 
 
+def _timed_by(key: str, timed_by: dict) -> str:
+    """Which runs under way time run ``key``: ``timed_by`` is ``{run key: epochs timed}``."""
+    def epochs(n):
+        return f"{n} epoch{'s' * (n != 1)}"
+
+    if list(timed_by) == [key]:
+        return f"its own {epochs(timed_by[key])}"
+    return ", ".join(f"{epochs(n)} of {k}" for k, n in timed_by.items())
+
+
 def _epochs_under_way(runs_to_make, recorded: dict, work_dir: str) -> dict:
     """``{preset: (median epoch seconds, {run key: epochs timed})}`` over the timed epochs of the
     planned runs the report does not have yet but ``work_dir`` holds, per preset: what times a
-    preset before any of its runs is recorded (the first epoch, slowed by the start, is one of
-    many, and the median leaves it out)."""
+    preset before any of its runs is recorded. The first epoch of a run, slowed by the start, is
+    one of many once a run is under way for a while, and the median leaves it out."""
     from trainers import run_files
 
     seconds, timed_by = {}, {}
@@ -697,8 +706,8 @@ def main():
                         help="test images the locality metrics average over")
     parser.add_argument("--dry_run", action="store_true",
                         help="list the plan's runs, which the report has and how long the others take "
-                             "on this CPU class (from the recorded runs, or a model's runs under way), and "
-                             "train nothing")
+                             "on this CPU class (from the recorded runs, or for a model no recorded run timed, "
+                             "its runs under way), and train nothing")
     parser.add_argument("--prune_snapshots", action="store_true",
                         help="delete a read run's snapshots but its first and last")
     parser.add_argument("--note", default=None, help="a note kept in the report (e.g. why fewer seeds)")

@@ -219,6 +219,8 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     study = rp.plan()
     assert len(set(study)) == len(study)
     assert study[:3] == [("learned", 0, rp.BUDGET), ("learned", 1, rp.BUDGET), ("learned", 2, rp.BUDGET)]
+    # The comparison variant's three runs come before the gated model's first, long one.
+    assert study.index(("learned+convolutional@0.1", 2, rp.BUDGET)) < study.index(("gated", 0, rp.BUDGET))
     with open(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "reproduction.json")) as f:
         recorded = json.load(f)["runs"]
     assert set(recorded) <= {rp.run_key(*run) for run in study}
@@ -264,6 +266,24 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
         "content|seed=0|epochs=120: to resume after epoch 4 of 120 (timed by its own 4 epochs), about 247 min left",
         "content|seed=1|epochs=120: to train (timed by 4 epochs of content|seed=0|epochs=120), about 256 min",
         "7 of 8 runs to make: about 10.2 h of training and 1 not timed yet"]
+    # A recorded run of the preset, untimed, times nothing, and its directory's epochs neither;
+    # a history without epoch times neither.
+    with open(os.path.join(untimed, "history.json"), "w") as f:
+        json.dump([{"epoch": 1, "epoch_seconds": 60.0}], f)
+    assert rp.describe_plan([("content", 0, 120), ("content", 1, 120)],
+                            {"content|seed=0|epochs=120": {"median_epoch_seconds": None,
+                                                           "flags": {"model": "sa_content_plus_learned_bias_small"}}},
+                            str(tmp_path), cpu="cpu A")[1] == "content|seed=1|epochs=120: to train (not timed yet)"
+    with open(os.path.join(untimed, "history.json"), "w") as f:
+        json.dump([{"epoch": 1}, {"epoch": 2}], f)
+    assert rp.describe_plan([("content", 0, 120)], {}, str(tmp_path), cpu="cpu A")[0] == (
+        "content|seed=0|epochs=120: to resume after epoch 2 of 120 (not timed yet)")
+    with open(os.path.join(untimed, "history.json"), "w") as f:
+        json.dump([{"epoch": 1, "epoch_seconds": 120.0}], f)
+    assert rp.describe_plan([("content", 0, 120)], {}, str(tmp_path), cpu="cpu A")[0] == (
+        "content|seed=0|epochs=120: to resume after epoch 1 of 120 (timed by its own 1 epoch), about 238 min left")
+    with open(os.path.join(untimed, "history.json"), "w") as f:
+        json.dump([{"epoch": e, "epoch_seconds": s} for e, s in ((1, 240.0), (2, 120.0), (3, 130.0), (4, 126.0))], f)
     # Two runs of the preset under way time it together, each named.
     second = rp.run_dir(str(tmp_path), "content", 1, 120)
     os.makedirs(second)

@@ -603,8 +603,8 @@ def _run_minutes(data, model, epochs):
 
 def _last_quarter(entry, epochs):
     """The cells "last quarter" (the mean change and its epochs) and "flattened" of a summary entry;
-    "flattened" says why it has no verdict: one seed (no spread), or no snapshot in the second half
-    of training up to three quarters of it (no last quarter)."""
+    "flattened" says why it has no verdict: one seed (no spread), or no last quarter (no snapshot its
+    seeds share between half and three quarters of training, or none after it)."""
     change = entry["last_quarter_change"]
     unknown = "- (one seed)" if len(entry["seeds"]) == 1 else "- (snapshots too sparse)"
     return ("-" if change is None else f"{change['mean']:+.3f} (epochs {entry['quarter_epoch']}-{epochs})",
