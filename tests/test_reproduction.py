@@ -221,6 +221,11 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     assert study[:3] == [("learned", 0, rp.BUDGET), ("learned", 1, rp.BUDGET), ("learned", 2, rp.BUDGET)]
     # The comparison variant's three runs come before the gated model's first, long one.
     assert study.index(("learned+convolutional@0.1", 2, rp.BUDGET)) < study.index(("gated", 0, rp.BUDGET))
+    # Twice the budget for the quadratic and learned models, the learned model's before the second
+    # content and gated seeds.
+    assert {(model, seed) for model, seed, epochs in study if epochs == 2 * rp.BUDGET} == {
+        (model, seed) for model in ("learned", "quadratic") for seed in (0, 1, 2)}
+    assert study.index(("learned", 2, 2 * rp.BUDGET)) < study.index(("content", 1, rp.BUDGET))
     with open(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "reproduction.json")) as f:
         recorded = json.load(f)["runs"]
     assert set(recorded) <= {rp.run_key(*run) for run in study}
