@@ -342,7 +342,7 @@ def test_files_written_atomically_get_the_permissions_open_would_give_them(tmp_p
         assert json.load(f) == {"test_accuracy": 0.6}
 
 
-def test_a_second_trainer_on_a_folder_being_trained_into_stops_before_writing(tmp_path):
+def test_a_second_trainer_on_a_folder_being_trained_into_stops_before_writing(tmp_path, monkeypatch):
     """Two trainers on one --model_dir (a run started again while the first still runs) would
     interleave checkpoints, snapshots and history: the second stops at once, naming the first."""
     import re
@@ -351,13 +351,18 @@ def test_a_second_trainer_on_a_folder_being_trained_into_stops_before_writing(tm
     from trainers.checkpoints import TrainingError
 
     config = _tiny(tmp_path / "run")
+    built = []
+    build_model = train_lib.Trainer.build_model
+    monkeypatch.setattr(train_lib.Trainer, "build_model", lambda self: built.append(1) or build_model(self))
     with files.held(str(tmp_path / "run")):
         # The holder's ID where /proc/locks names the folder's device as stat does.
         with pytest.raises(TrainingError, match=rf"(Process {os.getpid()}|Another process) is training into "
                                                 rf"{re.escape(str(tmp_path / 'run'))} \(it holds"):
             train_lib.train(config, log=lambda s: None)
         assert os.listdir(tmp_path / "run") == []
+        assert built == []  # refused before it built the model
     assert train_lib.train(config, log=lambda s: None)["steps"] == 2  # once the first has ended
+    assert built == [1]
 
 
 def test_a_folder_that_cannot_be_locked_is_written_unlocked_with_a_warning(tmp_path, monkeypatch):

@@ -314,10 +314,11 @@ class Trainer:
         return history, train_seconds
 
     def run(self) -> dict:
-        """Trains (or resumes) to the end, evaluates the test split once, writes the artefacts,
-        holding the output folder's lock (`trainers.files.held`): a second trainer started on it
-        stops (`TrainingError`) before it writes anything, rather than interleave its files with
-        this one's.
+        """Prepares the Trainer if `prepare` has not, trains (or resumes) to the end, evaluates the
+        test split once and writes the artefacts, all holding the output folder's lock
+        (`trainers.files.held`): a second trainer started on it stops (`TrainingError`) before it
+        writes anything (and, unprepared, before it builds its model), rather than interleave its
+        files with this one's.
 
         Returns the results written to ``results.json``.
         """
@@ -469,8 +470,9 @@ def train(config: TrainConfig, strategy=None, log=print) -> dict:
     changes no process-wide state."""
     process.seed(config.seed)
     trainer = Trainer(config, strategy=strategy, log=log)
-    trainer.prepare()
     process.keep_freed_memory(trainer.task.keeps_freed_memory())
+    # `run` builds the model under the output folder's lock: a trainer refused the folder stops
+    # before spending the build's time (a large model's) or memory.
     return trainer.run()
 
 
