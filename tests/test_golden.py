@@ -47,10 +47,11 @@ def check_inference(preset, want, got):
 
 
 def check_gradients(preset, want, got):
-    """One training step's gradients, float32 through the forward and the backward pass, relative
-    to the step's gradient scale; a sketched gradient norm-wise (``|g . r| <= e |g| |r|``)."""
+    """One training step's gradients, in `golden.gradient_dtype` through the forward and the
+    backward pass, relative to the step's gradient scale; a sketched gradient norm-wise
+    (``|g . r| <= e |g| |r|``)."""
     config = sa_conv.get_config(preset)
-    relative = tolerances.float32_relative(config, batch=golden.GRAD_BATCH, backward=True)
+    relative = tolerances.gradient_relative(config, golden.gradient_dtype(config), batch=golden.GRAD_BATCH)
     whole = [k for k in want if k.startswith("grad/")]
     sketched = [k for k in want if k.startswith("sketch/")]
     variants = {k.split("/")[1] for k in whole + sketched}
@@ -137,3 +138,17 @@ def test_each_bound_fails_on_a_real_change(recorded_small):
     dropped = golden.serving(golden.build(preset, _dropped("block_1/attention_output")))
     with pytest.raises(AssertionError, match="bfloat16"):
         check_serving(preset, want, {**got, "bfloat16": dropped["bfloat16"]})
+
+
+def test_the_float64_gradient_bound_fails_on_a_real_change(made_once):
+    """ResNet18's gradients, recorded in float64 (`golden.gradient_dtype`) with float32 logits:
+    their bound refuses one batch normalization's scale moved by 1e-3 of itself, as the float32
+    bounds' test above moves a kernel. (Not a convolution's kernel here: the batch normalization
+    after it, in training mode, divides a kernel's scale out.)"""
+    preset, want, got = _recorded("resnet18", made_once, part=True)
+    check_gradients(preset, want, got)
+    moved = golden.record(preset, _scaled("stage2_block1_1_bn/gamma", 1 + 1e-3), part=True)
+    with pytest.raises(AssertionError, match="grad/"):
+        check_gradients(preset, want, {**got, **{k: v for k, v in moved.items() if k.startswith("grad/")}})
+    with pytest.raises(AssertionError, match="sketch/"):
+        check_gradients(preset, want, {**got, **{k: v for k, v in moved.items() if k.startswith("sketch/")}})
