@@ -3,6 +3,8 @@
     python -m tests.golden --write          # records tests/fixtures/golden/<preset>.npz
 
 Run it only before a change meant to keep behaviour, and commit the fixtures before the change.
+A recording made later (a preset's gradients in another dtype) is checked against the one it
+replaces, to that one's bound, before it is committed.
 
 `record(preset)` builds the preset, sets every variable from a generator keyed by the variable's
 path (so neither the order in which layers create their weights nor the initializers matter;
@@ -46,14 +48,19 @@ SKETCHES = 4
 
 
 def gradient_dtype(config) -> str:
-    """The dtype a preset's training-step gradients are recorded and recomputed in.
+    """The dtype (``"float32"`` or ``"float64"``) a preset's training-step gradients are recorded
+    and recomputed in, for its `sa_conv.ModelConfig`.
 
-    ReLU's derivative jumps at zero. ResNet18's training step on `GRAD_BATCH` images has about
-    1.1 million ReLU inputs, and a float32 evaluation with other kernels moves each by up to about
+    ReLU's derivative jumps at zero. ResNet18's training step on `GRAD_BATCH` images has 1.1
+    million ReLU inputs, and a float32 evaluation with other kernels moves each by up to about
     1e-6 of its layer's scale: on average about one of them crosses zero, and its side, which the
-    kernel set decides, moves the gradients of the layers below it by up to 0.3% of their scale,
-    beyond float32's bound. In float64 the odds of one crossing are about 1e-9. The attention
-    presets are smooth (GELU, softmax) and are recorded in float32, the dtype they train in."""
+    kernel set decides, moves the gradients of the layers below it beyond float32's bound (Eigen
+    against oneDNN on one AMD EPYC with AVX-512: one crossing in ``stage1_block1_out``, 0.18% of
+    the gradient scale against a bound of 0.10%). In float64 the odds of one crossing are about
+    1e-9. The attention presets' activations on images are smooth (GELU, softmax); their only
+    kinks are the MLP encoding's ReLUs, on the fixed offsets rather than the images (about 60
+    thousand inputs a block, computed by a short sum): they are recorded in float32, the dtype
+    they train in."""
     return "float64" if config.architecture == "resnet18" else "float32"
 
 

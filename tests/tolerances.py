@@ -16,8 +16,8 @@ correct evaluation of the same computation may differ by, and no more:
   sums, which layer normalization and batch normalization keep near the output's scale:
   ``D sqrt(K) u scale``. Two float32 evaluations (a fixture and a recomputation) may each be that
   far from the exact value, so a comparison between them allows twice it.
-* **float64** (``u = 2**-53``): the same analysis; `gradient_relative` keeps the float32 logits
-  layer's part of it.
+* **float64** (``u = 2**-53``): the same analysis; `gradient_relative` adds float32's bound for
+  the logits layer, which stays float32.
 * **bfloat16** (8 significant bits, ``u = 2**-8``): each rounding of an activation along the depth
   moves it by up to ``u`` of its value, and to first order the ``D`` roundings add:
   ``D u scale`` between a bfloat16 evaluation and the float32 one.
@@ -41,9 +41,9 @@ BFLOAT16_UNIT = 2.0 ** -8
 ROUNDINGS_PER_BLOCK = 5 + 2 + 2 + 4 + 3
 # Outside the blocks: the pixel normalization, the pooling and embedding, the pooled head's logits.
 ROUNDINGS_OUTSIDE_BLOCKS = 4
-# The logits layer, float32 whatever the model's policy: its matmul, bias and the log-softmax of the
-# cross-entropy.
-HEAD_ROUNDINGS = 3
+# The logits layer, float32 whatever the model's policy: the cast of its input, its matmul, bias
+# and the log-softmax of the cross-entropy.
+HEAD_ROUNDINGS = 4
 # ResNet18: 17 convolutions, each with its batch normalization and activation, 8 residual additions.
 RESNET18_ROUNDINGS = 17 * 3 + 8 + ROUNDINGS_OUTSIDE_BLOCKS
 
@@ -79,9 +79,10 @@ def gradient_relative(config, dtype: str, batch: int) -> float:
     ``batch`` images, the model's variables in ``dtype``, relative to the step's gradient scale.
 
     In float64 the logits layer stays float32 (the models keep their logits float32 whatever the
-    policy): its roundings, forward and backward, are float32's, and carry through the float64
-    backward pass below it unchanged in relative size, since the gradient is linear in the
-    logits' gradient. The rest of the step adds float64's bound of the whole depth."""
+    policy): its roundings, forward and backward, are float32's (sums no longer than the model's
+    longest, `terms`), and reach the float64 backward pass below it relative to the step's
+    gradient scale, as the float32 bound assumes of every rounding, since the gradient is linear in
+    the logits' gradient. The rest of the step adds float64's bound of the whole depth."""
     if dtype == "float32":
         return float32_relative(config, batch=batch, backward=True)
     if dtype != "float64":
