@@ -218,14 +218,20 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     each with the snapshots it was made with; flags give every model and seed at one budget."""
     study = rp.plan()
     assert len(set(study)) == len(study)
-    assert study[:3] == [("learned", 0, rp.BUDGET), ("learned", 1, rp.BUDGET), ("learned", 2, rp.BUDGET)]
+    first = rp.FIRST_BUDGET
+    assert study[:3] == [("learned", 0, first), ("learned", 1, first), ("learned", 2, first)]
     # The comparison variant's three runs come before the gated model's first, long one.
-    assert study.index(("learned+convolutional@0.1", 2, rp.BUDGET)) < study.index(("gated", 0, rp.BUDGET))
-    # Twice the budget for the quadratic and learned models, the learned model's before the second
-    # content and gated seeds.
-    assert {(model, seed) for model, seed, epochs in study if epochs == 2 * rp.BUDGET} == {
-        (model, seed) for model in ("learned", "quadratic") for seed in (0, 1, 2)}
-    assert study.index(("learned", 2, 2 * rp.BUDGET)) < study.index(("content", 1, rp.BUDGET))
+    assert study.index(("learned+convolutional@0.1", 2, first)) < study.index(("gated", 0, first))
+    # The search doubled the first budget for the quadratic and learned models, and the budget is
+    # that: every model at it, three seeds, the content and gated models two; the comparison
+    # variant's runs before ResNet18's and every first seed before a second.
+    assert rp.BUDGET == 2 * first
+    at_budget = [(model, seed) for model, seed, epochs in study if epochs == rp.BUDGET]
+    assert set(at_budget) == {(model, seed) for model in (*rp.MODELS, "learned+convolutional@0.1")
+                              for seed in ((0, 1) if model in ("content", "gated") else (0, 1, 2))}
+    assert at_budget.index(("learned+convolutional@0.1", 2)) < at_budget.index(("resnet18", 0))
+    assert max(at_budget.index((model, 0)) for model in rp.MODELS) < min(
+        at_budget.index((model, 1)) for model in ("content", "gated"))
     with open(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "reproduction.json")) as f:
         recorded = json.load(f)["runs"]
     assert set(recorded) <= {rp.run_key(*run) for run in study}
@@ -236,8 +242,8 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     assert rp.plan(["gated"], [4]) == [("gated", 4, rp.BUDGET)]
     assert [rp.default_snapshot_every(e) for e in (4, 12, 13, 50, 60, 240)] == [1, 1, 2, 5, 5, 20]
     assert rp.describe_plan(study[:2], {rp.run_key(*study[0]): {}}, "/nonexistent") == [
-        f"learned|seed=0|epochs={rp.BUDGET}: recorded",
-        f"learned|seed=1|epochs={rp.BUDGET}: to train (not timed yet)", "1 of 2 runs to make: 1 not timed yet"]
+        f"learned|seed=0|epochs={first}: recorded",
+        f"learned|seed=1|epochs={first}: to train (not timed yet)", "1 of 2 runs to make: 1 not timed yet"]
     # What a run will take: its preset's fastest median epoch on this CPU class (any budget or
     # initialization), else on another class, said so.
     def timed_run(seconds, cpu, preset):
@@ -573,13 +579,18 @@ def _results_with(report, folder, monkeypatch):
 def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, tmp_path):
     report = _report()
     _results_with(report, tmp_path, monkeypatch)
+    monkeypatch.setattr(rp, "BUDGET", 16)  # the study's budget, before its runs outnumber the others
+    assert performance_tables.reproduction_budgets().startswith(
+        "The study's budget is 16 epochs; the other tables read 8, the budget with the most runs, until the runs at "
+        "16 outnumber them")
+    monkeypatch.setattr(rp, "BUDGET", 8)
     budgets = performance_tables.reproduction_budgets().splitlines()
     rows = [line.split(" | ")[:3] for line in budgets if line.startswith("| `")]
     # The study's models first in its order, each budget ascending; comparison variants last.
     assert rows == [["| `sa_learned_small`", "4", "1"], ["| `sa_learned_small`", "8", "3"],
                     ["| `sa_quadratic_small`", "8", "3"], ["| `resnet18`", "8", "3"],
                     ["| `sa_quadratic_small+convolutional@0.1/2`", "8", "3"]]
-    assert "budget is 8 epochs" in budgets[0]
+    assert budgets[0].startswith("The study's budget is 8 epochs, the one with the most runs")
     # Training minutes per CPU class: its least disturbed seed's median epoch (20 s on cpu A, not
     # seed 0's 30 s; 40 s on cpu B) times the epochs.
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | 2 (cpu B) |" in budgets

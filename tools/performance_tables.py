@@ -645,8 +645,11 @@ def reproduction_budgets():
         rows.append([_model_name(model), epochs, len(e["seeds"]), _spread(e["test_accuracy"]),
                      _against_shorter(data["summary"], model, e.get("against_shorter")), *_last_quarter(e, epochs),
                      _run_minutes(data, model, epochs)])
-    caption = (f"The study's budget is {data['budget']} epochs, the one with the most runs; the others are the "
-               f"search for it. Against the shorter budget: the change of the mean test accuracy from the model's "
+    budget = (f"The study's budget is {data['budget']} epochs, the one with the most runs; the others are the "
+              f"search for it." if data["budget"] == study.BUDGET else
+              f"The study's budget is {study.BUDGET} epochs; the other tables read {data['budget']}, the budget with "
+              f"the most runs, until the runs at {study.BUDGET} outnumber them; the others are the search for it.")
+    caption = (f"{budget} Against the shorter budget: the change of the mean test accuracy from the model's "
                f"next shorter budget (with that budget's seeds, which may differ), within the spread when at most the "
                f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the "
                f"mean change of test accuracy over the last quarter of training is smaller than the seeds' standard "
