@@ -583,7 +583,13 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     assert performance_tables.reproduction_budgets().startswith(
         "The study's budget is 16 epochs; the other tables read 8, the budget with the most runs, until the runs at "
         "16 outnumber them")
+    note = "At 8 epochs, the budget with the most runs; the study's budget is 16 epochs ("
+    for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_locality,
+                  performance_tables.reproduction_claims, performance_tables.reproduction_first_accuracy):
+        assert table().startswith(note), table.__name__
     monkeypatch.setattr(rp, "BUDGET", 8)
+    for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_claims):
+        assert not table().startswith("At "), table.__name__
     budgets = performance_tables.reproduction_budgets().splitlines()
     rows = [line.split(" | ")[:3] for line in budgets if line.startswith("| `")]
     # The study's models first in its order, each budget ascending; comparison variants last.

@@ -553,6 +553,17 @@ def _reproduction():
     return data, budget, entries
 
 
+def _budget_note(data, page: str = "") -> str:
+    """A caption's first sentence when the tables read another budget than the study's (its runs
+    at the study's budget not yet the most): which one, and where ``page`` says why."""
+    from benchmarks import reproduction as study
+
+    if data["budget"] == study.BUDGET:
+        return ""
+    return (f"At {data['budget']} epochs, the budget with the most runs; the study's budget is {study.BUDGET} epochs "
+            f"({page}\"Choosing the budget\"). ")
+
+
 def _runs(data, model, budget):
     """``{seed: run}`` of ``model`` at ``budget``, by seed."""
     from benchmarks import reproduction as study
@@ -620,7 +631,7 @@ def reproduction_accuracy():
         rows.append([_model_name(model), len(e["seeds"]), _spread(e["test_accuracy"]),
                      f"{e['test_accuracy']['min']:.3f}-{e['test_accuracy']['max']:.3f}",
                      *_last_quarter(e, budget), _run_minutes(data, model, budget)])
-    caption = (f"{budget} epochs each, the trainer's defaults, {data['data']['training_images']} training images "
+    caption = (f"{_budget_note(data)}{budget} epochs each, the trainer's defaults, {data['data']['training_images']} training images "
                f"(10% of them held out for validation), {data['data']['test_images']} test images. Test accuracy: "
                f"mean ± sample standard deviation over the seeds. Last quarter: the mean change of test accuracy over "
                f"the last quarter of training; flattened when smaller than the seeds' standard deviation. Training "
@@ -695,7 +706,7 @@ def reproduction_curves():
 def reproduction_locality():
     """Per attention model and layer, the heads' mean attention distance, 3x3 mass and entropy at
     the start and the end, and the most local head at the end (each mean ± std over seeds)."""
-    _, budget, entries = _reproduction()
+    data, budget, entries = _reproduction()
     rows = []
     for model, e in entries.items():
         if "locality" not in e:
@@ -707,7 +718,8 @@ def reproduction_locality():
                          f"{_spread(a['entropy'], 2)} → {_spread(b['entropy'], 2)}",
                          f"{_spread(b['most_local_distance'], 2)}, mass {_spread(b['most_local_mass'], 2)}",
                          len(e["seeds"])])
-    caption = ("Mean over the heads of a layer, then mean ± std over the seeds; start → end of training. Distance: "
+    caption = (f"{_budget_note(data)}Mean over the heads of a layer, then mean ± std over the seeds; start → end of "
+               "training. Distance: "
                "the mean attention distance in grid pixels (the 16x16 grid after pooling); mass: the probability in "
                "the 3x3 around the most attended pixel (1 for a convolution tap); entropy in nats (uniform over 256 "
                "keys: 5.55). Averaged over the interior query pixels of the first test images.\n\n")
@@ -731,7 +743,7 @@ def reproduction_claims():
         else:
             evidence = f"{_spread(r['accuracy'])} against ResNet18's {_spread(r['resnet18'])}"
         rows.append([r["claim"], _model_name(r["model"]), evidence, r["seeds"], f"**{r['verdict']}**"])
-    caption = ("Locality: held when the change (or the difference between layers) goes the paper's way by more "
+    caption = (f"{_budget_note(data)}Locality: held when the change (or the difference between layers) goes the paper's way by more "
                "than the seeds' standard deviation, partly when it goes that way by less (or with one seed), not "
                "here when it does not. Accuracy: held when the model is within one standard deviation of ResNet18's "
                "or above, partly within two, not here beyond. The emergence of local heads is not asked of "
@@ -748,7 +760,7 @@ def reproduction_first_accuracy():
     model = next(iter(entries))
     run = min(_least_disturbed_runs(data, model, budget).values(), key=lambda r: r["median_epoch_seconds"])
     flags = " ".join(f"--{k}={v}" for k, v in run["flags"].items() if k not in ("seed", "snapshot_every"))
-    return (f"Trained {budget} epochs on cifar10-mini ({data['data']['training_images']} training images, a tenth "
+    return (f"{_budget_note(data, 'docs/reproduction.md, ')}Trained {budget} epochs on cifar10-mini ({data['data']['training_images']} training images, a tenth "
             f"held out for validation), test accuracy: " + "; ".join(parts) + ". One of them: "
             f"`.venv/bin/sa-conv-train {flags} --data_dir=../shared/datasets/cifar10-mini "
             f"--model_dir=runs/{run['flags']['model']}` ({_minutes(run, budget)} minutes on an "
