@@ -72,8 +72,8 @@ SNAPSHOTS = 12  # snapshots a run besides its initialization, as the study's run
 # and 60 epochs, where the attention models' curves still climbed; then every model at the budget:
 # three seeds, the content and gated models two each (the fewest whose spread tells whether a
 # curve flattened: their attention logits depend on the pixels, and their runs take several times
-# the position-only models', as long as ResNet18's or longer), the comparison variant's first and
-# every first seed before a second. A run the committed report records belongs here, so that the
+# the position-only models', as long as ResNet18's or longer), the comparison variant's runs first
+# and every model's first seed before a second. A run the committed report records belongs here, so that the
 # program's default plan makes it again.
 STUDY = ((("learned", "quadratic", "resnet18"), (0, 1, 2), FIRST_BUDGET),
          (("quadratic",), (0, 1, 2), BUDGET),

@@ -581,8 +581,8 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     _results_with(report, tmp_path, monkeypatch)
     monkeypatch.setattr(rp, "BUDGET", 16)  # the study's budget, before its runs outnumber the others
     assert performance_tables.reproduction_budgets().startswith(
-        "The study's budget is 16 epochs; the other tables read 8, the budget with the most runs, until the runs at "
-        "16 outnumber them")
+        "The study's budget is 16 epochs; the other tables read 8, the budget with the most runs, until the study's "
+        "models have as many at 16")
     note = "At 8 epochs, the budget with the most runs; the study's budget is 16 epochs ("
     for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_locality,
                   performance_tables.reproduction_claims, performance_tables.reproduction_first_accuracy):

@@ -631,10 +631,11 @@ def reproduction_accuracy():
         rows.append([_model_name(model), len(e["seeds"]), _spread(e["test_accuracy"]),
                      f"{e['test_accuracy']['min']:.3f}-{e['test_accuracy']['max']:.3f}",
                      *_last_quarter(e, budget), _run_minutes(data, model, budget)])
-    caption = (f"{_budget_note(data)}{budget} epochs each, the trainer's defaults, {data['data']['training_images']} training images "
-               f"(10% of them held out for validation), {data['data']['test_images']} test images. Test accuracy: "
-               f"mean ± sample standard deviation over the seeds. Last quarter: the mean change of test accuracy over "
-               f"the last quarter of training; flattened when smaller than the seeds' standard deviation. Training "
+    caption = (f"{_budget_note(data)}{budget} epochs each, the trainer's defaults, "
+               f"{data['data']['training_images']} training images (10% of them held out for validation), "
+               f"{data['data']['test_images']} test images. Test accuracy: mean ± sample standard deviation over "
+               f"the seeds. Last quarter: the mean change of test accuracy over the last quarter of training; "
+               f"flattened when smaller than the seeds' standard deviation. Training "
                f"minutes: epochs times the median epoch's seconds of the fastest seed on each CPU class (the study ran "
                f"partly beside other work, which slowed whole runs); an epoch's steps, validation and snapshots, "
                f"its steps alone in runs recorded before the trainer timed whole epochs.\n\n")
@@ -659,7 +660,8 @@ def reproduction_budgets():
     budget = (f"The study's budget is {data['budget']} epochs, the one with the most runs; the others are the "
               f"search for it." if data["budget"] == study.BUDGET else
               f"The study's budget is {study.BUDGET} epochs; the other tables read {data['budget']}, the budget with "
-              f"the most runs, until the runs at {study.BUDGET} outnumber them; the others are the search for it.")
+              f"the most runs, until the study's models have as many at {study.BUDGET}; the others are the search "
+              f"for it.")
     caption = (f"{budget} Against the shorter budget: the change of the mean test accuracy from the model's "
                f"next shorter budget (with that budget's seeds, which may differ), within the spread when at most the "
                f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the "
@@ -743,11 +745,11 @@ def reproduction_claims():
         else:
             evidence = f"{_spread(r['accuracy'])} against ResNet18's {_spread(r['resnet18'])}"
         rows.append([r["claim"], _model_name(r["model"]), evidence, r["seeds"], f"**{r['verdict']}**"])
-    caption = (f"{_budget_note(data)}Locality: held when the change (or the difference between layers) goes the paper's way by more "
-               "than the seeds' standard deviation, partly when it goes that way by less (or with one seed), not "
-               "here when it does not. Accuracy: held when the model is within one standard deviation of ResNet18's "
-               "or above, partly within two, not here beyond. The emergence of local heads is not asked of "
-               "`sa_gated_small`, which starts as a convolution.\n\n")
+    caption = (f"{_budget_note(data)}Locality: held when the change (or the difference between layers) goes the "
+               "paper's way by more than the seeds' standard deviation, partly when it goes that way by less (or "
+               "with one seed), not here when it does not. Accuracy: held when the model is within one standard "
+               "deviation of ResNet18's or above, partly within two, not here beyond. The emergence of local heads "
+               "is not asked of `sa_gated_small`, which starts as a convolution.\n\n")
     return caption + _table(["claim", "model", "measured (mean ± std)", "seeds", "verdict"], rows)
 
 
@@ -760,8 +762,9 @@ def reproduction_first_accuracy():
     model = next(iter(entries))
     run = min(_least_disturbed_runs(data, model, budget).values(), key=lambda r: r["median_epoch_seconds"])
     flags = " ".join(f"--{k}={v}" for k, v in run["flags"].items() if k not in ("seed", "snapshot_every"))
-    return (f"{_budget_note(data, 'docs/reproduction.md, ')}Trained {budget} epochs on cifar10-mini ({data['data']['training_images']} training images, a tenth "
-            f"held out for validation), test accuracy: " + "; ".join(parts) + ". One of them: "
+    return (f"{_budget_note(data, 'docs/reproduction.md, ')}Trained {budget} epochs on cifar10-mini "
+            f"({data['data']['training_images']} training images, a tenth held out for validation), test accuracy: "
+            + "; ".join(parts) + ". One of them: "
             f"`.venv/bin/sa-conv-train {flags} --data_dir=../shared/datasets/cifar10-mini "
             f"--model_dir=runs/{run['flags']['model']}` ({_minutes(run, budget)} minutes on an "
             f"{run['cpu']}); all of them, with what the heads learned: `.venv/bin/python -m benchmarks.reproduction`.")
