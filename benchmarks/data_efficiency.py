@@ -310,8 +310,7 @@ def measure(output: str, data_dir: str, variants, datasets, seeds, epochs: int =
 
 def main():
     parser = harness.arguments(__doc__, "data_efficiency.json", merge=False)
-    parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),
-                        help="the CIFAR-10 python-format files the cifar10-mini datasets are cut from")
+    harness.add_data_dir(parser, help="the CIFAR-10 python-format files the cifar10-mini datasets are cut from")
     parser.add_argument("--variants", default="quadratic,quadratic+convolutional@0.1,content,gated,resnet18")
     parser.add_argument("--datasets", default="cifar10-mini:100")
     parser.add_argument("--seeds", default="0,1,2")
@@ -323,7 +322,7 @@ def main():
     def items(text):
         return [item.strip() for item in text.split(",") if item.strip()]
 
-    measure(args.output, args.data_dir, items(args.variants), items(args.datasets), [int(s) for s in items(args.seeds)],
+    measure(args.output, harness.cifar10_dir(parser, args.data_dir), items(args.variants), items(args.datasets), [int(s) for s in items(args.seeds)],
             epochs=args.epochs, rerun=args.rerun, note=args.note)
 
 

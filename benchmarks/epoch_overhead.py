@@ -55,19 +55,19 @@ def main() -> None:
     parser.add_argument("--preset", default="sa_learned_small")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),
-                        help="CIFAR-10 python-format files (cifar10-mini)")
+    harness.add_data_dir(parser)
     parser.add_argument("--model_dir", help=argparse.SUPPRESS)
     args = harness.parse(parser)
     if args.side:
         return harness.print_result(measure(args.preset, args.side == "autotune_model", args.epochs,
                                             os.path.abspath(args.data_dir), args.model_dir))
+    data_dir = harness.cifar10_dir(parser, args.data_dir)
     runs, processes = {side: [] for side in SIDES}, {}
     for repeat in range(args.repeats):
         for side in SIDES:
             print(f"[repeat {repeat + 1}/{args.repeats}] {side}: training {args.preset} for {args.epochs} epochs ...",
                   flush=True)
-            run = run_case(args.preset, side, args.epochs, os.path.abspath(args.data_dir))
+            run = run_case(args.preset, side, args.epochs, data_dir)
             processes[side] = run.pop("process")
             runs[side].append(run)
             print(f"    seconds outside the steps per epoch: {run['outside_steps_seconds']}", flush=True)

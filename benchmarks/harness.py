@@ -45,6 +45,8 @@ from trainers import files  # standard library only, like this module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
+# The real CIFAR-10 subset the benchmarks train on by default (official python format).
+CIFAR10_MINI = os.path.join(ROOT, "..", "shared", "datasets", "cifar10-mini")
 RESULT_PREFIX = "RESULT "
 # The CPU features that decide which kernels a framework runs (and so what a peak means).
 CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16",
@@ -98,6 +100,27 @@ def run_module(module: str, args=(), python: str | None = None, env: dict | None
     output = dict(capture_output=True, text=True) if capture else dict(stdout=sys.stderr)
     return subprocess.run([python or sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=env,
                           timeout=timeout, **output)
+
+
+def add_data_dir(parser: argparse.ArgumentParser, help: str = "CIFAR-10 python-format files (cifar10-mini)") -> None:
+    """``--data_dir``, by default `CIFAR10_MINI`."""
+    parser.add_argument("--data_dir", default=CIFAR10_MINI, help=help)
+
+
+def cifar10_dir(parser: argparse.ArgumentParser, path: str) -> str:
+    """``path`` made absolute when it holds the official CIFAR-10 python files (a
+    ``cifar-10-batches-py/`` directory, one inside it, or the ``.tar.gz`` archive); else the
+    parser's usage error (exit status 2), which names the path and what it lacks: a parent checks
+    here before its children start, rather than each child failing in turn."""
+    from trainers import data  # reading files needs only numpy
+
+    absolute = os.path.abspath(path)
+    if data.CIFAR10.find(absolute) is None:
+        what = "does not exist" if not os.path.exists(absolute) else \
+            f"holds no {data.CIFAR10.dirname}/{data.CIFAR10.test_file}"
+        parser.error(f"--data_dir={path} {what}. Point it at a {data.CIFAR10.dirname}/ directory, a directory "
+                     f"containing one, or {data.CIFAR10.archive} (default: {os.path.normpath(CIFAR10_MINI)}).")
+    return absolute
 
 
 def parse(parser: argparse.ArgumentParser, reference=None, outputs: dict | None = None):

@@ -75,8 +75,7 @@ def main() -> None:
     parser = harness.arguments(__doc__, "iterator_deletion.json", merge=False)
     parser.add_argument("--epoch_seconds", default="20,60", help="epoch lengths in seconds, comma-separated")
     parser.add_argument("--repeats", type=int, default=6, help="epochs per side and length")
-    parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),
-                        help="CIFAR-10 python-format files (cifar10-mini)")
+    harness.add_data_dir(parser)
     args = harness.parse(parser)
     lengths = [float(s) for s in args.epoch_seconds.split(",")]
     if args.side:
@@ -84,6 +83,7 @@ def main() -> None:
         if side not in SIDES:
             parser.error(f"--side={args.side}: the side is one of {', '.join(SIDES)}, then @ and the epoch's seconds")
         return harness.print_result(measure(side, float(seconds), args.repeats, os.path.abspath(args.data_dir)))
+    data_dir = harness.cifar10_dir(parser, args.data_dir)
     from trainers import process
 
     environment = {**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -92,7 +92,7 @@ def main() -> None:
         for side in SIDES:
             print(f"{side}: {args.repeats} epochs of {seconds:g} s, timing each iterator's deletion ...", flush=True)
             run = harness.run_side(__name__, f"{side}@{seconds:g}", [f"--repeats={args.repeats}",
-                                                                    f"--data_dir={os.path.abspath(args.data_dir)}"],
+                                                                    f"--data_dir={data_dir}"],
                                    env=environment)
             processes[side] = run["process"]
             runs[side][f"{seconds:g}"] = run["deletion_seconds"]

@@ -694,8 +694,7 @@ def _write(output: str, report: dict) -> None:
 
 def main():
     parser = harness.arguments(__doc__, "reproduction.json", merge=False)
-    parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"),
-                        help="CIFAR-10 python-format files (cifar10-mini)")
+    harness.add_data_dir(parser)
     parser.add_argument("--work_dir", default=os.path.join(harness.ROOT, "runs", "reproduction"),
                         help="the runs' model directories: an interrupted run resumes from here")
     parser.add_argument("--models", default=None,
@@ -738,7 +737,7 @@ def main():
                                   harness.cpu_class()):
             print(line)
         return
-    measure(args.output, os.path.abspath(args.data_dir), os.path.abspath(args.work_dir), runs_to_make,
+    measure(args.output, harness.cifar10_dir(parser, args.data_dir), os.path.abspath(args.work_dir), runs_to_make,
             args.snapshot_every, args.locality_images, args.prune_snapshots, args.note,
             log=lambda line: print(line, file=sys.stderr, flush=True))
 

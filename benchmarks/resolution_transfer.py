@@ -38,7 +38,8 @@ def main():
     parser = harness.arguments(__doc__, "resolution_transfer.json", merge=False)
     parser.add_argument("--model", default="sa_quadratic_small")
     parser.add_argument("--dataset", default="cifar10")
-    parser.add_argument("--data_dir", default=os.path.join(harness.ROOT, "..", "shared", "datasets", "cifar10-mini"))
+    harness.add_data_dir(parser, help="the --dataset's files: CIFAR-10 python-format files (cifar10-mini) "
+                                      "for cifar10, else a tfds data_dir or an image folder")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--fine_tune_epochs", type=int, default=1)
     parser.add_argument("--batch", type=int, default=100)

@@ -206,7 +206,7 @@ def main():
     parser = harness.arguments(__doc__, "vs_reference_training.json")
     parser.add_argument("--reference_dir")
     parser.add_argument("--reference_python", default=sys.executable)
-    parser.add_argument("--data_dir", default=os.path.join(ROOT, "..", "shared", "datasets", "cifar10-mini"))
+    harness.add_data_dir(parser)
     parser.add_argument("--encodings", default="quadratic,learned")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--epochs", type=int, default=8)
@@ -232,6 +232,7 @@ def main():
         return
     if not args.reference_dir:
         parser.error("--reference_dir (a local clone of epfml/attention-cnn) is required.")
+    args.data_dir = harness.cifar10_dir(parser, args.data_dir)
     encodings = [e for e in args.encodings.split(",") if e]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.lockstep:

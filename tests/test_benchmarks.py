@@ -306,3 +306,36 @@ def test_serving_ratios_are_of_sides_timed_in_one_run():
     assert untouched["tflite_over_saved_model"] == {"batch1": 0.25, "batch100": 0.5}  # both of the earlier run
     assert set(untouched) == {"tflite_over_saved_model", "openvino_over_saved_model"}  # both the earlier run's
     assert untouched["openvino_over_saved_model"] == {"batch1": 9.0, "batch100": 9.0}
+
+
+@pytest.mark.parametrize("module, flags", [
+    ("benchmarks.epoch_overhead", []),
+    ("benchmarks.iterator_deletion", []),
+    ("benchmarks.data_efficiency", []),
+    ("benchmarks.reproduction", ["--models=learned", "--epochs=1", "--work_dir={tmp}/runs"]),
+    ("benchmarks.vs_reference_training", ["--reference_dir=."]),
+])
+def test_a_data_dir_without_cifar10_files_stops_the_benchmark_before_its_runs(module, flags, tmp_path):
+    """The parent checks ``--data_dir`` once, as a usage error that names the path and the fix,
+    rather than start a child per run that each fails inside with its own traceback."""
+    missing = tmp_path / "missing"
+    proc = harness.run_module(module, [f"--data_dir={missing}", f"--output={tmp_path / 'report.json'}",
+                                       *(flag.format(tmp=tmp_path) for flag in flags)])
+    assert proc.returncode == 2, proc.stderr
+    assert f"--data_dir={missing} does not exist. Point it at a cifar-10-batches-py/ directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert os.listdir(tmp_path) == []  # no report, no run directory
+
+
+def test_a_data_dir_is_taken_as_an_absolute_path_when_it_holds_cifar10_files(tiny_cifar, tmp_path, monkeypatch,
+                                                                             capsys):
+    import argparse
+
+    data_dir = tiny_cifar[0]
+    monkeypatch.chdir(os.path.dirname(data_dir))
+    assert harness.cifar10_dir(argparse.ArgumentParser(), os.path.basename(data_dir)) == data_dir
+    assert harness.cifar10_dir(argparse.ArgumentParser(), ".") == os.path.dirname(data_dir)  # holds one
+    with pytest.raises(SystemExit) as stop:
+        harness.cifar10_dir(argparse.ArgumentParser(), str(tmp_path))
+    assert stop.value.code == 2
+    assert f"--data_dir={tmp_path} holds no cifar-10-batches-py/test_batch." in capsys.readouterr().err
