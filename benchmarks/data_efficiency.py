@@ -322,8 +322,8 @@ def main():
     def items(text):
         return [item.strip() for item in text.split(",") if item.strip()]
 
-    measure(args.output, harness.cifar10_dir(parser, args.data_dir), items(args.variants), items(args.datasets), [int(s) for s in items(args.seeds)],
-            epochs=args.epochs, rerun=args.rerun, note=args.note)
+    measure(args.output, harness.cifar10_dir(parser, args.data_dir), items(args.variants), items(args.datasets),
+            [int(s) for s in items(args.seeds)], epochs=args.epochs, rerun=args.rerun, note=args.note)
 
 
 if __name__ == "__main__":
