@@ -109,17 +109,16 @@ def add_data_dir(parser: argparse.ArgumentParser, help: str = "CIFAR-10 python-f
 
 def cifar10_dir(parser: argparse.ArgumentParser, path: str) -> str:
     """``path`` made absolute when it holds the official CIFAR-10 python files (a
-    ``cifar-10-batches-py/`` directory, one inside it, or the ``.tar.gz`` archive); else the
-    parser's usage error (exit status 2), which names the path and what it lacks: a parent checks
+    ``cifar-10-batches-py/`` directory, one inside it, or the ``.tar.gz`` archive: `CifarFormat.locate`);
+    else the parser's usage error (exit status 2), which names the path and what it lacks: a parent checks
     here before its children start, rather than each child failing in turn."""
     from trainers import data  # reading files needs only numpy
 
     absolute = os.path.abspath(path)
-    if data.CIFAR10.find(absolute) is None:
-        what = "does not exist" if not os.path.exists(absolute) else \
-            f"holds no {data.CIFAR10.dirname}/{data.CIFAR10.test_file}"
-        parser.error(f"--data_dir={path} {what}. Point it at a {data.CIFAR10.dirname}/ directory, a directory "
-                     f"containing one, or {data.CIFAR10.archive} (default: {os.path.normpath(CIFAR10_MINI)}).")
+    try:
+        data.CIFAR10.locate(absolute)  # the checks the children's reading starts with
+    except data.DatasetError as error:
+        parser.error(f"--data_dir={path}: {error} (The default: {os.path.normpath(CIFAR10_MINI)}.)")
     return absolute
 
 

@@ -322,7 +322,8 @@ def test_a_data_dir_without_cifar10_files_stops_the_benchmark_before_its_runs(mo
     proc = harness.run_module(module, [f"--data_dir={missing}", f"--output={tmp_path / 'report.json'}",
                                        *(flag.format(tmp=tmp_path) for flag in flags)])
     assert proc.returncode == 2, proc.stderr
-    assert f"--data_dir={missing} does not exist. Point it at a cifar-10-batches-py/ directory" in proc.stderr
+    assert (f"--data_dir={missing}: CIFAR-10 path {str(missing)!r} does not exist. Point --data_dir at a "
+            "cifar-10-batches-py/ directory") in proc.stderr
     assert "Traceback" not in proc.stderr
     assert os.listdir(tmp_path) == []  # no report, no run directory
 
@@ -338,4 +339,6 @@ def test_a_data_dir_is_taken_as_an_absolute_path_when_it_holds_cifar10_files(tin
     with pytest.raises(SystemExit) as stop:
         harness.cifar10_dir(argparse.ArgumentParser(), str(tmp_path))
     assert stop.value.code == 2
-    assert f"--data_dir={tmp_path} holds no cifar-10-batches-py/test_batch." in capsys.readouterr().err
+    assert (f"--data_dir={tmp_path}: CIFAR-10 directory {str(tmp_path)!r} is missing batch file(s) "
+            "['data_batch_1', 'data_batch_2', 'data_batch_3', 'data_batch_4', 'data_batch_5', 'test_batch']"
+            ) in capsys.readouterr().err

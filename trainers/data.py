@@ -298,13 +298,13 @@ class CifarFormat:
                 return candidate
         return None
 
-    def load(self, path: str) -> ImageData:
-        """Reads the official python format from a directory or a ``.tar.gz`` archive.
+    def locate(self, path: str) -> str:
+        """The ``.tar.gz`` archive ``path`` names, or the batches directory it is or contains
+        (checked to hold every batch file), without reading them.
 
         Raises:
-          DatasetError: naming the file, for a missing path or batch file, a truncated, corrupt
-            or unsafe pickle, a file above `MAX_FILE_BYTES`, a wrong array size or labels out
-            of range.
+          DatasetError: naming the path and the fix, for a missing path, a file that is no
+            archive, or missing batch files.
         """
         if not os.path.exists(path):
             raise DatasetError(
@@ -317,7 +317,7 @@ class CifarFormat:
                     f"{self.title} path {path!r} is a file but not a .tar.gz archive; expected a "
                     f"{self.dirname}/ directory or {self.archive}."
                 )
-            return self._load_archive(path)
+            return path
         directory = os.path.join(path, self.dirname) if os.path.isdir(os.path.join(path, self.dirname)) else path
         wanted = self.train_files + (self.test_file,)
         missing = [n for n in wanted if not os.path.isfile(os.path.join(directory, n))]
@@ -326,6 +326,19 @@ class CifarFormat:
                 f"{self.title} directory {directory!r} is missing batch file(s) {missing}; expected "
                 f"{list(wanted)} in the official python format."
             )
+        return directory
+
+    def load(self, path: str) -> ImageData:
+        """Reads the official python format from a directory or a ``.tar.gz`` archive.
+
+        Raises:
+          DatasetError: naming the file, for a missing path or batch file (`locate`), a
+            truncated, corrupt or unsafe pickle, a file above `MAX_FILE_BYTES`, a wrong array
+            size or labels out of range.
+        """
+        directory = self.locate(path)
+        if os.path.isfile(directory):
+            return self._load_archive(directory)
         meta_path = os.path.join(directory, self.meta_file)
         meta = _read_file(meta_path) if os.path.isfile(meta_path) else None
         return self._assemble(lambda n: _read_file(os.path.join(directory, n)),
