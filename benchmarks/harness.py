@@ -109,9 +109,10 @@ def add_data_dir(parser: argparse.ArgumentParser, help: str = "CIFAR-10 python-f
 
 def cifar10_dir(parser: argparse.ArgumentParser, path: str) -> str:
     """``path`` made absolute when it holds the official CIFAR-10 python files (a
-    ``cifar-10-batches-py/`` directory, one inside it, or the ``.tar.gz`` archive: `CifarFormat.locate`);
-    else the parser's usage error (exit status 2), which names the path and what it lacks: a parent checks
-    here before its children start, rather than each child failing in turn."""
+    ``cifar-10-batches-py/`` directory, the ``.tar.gz`` archive, or a directory holding either:
+    `CifarFormat.locate`); else the parser's usage error (exit status 2), which names the path and
+    what it lacks: a parent checks here before its children start, rather than each child failing
+    in turn."""
     from trainers import data  # reading files needs only numpy
 
     absolute = os.path.abspath(path)

@@ -38,6 +38,21 @@ def test_parent_directory_and_archive_read_the_same(tiny_cifar, tmp_path):
         np.testing.assert_array_equal(loaded.test.labels, written.test.labels)
 
 
+def test_a_directory_holding_only_the_downloaded_archive_reads_as_that_archive(tiny_cifar, tmp_path):
+    """`find` sends such a directory to the file reader (not tfds), so `locate` must accept it."""
+    written = tiny_cifar[1]
+    download = tmp_path / "download"
+    download.mkdir()
+    archive = str(download / data.CIFAR10.archive)
+    os.replace(data.write_cifar10_files(str(tmp_path), written, archive=True), archive)
+    assert os.listdir(download) == [data.CIFAR10.archive]
+    assert data.CIFAR10.find(str(download)) == archive
+    assert data.CIFAR10.locate(str(download)) == archive
+    for loaded in (data.load_cifar10_files(str(download)), data.load_dataset("cifar10", str(download))):
+        np.testing.assert_array_equal(loaded.test.images, written.test.images)
+        np.testing.assert_array_equal(loaded.test.labels, written.test.labels)
+
+
 def test_channel_layout_is_planar_rgb(tmp_path):
     """Row layout: 1,024 red, then green, then blue, each row-major 32x32."""
     row = np.zeros((1, 3072), np.uint8)

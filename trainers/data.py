@@ -299,8 +299,9 @@ class CifarFormat:
         return None
 
     def locate(self, path: str) -> str:
-        """The ``.tar.gz`` archive ``path`` names, or the batches directory it is or contains
-        (checked to hold every batch file), without reading them.
+        """The ``.tar.gz`` archive ``path`` names or contains, or the batches directory it is or
+        contains (checked to hold every batch file), without reading them: what `find` offers,
+        checked.
 
         Raises:
           DatasetError: naming the path and the fix, for a missing path, a file that is no
@@ -318,7 +319,14 @@ class CifarFormat:
                     f"{self.dirname}/ directory or {self.archive}."
                 )
             return path
-        directory = os.path.join(path, self.dirname) if os.path.isdir(os.path.join(path, self.dirname)) else path
+        directory = os.path.join(path, self.dirname)
+        if not os.path.isdir(directory):
+            archive = os.path.join(path, self.archive)
+            # A directory holding only the downloaded archive reads as that archive, which is
+            # what `find` offers it as.
+            if not os.path.isfile(os.path.join(path, self.test_file)) and os.path.isfile(archive):
+                return archive
+            directory = path
         wanted = self.train_files + (self.test_file,)
         missing = [n for n in wanted if not os.path.isfile(os.path.join(directory, n))]
         if missing:
