@@ -559,6 +559,8 @@ def _report():
                 for snapshot in run["snapshots"]:
                     snapshot["centers"] = [[[e / (2 if snapshot["epoch"] else 1), -e] for e in (1.0, 2.0)]] * 2
             run.update(median_epoch_seconds=seconds, cpu="cpu B" if seed == 2 else "cpu A",
+                       parameters=11_000_000 if model == "resnet18" else 190_000,
+                       **({} if model == "resnet18" else {"locality_images": 32}),
                        flags={"model": rp.data_efficiency.parse_variant(model)["model"], "dataset": "cifar10",
                               "epochs": 8, "seed": seed, "snapshot_every": 2})
             runs[rp.run_key(model, seed, 8)] = run
@@ -590,6 +592,18 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     monkeypatch.setattr(rp, "BUDGET", 8)
     for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_claims):
         assert not table().startswith("At "), table.__name__
+    accuracy = performance_tables.reproduction_accuracy().splitlines()
+    assert "| `sa_learned_small` | 190,000 | 3 | 0.510 ± 0.010 | 0.500-0.520 |" in "\n".join(accuracy)
+    assert "| `resnet18` | 11,000,000 | 3 | 0.610 ± 0.010 | 0.600-0.620 |" in "\n".join(accuracy)
+    # The locality caption's baselines are the metrics of uniform attention on the 16x16 grid,
+    # averaged over its central 8x8 queries: sqrt(2) * 4.725 on average, not a recorded number.
+    locality = performance_tables.reproduction_locality()
+    assert ("(the 16x16 grid after pooling; uniform attention: 6.68)" in locality
+            and "entropy in nats (uniform: 5.55)" in locality)
+    assert "central 8x8 query pixels (at least 4 from every border) of the first 32 test images" in locality
+    # The quadratic model's first layer starts at a 3x3 mass of 0.1 in this report.
+    assert ("`sa_quadratic_small`'s Gaussian heads start local (first layer's 3x3 mass 0.10 at initialization)"
+            in performance_tables.reproduction_claims())
     budgets = performance_tables.reproduction_budgets().splitlines()
     rows = [line.split(" | ")[:3] for line in budgets if line.startswith("| `")]
     # The study's models first in its order, each budget ascending; comparison variants last.
@@ -610,7 +624,11 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
                                    "resnet18|seed=0|epochs=32": _run({0: 0.1, 24: 0.6, 32: 0.61}),
                                    "quadratic|seed=0|epochs=4": _run({0: 0.1, 4: 0.3}),
                                    "quadratic|seed=1|epochs=4": _run({0: 0.1, 4: 0.32})})
+    runs["content|seed=0|epochs=8"] = dict(_run({0: 0.1, 6: 0.4, 8: 0.42}), parameters=2_400)
     _results_with(dict(report, runs=runs, summary=rp.summarize(runs)), tmp_path, monkeypatch)
+    # One seed: no spread, no range.
+    assert "| `sa_content_plus_learned_bias_small` | 2,400 | 1 | 0.420 | - | +0.020 (epochs 6-8) | - (one seed) |" \
+        in performance_tables.reproduction_accuracy()
     budgets = performance_tables.reproduction_budgets()
     assert "| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.000 from 4 (2 seeds), within the spread |" in budgets
     assert "| `resnet18` | 32 | 1 | 0.610 | +0.010 from 16 (1 seed), no spread |" in budgets
@@ -623,8 +641,8 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     assert ("| convolutional >= random | cifar10-mini:100, 8 epochs | `quadratic+convolutional@0.1/2` 0.460 (3) | "
             "`quadratic` 0.490 (3) | -0.030 | +0.00 | no | 0.010 |") in targets
     line = performance_tables.reproduction_first_accuracy()
-    assert ("`sa_learned_small` 0.510 ± 0.010 (3 seeds); `sa_quadratic_small` 0.490 ± 0.010 (3 seeds); `resnet18` "
-            "0.610 ± 0.010 (3 seeds)") in line
+    assert ("`sa_learned_small` 0.510 ± 0.010 (3 seeds, 0.19 M parameters); `sa_quadratic_small` 0.490 ± 0.010 "
+            "(3 seeds, 0.19 M parameters); `resnet18` 0.610 ± 0.010 (3 seeds, 11.00 M parameters)") in line
     assert ("`.venv/bin/sa-conv-train --model=sa_learned_small --dataset=cifar10 --epochs=8 "
             "--data_dir=../shared/datasets/cifar10-mini --model_dir=runs/sa_learned_small` (3 minutes on an cpu A)") in line
 
