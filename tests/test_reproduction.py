@@ -587,10 +587,12 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
         "models have as many at 16")
     note = "At 8 epochs, the budget with the most runs; the study's budget is 16 epochs ("
     for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_locality,
-                  performance_tables.reproduction_claims, performance_tables.reproduction_first_accuracy):
+                  performance_tables.reproduction_claims, performance_tables.reproduction_first_accuracy,
+                  performance_tables.reproduction_curves):
         assert table().startswith(note), table.__name__
     monkeypatch.setattr(rp, "BUDGET", 8)
-    for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_claims):
+    for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_claims,
+                  performance_tables.reproduction_curves):
         assert not table().startswith("At "), table.__name__
     accuracy = performance_tables.reproduction_accuracy().splitlines()
     assert "| `sa_learned_small` | 190,000 | 3 | 0.510 ± 0.010 | 0.500-0.520 |" in "\n".join(accuracy)
@@ -660,8 +662,8 @@ def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
 
     monkeypatch.setattr(axes.Axes, "plot", plot)
     performance_tables.plot_reproduction_curves(tmp_path / "curves.png")
-    assert [label for label in drawn if label] == ["learned (3 seeds)", "learned, 4 epochs (1 seed)",
-                                                    "quadratic (3 seeds)", "resnet18 (3 seeds)"]
+    assert [label for label in drawn if label] == ["sa_learned_small (3 seeds)", "sa_learned_small, 4 epochs (1 seed)",
+                                                    "sa_quadratic_small (3 seeds)", "resnet18 (3 seeds)"]
     assert (tmp_path / "curves.png").stat().st_size > 0
     # Locality against training time: a panel per attention model, titled with its seeds.
     titles = []
@@ -672,8 +674,16 @@ def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
                                                                   {e: [3.0, 4.0] for e in (0, 6, 8)},
                                                                   {e: [0.5, 0.4] for e in (0, 6, 8)})})
     _results_with(dict(report, runs=gated, summary=rp.summarize(gated)), tmp_path, monkeypatch)
+    baselines = []
+    real_axhline = axes.Axes.axhline
+    monkeypatch.setattr(axes.Axes, "axhline", lambda axis, y, **kw: baselines.append(y) or real_axhline(axis, y, **kw))
     performance_tables.plot_reproduction_locality(tmp_path / "locality.png")
-    assert titles == ["learned (3 seeds)", "quadratic (3 seeds)", "gated (1 seed)"]
+    assert titles == ["sa_learned_small (3 seeds)", "sa_quadratic_small (3 seeds)", "sa_gated_small (1 seed)"]
+    # Every panel shows uniform attention's distance on the 16x16 grid from its central 8x8 queries:
+    # the mean over those 64 queries of the mean distance to all 256 keys.
+    rows, cols = np.mgrid[0:16, 0:16]
+    expected = np.mean([np.hypot(rows - r, cols - c).mean() for r in range(4, 12) for c in range(4, 12)])
+    assert [round(y, 6) for y in baselines] == [round(expected, 6)] * 3 and 6.6 < expected < 6.7
     _results_with(report, tmp_path, monkeypatch)
     drawn.clear()
     performance_tables.plot_reproduction_centers(tmp_path / "centers.png")

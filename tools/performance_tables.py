@@ -711,10 +711,25 @@ def reproduction_targets():
 
 def reproduction_curves():
     """Test accuracy at every snapshot epoch, per model: mean ± std over the seeds."""
-    _, budget, entries = _reproduction()
+    data, budget, entries = _reproduction()
     epochs = sorted({int(e) for entry in entries.values() for e in entry["curve"]})
     rows = [[e] + [_spread(entry["curve"].get(str(e))) for entry in entries.values()] for e in epochs]
-    return _table(["epoch"] + [_model_name(m) for m in entries], rows)
+    return (f"{_budget_note(data)}Epoch 0: at initialization.\n\n"
+            + _table(["epoch"] + [_model_name(m) for m in entries], rows))
+
+
+ATTENTION_GRID = (16, 16)  # the small presets' attention grid: 32x32 images after pooling width 2
+
+
+def _uniform_attention():
+    """`sa_conv.inspection.locality_metrics` of attention spread evenly over `ATTENTION_GRID`: the
+    baseline a trained head's distance and entropy are read against."""
+    import numpy as np
+
+    from sa_conv import inspection
+
+    keys = ATTENTION_GRID[0] * ATTENTION_GRID[1]
+    return inspection.locality_metrics(np.full((1, 1, keys, keys), 1 / keys), ATTENTION_GRID)[0]
 
 
 def reproduction_locality():
@@ -732,14 +747,11 @@ def reproduction_locality():
                          f"{_spread(a['entropy'], 2)} → {_spread(b['entropy'], 2)}",
                          f"{_spread(b['most_local_distance'], 2)}, mass {_spread(b['most_local_mass'], 2)}",
                          len(e["seeds"])])
-    import numpy as np
-
     from sa_conv import inspection
 
-    grid = (16, 16)  # the small presets' attention grid: 32x32 images after pooling width 2
-    keys = grid[0] * grid[1]
-    uniform = inspection.locality_metrics(np.full((1, 1, keys, keys), 1 / keys), grid)[0]
-    queries = int(np.sqrt(len(inspection.interior_queries(grid))))
+    uniform = _uniform_attention()
+    grid = ATTENTION_GRID
+    queries = int(len(inspection.interior_queries(grid)) ** 0.5)
     images = sorted({run["locality_images"] for model in entries for run in _runs(data, model, budget).values()
                      if run.get("locality_images")})
     caption = (f"{_budget_note(data)}Mean over the heads of a layer, then mean ± std over the seeds; start → end of "
@@ -825,7 +837,7 @@ def plot_reproduction_curves(path):
         epochs = sorted(int(k) for k in e["curve"])
         values = [e["curve"][str(k)] for k in epochs]
         axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3, color=colours[index],
-                  label=f"{model} ({_seeds(len(e['seeds']))})")
+                  label=f"{_model_name(model).strip('`')} ({_seeds(len(e['seeds']))})")
         axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2,
                           color=colours[index])
         searched = sorted(epochs for (name, epochs) in map(study.split_summary_key, data["summary"])
@@ -834,7 +846,8 @@ def plot_reproduction_curves(path):
             other = data["summary"][study.summary_key(model, other_budget)]
             points = sorted((int(k), v["mean"]) for k, v in other["curve"].items())
             axis.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", linewidth=1,
-                      color=colours[index], label=f"{model}, {other_budget} epochs ({_seeds(len(other['seeds']))})")
+                      color=colours[index],
+                      label=f"{_model_name(model).strip('`')}, {other_budget} epochs ({_seeds(len(other['seeds']))})")
     axis.set_xlabel("epoch")
     axis.set_ylabel("test accuracy")
     axis.set_title(f"Test accuracy during training ({budget} epochs, cifar10-mini; dashed: other budgets)")
@@ -845,11 +858,13 @@ def plot_reproduction_curves(path):
 
 def plot_reproduction_locality(path):
     """Per attention model, each layer's mean attention distance against epochs (mean over
-    seeds, band min-max)."""
+    seeds, band min-max), on one scale with uniform attention's (dotted)."""
     plt = _plt()
     _, budget, entries = _reproduction()
     models = [m for m, e in entries.items() if "locality" in e]
-    figure, axes = plt.subplots(1, max(len(models), 1), figsize=(3.6 * max(len(models), 1), 3.4), squeeze=False)
+    figure, axes = plt.subplots(1, max(len(models), 1), figsize=(3.6 * max(len(models), 1), 3.4), squeeze=False,
+                                sharey=True)
+    uniform = _uniform_attention()["mean_distance"]
     for axis, model in zip(axes[0], models):
         locality = entries[model]["locality"]
         epochs = sorted(int(k) for k in locality)
@@ -857,7 +872,8 @@ def plot_reproduction_locality(path):
             values = [locality[str(k)][layer]["mean_distance"] for k in epochs]
             axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3, label=f"layer {layer}")
             axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2)
-        axis.set_title(f"{model} ({_seeds(len(entries[model]['seeds']))})", fontsize=9)
+        axis.axhline(uniform, color="grey", linestyle=":", linewidth=1, label="uniform attention")
+        axis.set_title(f"{_model_name(model).strip('`')} ({_seeds(len(entries[model]['seeds']))})", fontsize=9)
         axis.set_xlabel("epoch")
         axis.grid(alpha=0.3)
     axes[0, 0].set_ylabel("mean attention distance (grid pixels)")
