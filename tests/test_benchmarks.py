@@ -4,6 +4,7 @@ Keras, as it must in the reference's own (torch and NumPy only)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 from benchmarks import harness
 from tests.conftest import PROJECT_ROOT
+from trainers import data
 
 # Blocks what the reference's interpreter does not have, at startup (Python imports
 # `sitecustomize` from the path before anything else).
@@ -336,6 +338,12 @@ def test_a_data_dir_is_taken_as_an_absolute_path_when_it_holds_cifar10_files(tin
     monkeypatch.chdir(os.path.dirname(data_dir))
     assert harness.cifar10_dir(argparse.ArgumentParser(), os.path.basename(data_dir)) == data_dir
     assert harness.cifar10_dir(argparse.ArgumentParser(), ".") == os.path.dirname(data_dir)  # holds one
+    download = tmp_path / "download"  # holds only the downloaded archive
+    download.mkdir()
+    archive = data.write_cifar10_files(str(tmp_path / "written"), tiny_cifar[1], archive=True)
+    os.replace(archive, download / data.CIFAR10.archive)
+    assert harness.cifar10_dir(argparse.ArgumentParser(), str(download)) == str(download)
+    shutil.rmtree(tmp_path / "written")
     with pytest.raises(SystemExit) as stop:
         harness.cifar10_dir(argparse.ArgumentParser(), str(tmp_path))
     assert stop.value.code == 2

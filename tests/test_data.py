@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import shutil
 import tarfile
 
 import numpy as np
@@ -38,19 +39,44 @@ def test_parent_directory_and_archive_read_the_same(tiny_cifar, tmp_path):
         np.testing.assert_array_equal(loaded.test.labels, written.test.labels)
 
 
-def test_a_directory_holding_only_the_downloaded_archive_reads_as_that_archive(tiny_cifar, tmp_path):
-    """`find` sends such a directory to the file reader (not tfds), so `locate` must accept it."""
-    written = tiny_cifar[1]
+@pytest.mark.parametrize("layout, chosen", [
+    ("archive", "archive"),  # the download folder before extraction
+    ("partial_subfolder+archive", "archive"),  # an extraction interrupted beside the archive
+    ("partial_subfolder_with_test_batch+archive", "archive"),
+    ("partial_subfolder+flat", "flat"),  # the batch files beside an empty or partial subfolder
+])
+def test_a_directory_is_read_from_its_first_complete_candidate(tiny_cifar, tmp_path, layout, chosen):
+    """`find` sends such a directory to the file reader (not tfds); `locate` reads it from the
+    first complete place: the batches subfolder, the directory itself, then the archive."""
+    source, written = tiny_cifar
     download = tmp_path / "download"
     download.mkdir()
     archive = str(download / data.CIFAR10.archive)
-    os.replace(data.write_cifar10_files(str(tmp_path), written, archive=True), archive)
-    assert os.listdir(download) == [data.CIFAR10.archive]
-    assert data.CIFAR10.find(str(download)) == archive
-    assert data.CIFAR10.locate(str(download)) == archive
+    os.replace(data.write_cifar10_files(str(tmp_path / "written"), written, archive=True), archive)
+    if layout == "partial_subfolder+archive" or layout == "partial_subfolder+flat":
+        (download / data.CIFAR10.dirname).mkdir()
+        shutil.copy(os.path.join(source, "data_batch_1"), download / data.CIFAR10.dirname)
+    if layout == "partial_subfolder_with_test_batch+archive":
+        (download / data.CIFAR10.dirname).mkdir()
+        shutil.copy(os.path.join(source, "test_batch"), download / data.CIFAR10.dirname)
+    if layout == "partial_subfolder+flat":
+        os.remove(archive)
+        for name in os.listdir(source):
+            shutil.copy(os.path.join(source, name), download)
+    assert data.CIFAR10.find(str(download)) is not None  # the file reader's, not tfds'
+    assert data.CIFAR10.locate(str(download)) == {"archive": archive, "flat": str(download)}[chosen]
     for loaded in (data.load_cifar10_files(str(download)), data.load_dataset("cifar10", str(download))):
         np.testing.assert_array_equal(loaded.test.images, written.test.images)
-        np.testing.assert_array_equal(loaded.test.labels, written.test.labels)
+        np.testing.assert_array_equal(loaded.train.labels, written.train.labels)
+
+
+def test_a_partial_directory_without_an_alternative_names_what_it_lacks(tiny_cifar, tmp_path):
+    (tmp_path / data.CIFAR10.dirname).mkdir()
+    shutil.copy(os.path.join(tiny_cifar[0], "test_batch"), tmp_path / data.CIFAR10.dirname)
+    with pytest.raises(data.DatasetError, match=r"cifar-10-batches-py' is missing batch file\(s\) \['data_batch_1', "
+                                                r"'data_batch_2', 'data_batch_3', 'data_batch_4', 'data_batch_5'\].*"
+                                                r"or cifar-10-python.tar.gz beside them"):
+        data.load_cifar10_files(str(tmp_path))
 
 
 def test_channel_layout_is_planar_rgb(tmp_path):

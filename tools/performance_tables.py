@@ -583,12 +583,25 @@ def _spread(s, digits=3):
     return f"{s['mean']:.{digits}f}" + ("" if s["std"] is None else f" ± {s['std']:.{digits}f}")
 
 
-def _model_name(model):
+def _study_preset(model):
     """The preset a study model trains, with a comparison variant's initialization after it."""
     from benchmarks import data_efficiency
 
     start = model.partition("+")[2]
-    return f"`{data_efficiency.parse_variant(model)['model']}{'+' + start if start else ''}`"
+    return f"{data_efficiency.parse_variant(model)['model']}{'+' + start if start else ''}"
+
+
+def _model_name(model):
+    """`_preset` as code."""
+    return f"`{_study_preset(model)}`"
+
+
+def _grid_side(model):
+    """The side of the attention grid of the preset ``model`` trains (`ModelConfig.grid_size`)."""
+    import sa_conv
+    from benchmarks import data_efficiency
+
+    return sa_conv.get_config(data_efficiency.parse_variant(model)["model"]).grid_size
 
 
 def _least_disturbed_runs(data, model, epochs):
@@ -615,8 +628,8 @@ def _run_minutes(data, model, epochs):
 def _parameters(data, model, budget, exact=False):
     """``model``'s parameter count at ``budget`` (its seeds', which agree), in millions to two
     decimals, or ``exact``ly."""
-    counts = sorted({run["parameters"] for run in _runs(data, model, budget).values()})
-    return ", ".join(f"{c:,}" if exact else f"{c / 1e6:.2f} M" for c in counts)
+    counts = sorted({run["parameters"] for run in _runs(data, model, budget).values() if run.get("parameters")})
+    return ", ".join(f"{c:,}" if exact else f"{c / 1e6:.2f} M" for c in counts) or "-"
 
 
 def _last_quarter(entry, epochs):
@@ -675,10 +688,11 @@ def reproduction_budgets():
     caption = (f"{budget} Against the shorter budget: the change of the mean test accuracy from the model's "
                f"next shorter budget (with that budget's seeds, which may differ), within the spread when at most the "
                f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the "
-               f"mean change of test accuracy over the last quarter of training is smaller than the seeds' standard "
-               f"deviation at that budget. Training minutes: as in the accuracy table. A model named `preset+start` is a "
-               f"comparison of docs/attention_init.md: the preset with another initialization (`convolutional@0.1`: "
-               f"the attention of a 3x3 convolution at locality strength 0.1), not counted for the budget.\n\n")
+               f"mean change of test accuracy over the last quarter of training is smaller in magnitude than the "
+               f"seeds' standard deviation at that budget. Training minutes: as in the accuracy table. A model named "
+               f"`preset+start` is a comparison of docs/attention_init.md: the preset with another initialization "
+               f"(`convolutional@0.1`: each head starting on one tap of a 3x3 convolution, at locality strength "
+               f"0.1), not counted for the budget.\n\n")
     return caption + _table(["model", "epochs", "seeds", "test accuracy", "against the shorter budget", "last quarter",
                              "flattened", "training minutes a run (CPU)"], rows)
 
@@ -718,18 +732,21 @@ def reproduction_curves():
             + _table(["epoch"] + [_model_name(m) for m in entries], rows))
 
 
-ATTENTION_GRID = (16, 16)  # the small presets' attention grid: 32x32 images after pooling width 2
-
-
-def _uniform_attention():
-    """`sa_conv.inspection.locality_metrics` of attention spread evenly over `ATTENTION_GRID`: the
-    baseline a trained head's distance and entropy are read against."""
+def _uniform_attention(side):
+    """`sa_conv.inspection.locality_metrics` of attention spread evenly over a ``side`` x ``side``
+    grid, averaged over its default queries: the baseline a trained head's distance and entropy are
+    read against."""
     import numpy as np
 
     from sa_conv import inspection
 
-    keys = ATTENTION_GRID[0] * ATTENTION_GRID[1]
-    return inspection.locality_metrics(np.full((1, 1, keys, keys), 1 / keys), ATTENTION_GRID)[0]
+    keys = side * side
+    return inspection.locality_metrics(np.full((1, 1, keys, keys), 1 / keys), (side, side))[0]
+
+
+def _images(run):
+    """How many test images a run's locality metrics and maps average over, as a phrase."""
+    return f"{run['locality_images']} test images" if run.get("locality_images") else "test images"
 
 
 def reproduction_locality():
@@ -747,22 +764,26 @@ def reproduction_locality():
                          f"{_spread(a['entropy'], 2)} → {_spread(b['entropy'], 2)}",
                          f"{_spread(b['most_local_distance'], 2)}, mass {_spread(b['most_local_mass'], 2)}",
                          len(e["seeds"])])
+    import numpy as np
+
     from sa_conv import inspection
 
-    uniform = _uniform_attention()
-    grid = ATTENTION_GRID
-    queries = int(len(inspection.interior_queries(grid)) ** 0.5)
-    images = sorted({run["locality_images"] for model in entries for run in _runs(data, model, budget).values()
-                     if run.get("locality_images")})
+    attention = [m for m, e in entries.items() if "locality" in e]
+    grids = []
+    for side in sorted({_grid_side(m) for m in attention}):
+        uniform, queries = _uniform_attention(side), inspection.interior_queries((side, side))
+        query_rows, query_cols = np.unique(queries // side), np.unique(queries % side)
+        grids.append(f"on the {side}x{side} grid after pooling, uniform attention has distance "
+                     f"{uniform['mean_distance']:.2f} and entropy {uniform['entropy']:.2f} over the central "
+                     f"{len(query_rows)}x{len(query_cols)} query pixels (at least "
+                     f"{min(query_rows.min(), query_cols.min())} from every border)")
+    images = sorted({_images(run) for m in attention for run in _runs(data, m, budget).values()})
     caption = (f"{_budget_note(data)}Mean over the heads of a layer, then mean ± std over the seeds; start → end of "
-               f"training. Distance: the mean attention distance in grid pixels (the {grid[0]}x{grid[1]} grid after "
-               f"pooling; uniform attention: {uniform['mean_distance']:.2f}); mass: the probability in the 3x3 "
-               f"around the most attended pixel (1 for a convolution tap); entropy in nats (uniform: "
-               f"{uniform['entropy']:.2f}). Most local head: the head of the smallest mean distance at the end, its "
-               f"distance and mass. Averaged over the central {queries}x{queries} query pixels (at least "
-               f"{(grid[0] - queries) // 2} from every border) of the first {' or '.join(map(str, images)) or 'few'} "
-               f"test images. A "
-               f"distance above uniform attention's is attention to far pixels (rows and columns, for the learned "
+               f"training. Distance: the mean attention distance in grid pixels; mass: the probability in the 3x3 "
+               f"around the most attended pixel (1 for a convolution tap); entropy in nats. Most local head: the "
+               f"head of the smallest mean distance at the end, its distance and mass. Averaged over the query "
+               f"pixels away from the border of the first {' or '.join(images)}: {'; '.join(grids)}. A distance "
+               f"above uniform attention's is attention to far pixels (rows and columns, for the learned "
                f"encoding's row-plus-column logits), not a wider neighbourhood.\n\n")
     return caption + _table(["model", "layer", "distance", "3x3 mass", "entropy", "most local head (end)", "seeds"],
                             rows)
@@ -785,25 +806,31 @@ def reproduction_claims():
             evidence = f"{_spread(r['accuracy'])} against ResNet18's {_spread(r['resnet18'])}"
         rows.append([r["claim"], _model_name(r["model"]), evidence, r["seeds"], f"**{r['verdict']}**"])
     quadratic = _start_mass(data, budget, "quadratic")
+    quadratic_start = None if quadratic is None else (
+        f"; {_model_name('quadratic')}'s Gaussian heads start local (first layer's 3x3 mass {quadratic[1]:.2f} "
+        f"{'at initialization' if quadratic[0] == 0 else f'at epoch {quadratic[0]}'}), so in it local heads can "
+        f"sharpen more than emerge")
     caption = (f"{_budget_note(data)}Locality: held when the change (the first layer's distance falling and its 3x3 "
                "mass rising, both; or the last layer's distance above the first's) goes the paper's way by more than "
                "the larger of the two standard deviations over seeds compared; partly when it goes that way by "
                "less, with one seed, or (emergence) only in one of the two measures; not here when it does not. "
                "Accuracy: held when the model is above ResNet18's mean or below it by at most the larger of the two "
-               "standard deviations, partly by at most twice that, not here beyond. The emergence of local heads "
-               "is not asked of `sa_gated_small`, which starts as a convolution"
-               + ("." if quadratic is None else
-                  f"; `sa_quadratic_small`'s Gaussian heads start local (first layer's 3x3 mass {quadratic:.2f} at "
-                  f"initialization), so in it local heads can sharpen more than emerge.") + "\n\n")
+               "standard deviations, partly by at most twice that, not here beyond (or below it, with one seed on "
+               f"both sides). The emergence of local heads is not asked of {_model_name('gated')}, which starts as a "
+               f"convolution{quadratic_start or ''}.\n\n")
     return caption + _table(["claim", "model", "measured (mean ± std)", "seeds", "verdict"], rows)
 
 
 def _start_mass(data, budget, model):
-    """The mean over seeds of ``model``'s first-layer 3x3 mass at initialization at ``budget``, or None."""
+    """``(epoch, mass)``: ``model``'s first snapshot at ``budget`` (epoch 0: its initialization) and
+    the mean over seeds of its first layer's 3x3 mass there, the start `claims` compares with; or None."""
     from benchmarks import reproduction as study
 
     locality = data["summary"].get(study.summary_key(model, budget), {}).get("locality")
-    return locality[min(locality, key=int)][0]["mass_3x3"]["mean"] if locality else None
+    if not locality:
+        return None
+    first = min(locality, key=int)
+    return int(first), locality[first][0]["mass_3x3"]["mean"]
 
 
 def reproduction_first_accuracy():
@@ -837,7 +864,7 @@ def plot_reproduction_curves(path):
         epochs = sorted(int(k) for k in e["curve"])
         values = [e["curve"][str(k)] for k in epochs]
         axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3, color=colours[index],
-                  label=f"{_model_name(model).strip('`')} ({_seeds(len(e['seeds']))})")
+                  label=f"{_study_preset(model)} ({_seeds(len(e['seeds']))})")
         axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2,
                           color=colours[index])
         searched = sorted(epochs for (name, epochs) in map(study.split_summary_key, data["summary"])
@@ -847,7 +874,7 @@ def plot_reproduction_curves(path):
             points = sorted((int(k), v["mean"]) for k, v in other["curve"].items())
             axis.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", linewidth=1,
                       color=colours[index],
-                      label=f"{_model_name(model).strip('`')}, {other_budget} epochs ({_seeds(len(other['seeds']))})")
+                      label=f"{_study_preset(model)}, {other_budget} epochs ({_seeds(len(other['seeds']))})")
     axis.set_xlabel("epoch")
     axis.set_ylabel("test accuracy")
     axis.set_title(f"Test accuracy during training ({budget} epochs, cifar10-mini; dashed: other budgets)")
@@ -864,7 +891,7 @@ def plot_reproduction_locality(path):
     models = [m for m, e in entries.items() if "locality" in e]
     figure, axes = plt.subplots(1, max(len(models), 1), figsize=(3.6 * max(len(models), 1), 3.4), squeeze=False,
                                 sharey=True)
-    uniform = _uniform_attention()["mean_distance"]
+    uniform = {m: _uniform_attention(_grid_side(m))["mean_distance"] for m in models}
     for axis, model in zip(axes[0], models):
         locality = entries[model]["locality"]
         epochs = sorted(int(k) for k in locality)
@@ -872,18 +899,19 @@ def plot_reproduction_locality(path):
             values = [locality[str(k)][layer]["mean_distance"] for k in epochs]
             axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3, label=f"layer {layer}")
             axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2)
-        axis.axhline(uniform, color="grey", linestyle=":", linewidth=1, label="uniform attention")
-        axis.set_title(f"{_model_name(model).strip('`')} ({_seeds(len(entries[model]['seeds']))})", fontsize=9)
+        axis.axhline(uniform[model], color="grey", linestyle=":", linewidth=1, label="uniform attention")
+        axis.set_title(f"{_study_preset(model)} ({_seeds(len(entries[model]['seeds']))})", fontsize=9)
         axis.set_xlabel("epoch")
         axis.grid(alpha=0.3)
     axes[0, 0].set_ylabel("mean attention distance (grid pixels)")
     axes[0, -1].legend(fontsize=7)
+    figure.suptitle(f"Mean attention distance per layer during training ({budget} epochs)", fontsize=9)
     _save(figure, path)
 
 
 def _plot_reproduction_maps(path, model):
-    """The paper's Figures 5 and 6 for ``model``: each head's attention at the grid's center pixel,
-    per layer, averaged over test images, after training (the run the report keeps maps in, the
+    """The paper's Figure 5 for ``model`` (there the learned encoding): each head's attention at the
+    grid's center pixel, per layer, averaged over test images, after training (the run the report keeps maps in, the
     lowest seed: `benchmarks.reproduction`'s choice, not repeated here)."""
     import numpy as np
 
@@ -900,15 +928,15 @@ def _plot_reproduction_maps(path, model):
     seed, run = mapped[0]
     last = run["snapshots"][-1]
     figure = plotting.attention_grid_figure(
-        np.array(last["maps"]), last["query"], title=f"{model}, seed={seed}, after {last['epoch']} epochs: "
-                                                      f"attention of the center pixel, mean over "
-                                                      f"{run.get('locality_images', 32)} test images")
+        np.array(last["maps"]), last["query"],
+        title=f"{_study_preset(model)}, seed={seed}, after {last['epoch']} epochs: attention of the center pixel, "
+              f"mean over {_images(run)}")
     figure.savefig(path, dpi=plotting.DPI, metadata={"Software": None})
     _plt().close(figure)
 
 
 def plot_reproduction_centers(path):
-    """The paper's Figure 3 for the quadratic model: per layer, each head's center of attention
+    """The paper's Figures 3 and 4 for the quadratic model: per layer, each head's center of attention
     ``Delta_h`` (Eq. 9) relative to the query pixel at every snapshot, from initialization (open
     circle) to the end of training (filled), for the lowest seed."""
     import numpy as np
@@ -941,7 +969,7 @@ def plot_reproduction_centers(path):
         axis.set_xlabel("column offset (grid pixels)")
     axes[0, 0].set_ylabel("row offset (grid pixels)")
     axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    figure.suptitle(f"sa_quadratic_small, seed={seed}: the heads' centers from initialization (open) to "
+    figure.suptitle(f"{_study_preset('quadratic')}, seed={seed}: the heads' centers from initialization (open) to "
                     f"epoch {snapshots[-1]['epoch']} (filled); x: the query", fontsize=9)
     _save(figure, path)
 

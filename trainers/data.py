@@ -288,20 +288,24 @@ class CifarFormat:
             return tuple(f"class_{i}" for i in range(self.num_classes))
         return tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
 
+    def _candidates(self, path: str) -> tuple[str, ...]:
+        """Where a directory ``path`` may hold the files, in the order they are looked for."""
+        return os.path.join(path, self.dirname), path, os.path.join(path, self.archive)
+
     def find(self, path: str) -> str | None:
         """The archive or batches directory that ``path`` names or contains, or None."""
         if os.path.isfile(path):
             return path if path.endswith((".tar.gz", ".tgz")) else None
-        for candidate in (os.path.join(path, self.dirname), path, os.path.join(path, self.archive)):
+        for candidate in self._candidates(path):
             if os.path.isfile(os.path.join(candidate, self.test_file)) or (
                     os.path.isfile(candidate) and candidate.endswith(".tar.gz")):
                 return candidate
         return None
 
     def locate(self, path: str) -> str:
-        """The ``.tar.gz`` archive ``path`` names or contains, or the batches directory it is or
-        contains (checked to hold every batch file), without reading them: what `find` offers,
-        checked.
+        """The ``.tar.gz`` archive ``path`` names, or the first of its `_candidates` that is a
+        complete batches directory (every batch file present) or the archive, without reading
+        them: what `find` offers, checked, or a complete alternative to a partial one.
 
         Raises:
           DatasetError: naming the path and the fix, for a missing path, a file that is no
@@ -319,22 +323,18 @@ class CifarFormat:
                     f"{self.dirname}/ directory or {self.archive}."
                 )
             return path
-        directory = os.path.join(path, self.dirname)
-        if not os.path.isdir(directory):
-            archive = os.path.join(path, self.archive)
-            # A directory holding only the downloaded archive reads as that archive, which is
-            # what `find` offers it as.
-            if not os.path.isfile(os.path.join(path, self.test_file)) and os.path.isfile(archive):
-                return archive
-            directory = path
         wanted = self.train_files + (self.test_file,)
+        for candidate in self._candidates(path):
+            if os.path.isfile(candidate) or (
+                    os.path.isdir(candidate) and all(os.path.isfile(os.path.join(candidate, n)) for n in wanted)):
+                return candidate
+        # None is complete: name what the folder the files were looked for first lacks.
+        directory = next(c for c in self._candidates(path) if os.path.isdir(c))
         missing = [n for n in wanted if not os.path.isfile(os.path.join(directory, n))]
-        if missing:
-            raise DatasetError(
-                f"{self.title} directory {directory!r} is missing batch file(s) {missing}; expected "
-                f"{list(wanted)} in the official python format."
-            )
-        return directory
+        raise DatasetError(
+            f"{self.title} directory {directory!r} is missing batch file(s) {missing}; expected "
+            f"{list(wanted)} in the official python format, or {self.archive} beside them."
+        )
 
     def load(self, path: str) -> ImageData:
         """Reads the official python format from a directory or a ``.tar.gz`` archive.
