@@ -25,7 +25,7 @@ models, per layer and head the locality metrics of `sa_conv.inspection` (mean at
 mass in the 3x3 around the most attended pixel, entropy, the most attended offset) averaged over
 ``--locality_images`` test images and the interior query pixels, the quadratic heads' centers and
 the gated heads' gates. The last snapshot also keeps each head's attention map at the grid's center
-pixel, averaged over those images (the paper's Figures 5 and 6). That whole reading, with the run's
+pixel, averaged over those images (the paper's Figure 5). That whole reading, with the run's
 per-epoch history, is written to `DETAIL` in the run's model directory; the report keeps what
 ``docs/reproduction.md`` reads (`compact_run`: per layer the heads' `layer_summary` instead of each
 head's metrics, no history; the maps of one seed per model and budget, the figure's).
@@ -628,7 +628,7 @@ def _keep_what_the_page_reads(runs: dict, work_dir: str) -> None:
     the study recorded whole first has its reading written to `DETAIL` in its model directory in
     ``work_dir``, unless that holds one already), and the last snapshot's maps only in the
     lowest seed's run of each model and budget (at the report's budget, the page's figures after
-    the paper's Figures 5 and 6)."""
+    the paper's Figure 5)."""
     lowest: dict[tuple[str, int], int] = {}
     for key in runs:
         model, seed, epochs = split_key(key)

@@ -17,6 +17,7 @@ tables equal what this script makes from the committed JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import re
@@ -592,7 +593,7 @@ def _study_preset(model):
 
 
 def _model_name(model):
-    """`_preset` as code."""
+    """`_study_preset` as code."""
     return f"`{_study_preset(model)}`"
 
 
@@ -732,6 +733,7 @@ def reproduction_curves():
             + _table(["epoch"] + [_model_name(m) for m in entries], rows))
 
 
+@functools.lru_cache(maxsize=None)
 def _uniform_attention(side):
     """`sa_conv.inspection.locality_metrics` of attention spread evenly over a ``side`` x ``side``
     grid, averaged over its default queries: the baseline a trained head's distance and entropy are
@@ -752,6 +754,10 @@ def _images(run):
 def reproduction_locality():
     """Per attention model and layer, the heads' mean attention distance, 3x3 mass and entropy at
     the start and the end, and the most local head at the end (each mean ± std over seeds)."""
+    import numpy as np
+
+    from sa_conv import inspection
+
     data, budget, entries = _reproduction()
     rows = []
     for model, e in entries.items():
@@ -764,10 +770,6 @@ def reproduction_locality():
                          f"{_spread(a['entropy'], 2)} → {_spread(b['entropy'], 2)}",
                          f"{_spread(b['most_local_distance'], 2)}, mass {_spread(b['most_local_mass'], 2)}",
                          len(e["seeds"])])
-    import numpy as np
-
-    from sa_conv import inspection
-
     attention = [m for m, e in entries.items() if "locality" in e]
     grids = []
     for side in sorted({_grid_side(m) for m in attention}):
@@ -911,8 +913,8 @@ def plot_reproduction_locality(path):
 
 def _plot_reproduction_maps(path, model):
     """The paper's Figure 5 for ``model`` (there the learned encoding): each head's attention at the
-    grid's center pixel, per layer, averaged over test images, after training (the run the report keeps maps in, the
-    lowest seed: `benchmarks.reproduction`'s choice, not repeated here)."""
+    grid's center pixel, per layer, averaged over test images, after training (the run the report
+    keeps maps in, the lowest seed: `benchmarks.reproduction`'s choice, not repeated here)."""
     import numpy as np
 
     from sa_conv import plotting
