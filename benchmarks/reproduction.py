@@ -38,8 +38,8 @@ runs the report has, but derives its summary, budget and claims from every recor
 `summarize` gives per model and budget the mean and spread over seeds of the final accuracy, of
 the learning curve and of the per-layer locality at every snapshot; `claims` checks the paper's
 claims on it. Budgets are searched upward: a run at another ``--epochs`` is kept beside the
-others, and the report's budget is the one with the most runs (`main_budget`; `BUDGET` once
-`STUDY` has run). ``tools/performance_tables.py`` makes
+others, and the report's budget is the longest at which the most models have run (`main_budget`;
+`BUDGET` once `STUDY` has run). ``tools/performance_tables.py`` makes
 ``docs/reproduction.md``'s tables and figures from the report.
 """
 
@@ -367,14 +367,15 @@ def starts_at_random(model: str) -> bool:
 
 
 def main_budget(runs: dict) -> int | None:
-    """The epochs of most runs of the study's `MODELS` (the larger on a tie): the study's budget,
-    the others the search for it; comparison variants do not choose it."""
-    counts: dict[int, int] = {}
+    """The epochs at which the most of the study's `MODELS` have a run (the larger on a tie): the
+    study's budget, the others the search for it. Counting models, not runs, keeps every model in
+    the tables read at it however the runs land; comparison variants do not choose it."""
+    models: dict[int, set] = {}
     for key in runs:
         model, _, epochs = split_key(key)
         if model in MODELS:
-            counts[epochs] = counts.get(epochs, 0) + 1
-    return max(counts, key=lambda e: (counts[e], e)) if counts else None
+            models.setdefault(epochs, set()).add(model)
+    return max(models, key=lambda e: (len(models[e]), e)) if models else None
 
 
 def _differs(a: dict, b: dict) -> bool | None:

@@ -500,11 +500,18 @@ def test_json_number_lists_are_written_on_one_line_and_read_back_equal(tmp_path)
         assert "[0.1, 0.25]" not in f.read()
 
 
-def test_the_budget_is_the_epochs_of_most_runs_and_gated_is_not_asked_to_grow_local():
+def test_the_budget_is_the_longest_where_most_models_ran_and_gated_is_not_asked_to_grow_local():
     runs = {f"learned|seed={s}|epochs=60": None for s in range(3)}
     runs.update({"learned|seed=0|epochs=30": None, "resnet18|seed=0|epochs=30": None})
-    assert rp.main_budget(runs) == 60 and rp.main_budget({}) is None
+    assert rp.main_budget(runs) == 30 and rp.main_budget({}) is None  # two models at 30, one at 60
     assert rp.main_budget({"gated|seed=0|epochs=30": None, "gated|seed=0|epochs=60": None}) == 60  # a tie: the longer
+    # Runs landing out of the plan's order: three seeds of two models at the longer budget outnumber
+    # the shorter budget's runs, but a model that has not run there keeps the tables at the shorter.
+    runs = {f"{m}|seed=0|epochs=120": None for m in ("learned", "quadratic", "content")}
+    runs.update({f"{m}|seed={s}|epochs=240": None for m in ("learned", "quadratic") for s in range(3)})
+    assert rp.main_budget(runs) == 120
+    runs["content|seed=0|epochs=240"] = None
+    assert rp.main_budget(runs) == 240
     assert rp.starts_at_random("learned") and rp.starts_at_random("content") and not rp.starts_at_random("gated")
     summary = rp.summarize({"gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.2, 4: 0.3}, {0: [1.0, 2.0], 2: [2.0, 3.0],
                                                                                      4: [3.0, 4.0]},
@@ -583,9 +590,9 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     _results_with(report, tmp_path, monkeypatch)
     monkeypatch.setattr(rp, "BUDGET", 16)  # the study's budget, before its runs outnumber the others
     assert performance_tables.reproduction_budgets().startswith(
-        "The study's budget is 16 epochs; the other tables read 8, the budget with the most runs, until the study's "
-        "models have as many at 16")
-    note = "At 8 epochs, the budget with the most runs; the study's budget is 16 epochs ("
+        "The study's budget is 16 epochs; the other tables read 8, the longest budget at which the most models have "
+        "run, until as many have run at 16")
+    note = "At 8 epochs, the longest budget at which the most models have run; the study's budget is 16 epochs ("
     for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_locality,
                   performance_tables.reproduction_claims, performance_tables.reproduction_first_accuracy,
                   performance_tables.reproduction_curves):
@@ -613,7 +620,7 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     assert rows == [["| `sa_learned_small`", "4", "1"], ["| `sa_learned_small`", "8", "3"],
                     ["| `sa_quadratic_small`", "8", "3"], ["| `resnet18`", "8", "3"],
                     ["| `sa_quadratic_small+convolutional@0.1/2`", "8", "3"]]
-    assert budgets[0].startswith("The study's budget is 8 epochs, the one with the most runs")
+    assert budgets[0].startswith("The study's budget is 8 epochs, the longest at which the most models have run")
     # Training minutes per CPU class: its least disturbed seed's median epoch (20 s on cpu A, not
     # seed 0's 30 s; 40 s on cpu B) times the epochs.
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | 2 (cpu B) |" in budgets

@@ -555,13 +555,13 @@ def _reproduction():
 
 
 def _budget_note(data, page: str = "") -> str:
-    """A caption's first sentence when the tables read another budget than the study's (its runs
-    at the study's budget not yet the most): which one, and where ``page`` says why."""
+    """A caption's first sentence when the tables read another budget than the study's (fewer
+    models run at the study's budget than at another): which one, and where ``page`` says why."""
     from benchmarks import reproduction as study
 
     if data["budget"] == study.BUDGET:
         return ""
-    return (f"At {data['budget']} epochs, the budget with the most runs; the study's budget is {study.BUDGET} epochs "
+    return (f"At {data['budget']} epochs, the longest budget at which the most models have run; the study's budget is {study.BUDGET} epochs "
             f"({page}\"Choosing the budget\"). ")
 
 
@@ -681,11 +681,11 @@ def reproduction_budgets():
         rows.append([_model_name(model), epochs, len(e["seeds"]), _spread(e["test_accuracy"]),
                      _against_shorter(data["summary"], model, e.get("against_shorter")), *_last_quarter(e, epochs),
                      _run_minutes(data, model, epochs)])
-    budget = (f"The study's budget is {data['budget']} epochs, the one with the most runs; the other budgets are "
-              f"the search for it." if data["budget"] == study.BUDGET else
-              f"The study's budget is {study.BUDGET} epochs; the other tables read {data['budget']}, the budget with "
-              f"the most runs, until the study's models have as many at {study.BUDGET}; the other budgets are the "
-              f"search for it.")
+    budget = (f"The study's budget is {data['budget']} epochs, the longest at which the most models have run; the "
+              f"other budgets are the search for it." if data["budget"] == study.BUDGET else
+              f"The study's budget is {study.BUDGET} epochs; the other tables read {data['budget']}, the longest "
+              f"budget at which the most models have run, until as many have run at {study.BUDGET}; the other "
+              f"budgets are the search for it.")
     caption = (f"{budget} Against the shorter budget: the change of the mean test accuracy from the model's "
                f"next shorter budget (with that budget's seeds, which may differ), within the spread when at most the "
                f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the "
