@@ -549,6 +549,27 @@ def least_disturbed_runs(runs) -> dict:
     return fastest
 
 
+CONTENT_GATE = 0.5  # a gate below it weighs a head's content attention above its positional one
+
+
+def gate_summary(runs) -> list[dict] | None:
+    """Per layer of the gated heads of ``runs`` (one model and budget, one per seed), each a
+    `_spread` over the seeds: ``start`` and ``end``, the mean over the layer's heads of the gate
+    ``g_h = sigmoid(lambda_h)`` (`sa_conv.encodings.GatedPositionalEncoding`, the weight on
+    positional attention) at the first and last snapshot; ``lowest``, the smallest head's at the
+    end; and ``content_heads``, per run the number of heads below `CONTENT_GATE` at the end. None
+    without gates."""
+    gated = [run["snapshots"] for run in runs if run["snapshots"] and run["snapshots"][-1].get("gates")]
+    if not gated:
+        return None
+    layers = range(len(gated[0][-1]["gates"]))
+    return [{"start": _spread(statistics.fmean(s[0]["gates"][layer]) for s in gated),
+             "end": _spread(statistics.fmean(s[-1]["gates"][layer]) for s in gated),
+             "lowest": _spread(min(s[-1]["gates"][layer]) for s in gated),
+             "content_heads": [sum(g < CONTENT_GATE for g in s[-1]["gates"][layer]) for s in gated]}
+            for layer in layers]
+
+
 def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_every: int | None = None,
             locality_images: int = 32, prune_snapshots: bool = False, note: str | None = None,
             train=train, log=print) -> dict:

@@ -585,6 +585,26 @@ def _results_with(report, folder, monkeypatch):
     monkeypatch.setattr(performance_tables, "RESULTS", folder)
 
 
+def test_the_gates_table_reads_each_layers_gates_at_the_start_and_the_end(monkeypatch, tmp_path):
+    report = _report()
+    ends = ([[0.9, 0.4, 0.8], [0.2, 0.3, 0.7]], [[0.9, 0.6, 0.6], [0.4, 0.5, 0.6]])  # per seed, layer, head
+    for seed, end in enumerate(ends):
+        run = _run({0: 0.1, 6: 0.5, 8: 0.5}, {e: [2.0, 3.0] for e in (0, 6, 8)}, {e: [0.5, 0.4] for e in (0, 6, 8)})
+        for snapshot, gates in zip(run["snapshots"], ([[0.73] * 3] * 2, [[0.1] * 3] * 2, end)):
+            snapshot["gates"] = gates  # the middle snapshot's are read by no column
+        report["runs"][rp.run_key("gated", seed, 8)] = run
+    report["summary"] = rp.summarize(report["runs"])
+    _results_with(report, tmp_path, monkeypatch)
+    monkeypatch.setattr(rp, "BUDGET", 8)
+    table = performance_tables.reproduction_gates()
+    assert "Mean gate: over the 3 heads of a layer" in table and "heads of gate below 0.5, in each seed" in table
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    # Layer 1 of seed 1 has a head at exactly 0.5: not turned to content.
+    assert rows == ["| `sa_gated_small` | 0 | 0.73 ± 0.00 → 0.70 ± 0.00 | 0.50 ± 0.14 | 1, 0 | 2 |",
+                    "| `sa_gated_small` | 1 | 0.73 ± 0.00 → 0.45 ± 0.07 | 0.30 ± 0.14 | 2, 1 | 2 |"]
+    assert rp.gate_summary([report["runs"]["learned|seed=0|epochs=8"]]) is None
+
+
 def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, tmp_path):
     report = _report()
     _results_with(report, tmp_path, monkeypatch)

@@ -791,6 +791,27 @@ def reproduction_locality():
                             rows)
 
 
+def reproduction_gates():
+    """Per gated model and layer, its heads' gates (`benchmarks.reproduction.gate_summary`): the
+    layer's mean at the start and the end, the lowest head and the heads turned to content."""
+    from benchmarks import reproduction as study
+
+    data, budget, entries = _reproduction()
+    rows, heads = [], set()
+    for model in entries:
+        runs = list(_runs(data, model, budget).values())
+        for layer, g in enumerate(study.gate_summary(runs) or []):
+            heads.add(len(runs[0]["snapshots"][-1]["gates"][layer]))
+            rows.append([_model_name(model), layer, f"{_spread(g['start'], 2)} → {_spread(g['end'], 2)}",
+                         _spread(g["lowest"], 2), ", ".join(map(str, g["content_heads"])), len(runs)])
+    caption = (f"{_budget_note(data, 'docs/reproduction.md, ')}The gate of a head is its weight on positional "
+               f"attention, sigmoid(λ), the rest going to content attention. Mean gate: over the "
+               f"{' or '.join(map(str, sorted(heads)))} heads of a layer, then mean ± std over the seeds; start → end "
+               f"of training. Lowest head: the smallest gate at the end. Content heads: at the end, the heads of gate "
+               f"below {study.CONTENT_GATE}, in each seed.\n\n")
+    return caption + _table(["model", "layer", "mean gate", "lowest head", "content heads", "seeds"], rows)
+
+
 def reproduction_claims():
     """The paper's claims, checked one line each (`benchmarks.reproduction.claims`)."""
     from benchmarks import reproduction as study
@@ -994,6 +1015,7 @@ TABLES = {
     "reproduction_curves": ("reproduction", reproduction_curves),
     "reproduction_locality": ("reproduction", reproduction_locality),
     "reproduction_claims": ("reproduction", reproduction_claims),
+    "reproduction_gates": ("reproduction", reproduction_gates),
     "reproduction_first_accuracy": ("reproduction", reproduction_first_accuracy),
     "reproduction_budgets": ("reproduction", reproduction_budgets),
     "reproduction_targets": ("reproduction", reproduction_targets),
