@@ -8,8 +8,8 @@ reference's own, with torch and NumPy and no Keras); the side prints one ``RESUL
 (`print_result`), which the parent reads back. Nothing here is a program held in a string, and
 importing a benchmark changes nothing outside it.
 
-Standard library only (with `trainers.files`, which is too): the reference's sides import this
-module in an interpreter without Keras.
+Standard library only (with `trainers.files` and `trainers.process`, which are too): the
+reference's sides import this module in an interpreter without Keras.
 
 * `arguments`, `parse`: the parser every benchmark starts from (``--output``, ``--merge`` where
   the benchmark reads it, ``--side``), and its arguments with the process configured (or the
@@ -42,6 +42,7 @@ import tempfile
 import time
 
 from trainers import files  # standard library only, like this module
+from trainers import process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -138,8 +139,6 @@ def parse(parser: argparse.ArgumentParser, reference=None, outputs: dict | None 
     if args.side == "reference" and reference is not None:
         print_result(reference(args))
         return None
-    from trainers import process
-
     process.configure()
     if not args.side:  # a side's parent ends it with SIGKILL; a side starts no child of its own
         signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -196,8 +195,6 @@ def run_training_side(module: str, side: str, args=(), env: dict | None = None) 
     """`run_side` for a side that trains: ``--model_dir`` a fresh temporary directory (deleted
     after), the child's environment ``env`` (None: `trainers.process.child_environment`) with
     TensorFlow's C++ logging off."""
-    from trainers import process
-
     env = process.child_environment() if env is None else env
     with tempfile.TemporaryDirectory() as model_dir:
         return run_side(module, side, [*args, f"--model_dir={model_dir}"], env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -255,31 +252,9 @@ def cpu() -> dict:
     return record
 
 
-def cpu_name(model: str) -> str:
-    """A CPU's model name as `cpu_class` gives it: without the vendor's marks, the clock and a
-    closing "Processor" or "CPU", which say nothing of its matrix units; e.g. "Intel(R) Xeon(R)
-    Platinum 8480+ CPU @ 2.00GHz" -> "Intel Xeon Platinum 8480+"."""
-    name = re.sub(r"\((R|TM)\)|\s+(CPU\s+)?@.*$|\s+(Processor|CPU)$", "", model, flags=re.IGNORECASE)
-    return " ".join(name.split()) or "unknown CPU"
-
-
 def cpu_class(record: dict | None = None) -> str:
-    """What decides which format serves fastest, as a short name: the CPU's model and its widest
-    matrix units, e.g. ``"AMD EPYC, AVX-512 VNNI BF16"``, ``"AMD EPYC, AVX2"``,
-    ``"Intel Xeon, AMX"``. ``record``: a `cpu` record (``features``) or `trainers.process`'s
-    (``extensions``); this machine's by default."""
-    record = cpu() if record is None else record
-    features = set(record.get("features", record.get("extensions", ())))
-    if features & {"amx_tile", "amx_bf16", "amx_int8"}:
-        units = "AMX"
-    elif "avx512f" in features:
-        units = " ".join(["AVX-512"] + [name for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"))
-                                        if flag in features])
-    elif "avx2" in features:
-        units = "AVX2" + (" VNNI" if "avx_vnni" in features else "")
-    else:
-        units = "no AVX2"
-    return f"{cpu_name(record.get('model', ''))}, {units}"
+    """`trainers.process.cpu_class` of ``record``, a `cpu` record (this machine's by default)."""
+    return process.cpu_class(cpu() if record is None else record)
 
 
 def matmul_peaks(framework: str = "tensorflow", size: int = 2048, repeats: int = 5) -> dict:

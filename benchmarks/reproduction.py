@@ -45,6 +45,7 @@ others, and the report's budget is the longest at which the most models have run
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import os
@@ -206,15 +207,35 @@ def epoch_seconds(record: dict) -> float:
     return record.get("epoch_seconds", record.get("train_seconds", 0.0))
 
 
+def epoch_cpu(record: dict, reader: str) -> str:
+    """The CPU class (`harness.cpu_class`) an epoch of a trainer's ``history.json`` ran on: the
+    one it names, or ``reader``'s (the session reading it) for epochs recorded before the trainer
+    named it."""
+    return record.get("cpu") or reader
+
+
+def run_timing(history: list, reader: str) -> dict:
+    """How fast a run trained, from its trainer's ``history.json`` read on the CPU class ``reader``:
+    ``cpu``, the class most of its epochs ran on (`epoch_cpu`), and ``median_epoch_seconds`` over
+    those epochs alone (`epoch_seconds`; epochs slowed by other work, or paused, left out by the
+    median); a run resumed on other classes also has ``cpu_epochs``, its epochs per class."""
+    classes = collections.Counter(epoch_cpu(h, reader) for h in history)
+    cpu = classes.most_common(1)[0][0]
+    return {"median_epoch_seconds": round(statistics.median(
+                epoch_seconds(h) for h in history if epoch_cpu(h, reader) == cpu), 2),
+            "cpu": cpu, **({"cpu_epochs": dict(sorted(classes.items()))} if len(classes) > 1 else {})}
+
+
 def training_minutes(run: dict, epochs: int) -> float:
     """Minutes of training a read ``run`` takes at its median epoch's speed (epochs slowed by
     other work on the machine, or paused, left out) over ``epochs``."""
     return run["median_epoch_seconds"] * epochs / 60
 
 
-def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) -> dict:
+def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print, cpu: str | None = None) -> dict:
     """The run in ``model_dir`` as read: its results, history and every snapshot's
-    `analyse_snapshot` (maps at the last); the report keeps its `compact_run`."""
+    `analyse_snapshot` (maps at the last), and its `run_timing` read on the CPU class ``cpu`` (this
+    machine's by default); the report keeps its `compact_run`."""
     import keras
 
     from trainers import data as data_lib
@@ -241,12 +262,12 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
         # The epochs' wall time, pauses of the process included; the median epoch is robust to
         # those and to epochs slowed by other work on the machine (a run beside the test suite).
         "train_seconds": round(sum(h.get("train_seconds", 0.0) for h in history), 1),
-        "median_epoch_seconds": round(statistics.median(epoch_seconds(h) for h in history), 2),
+        **run_timing(history, cpu or harness.cpu_class()),
         "locality_images": locality_images,
         "images_per_second": results["images_per_second"],
         "weights_sha256": results["weights_sha256"],
         "history": [{k: (round(h[k], 5) if isinstance(h[k], float) else h[k])
-                     for k in ("epoch", "train_seconds", "epoch_seconds", "train_loss", "train_accuracy",
+                     for k in ("epoch", "train_seconds", "epoch_seconds", "cpu", "train_loss", "train_accuracy",
                                "val_accuracy") if k in h}
                     for h in history],
         "snapshots": snapshots,
@@ -463,7 +484,7 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     under way, `_epochs_under_way`); then the count and the hours of training left."""
     from trainers import run_files
 
-    under_way = _epochs_under_way(runs_to_make, recorded, work_dir)
+    under_way = _epochs_under_way(runs_to_make, recorded, work_dir, cpu)
     lines, hours, todo, untimed = [], 0.0, 0, 0
     for model, seed, epochs in runs_to_make:
         key = run_key(model, seed, epochs)
@@ -502,10 +523,10 @@ def _timed_by(key: str, timed_by: dict) -> str:
     return ", ".join(f"{epochs(n)} of {k}" for k, n in timed_by.items())
 
 
-def _epochs_under_way(runs_to_make, recorded: dict, work_dir: str) -> dict:
-    """``{preset: (median epoch seconds, {run key: epochs timed})}`` over the timed epochs of the
-    planned runs the report does not have yet but ``work_dir`` holds, per preset: what times a
-    preset before any of its runs is recorded. The first epoch of a run, slowed by the start, is
+def _epochs_under_way(runs_to_make, recorded: dict, work_dir: str, cpu: str | None = None) -> dict:
+    """``{preset: (median epoch seconds, {run key: epochs timed})}`` over the timed epochs on ``cpu``
+    (`epoch_cpu`; any class when None) of the planned runs the report does not have yet but
+    ``work_dir`` holds, per preset: what times a preset before any of its runs is recorded. The first epoch of a run, slowed by the start, is
     one of many once a run is under way for a while, and the median leaves it out."""
     from trainers import run_files
 
@@ -515,7 +536,7 @@ def _epochs_under_way(runs_to_make, recorded: dict, work_dir: str) -> dict:
         if key in recorded:
             continue
         own = [epoch_seconds(record) for record in run_files.read_history(run_dir(work_dir, model, seed, epochs))
-               if epoch_seconds(record)]
+               if epoch_seconds(record) and (cpu is None or epoch_cpu(record, cpu) == cpu)]
         if own:
             preset = data_efficiency.parse_variant(model)["model"]
             seconds.setdefault(preset, []).extend(own)
@@ -616,7 +637,6 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
         log(f"[{index}/{len(runs_to_make)}] {key}: reading its snapshots ...")
         run = analyse_run(model_dir, data_dir, locality_images, log=log)
         run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
-        run["cpu"] = harness.cpu_class()
         run["session_seconds"] = round(time.perf_counter() - start, 1)
         _write_detail(os.path.join(model_dir, DETAIL), run)
         with _report_lock(output):

@@ -303,6 +303,14 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     assert rp.describe_plan([("content", 0, 120), ("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[1] == (
         "content|seed=1|epochs=120: to resume after epoch 1 of 120 (timed by 4 epochs of content|seed=0|epochs=120, "
         "1 epoch of content|seed=1|epochs=120), about 250 min left")
+    # Epochs that name another CPU class time nothing on this one.
+    with open(os.path.join(second, "history.json"), "w") as f:
+        json.dump([{"epoch": 1, "epoch_seconds": 100.0, "cpu": "cpu A"},
+                   {"epoch": 2, "epoch_seconds": 900.0, "cpu": "cpu B"}, {"epoch": 3, "epoch_seconds": 900.0, "cpu": "cpu B"}],
+                  f)
+    assert rp.describe_plan([("content", 0, 120), ("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[1] == (
+        "content|seed=1|epochs=120: to resume after epoch 3 of 120 (timed by 4 epochs of content|seed=0|epochs=120, "
+        "1 epoch of content|seed=1|epochs=120), about 246 min left")
     with pytest.raises(ValueError, match="no run"):
         rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], []))
     with pytest.raises(ValueError, match="--epochs must be positive, got 0"):
@@ -374,6 +382,18 @@ def _run(accuracies, distances=None, masses=None, compact=True):
     run = {"test_accuracy": accuracies[max(accuracies)], "train_seconds": 10.0, "snapshots": snapshots,
            "history": history}
     return rp.compact_run(run) if compact else run
+
+
+def test_a_run_is_timed_on_the_cpu_class_most_of_its_epochs_ran_on():
+    # Epochs 1-2 recorded before the trainer named its class (the reading session's, "cpu A"), then
+    # three on "cpu B" after the run resumed on another machine, slowed there.
+    history = [{"epoch": 1, "epoch_seconds": 10.0}, {"epoch": 2, "epoch_seconds": 12.0},
+               *({"epoch": e, "epoch_seconds": s, "cpu": "cpu B"} for e, s in ((3, 30.0), (4, 31.0), (5, 90.0)))]
+    assert rp.run_timing(history, "cpu A") == {"median_epoch_seconds": 31.0, "cpu": "cpu B",
+                                               "cpu_epochs": {"cpu A": 2, "cpu B": 3}}
+    # Read on "cpu B", the unnamed epochs are its: one class, all five epochs.
+    assert rp.run_timing(history, "cpu B") == {"median_epoch_seconds": 30.0, "cpu": "cpu B"}
+    assert rp.epoch_cpu({"cpu": "cpu B"}, "cpu A") == "cpu B" and rp.epoch_cpu({}, "cpu A") == "cpu A"
 
 
 def test_summary_spreads_curves_flattening_and_the_claims():

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import sa_conv
 from tests.conftest import PROJECT_ROOT, read_until, reserved_port
-from trainers import distribute, run_files
+from trainers import distribute, process, run_files
 from trainers import train as train_lib
 from trainers.task import Task, decays
 from trainers.config import ConfigError, default_jit_compile, make_config
@@ -82,6 +82,7 @@ def test_short_run_learns_on_real_cifar10(cifar10_mini_dir, tmp_path):
     assert len(history) == 1 and history[0]["val_accuracy"] == results["val_accuracy"]
     # The epoch's wall time holds its steps' and the validation after them.
     assert history[0]["epoch_seconds"] > history[0]["train_seconds"] > 0
+    assert history[0]["cpu"] == process.cpu_class()  # the class its timings belong to
     for name in ("config.json", "results.json", "model.keras", "best_model.keras"):
         assert (tmp_path / name).is_file(), name
     assert _json(tmp_path / "config.json")["resolved_model"]["hidden_size"] == 64
@@ -513,9 +514,12 @@ def test_run_killed_mid_epoch_and_resumed_ends_as_the_uninterrupted_run(replicas
         assert (resumed / "checkpoints" / "checkpoint").exists() and not (resumed / "results.json").exists()
         killed_history = _json(resumed / "history.json")
         assert [h["epoch"] for h in killed_history] == [1]
+        killed_history[0]["cpu"] = "Another CPU, AVX2"  # as if the run resumes on another machine
+        (resumed / "history.json").write_text(json.dumps(killed_history))
         rerun = _cli(*args, f"--model_dir={resumed}")
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert "Resuming from" in rerun.stdout + rerun.stderr
+        assert f"Earlier epochs ran on Another CPU, AVX2, these on {process.cpu_class()}:" in rerun.stdout + rerun.stderr
         _, err = uninterrupted.communicate(timeout=300)
         assert uninterrupted.returncode == 0, err[-3000:]
     finally:
@@ -529,6 +533,7 @@ def test_run_killed_mid_epoch_and_resumed_ends_as_the_uninterrupted_run(replicas
     assert results["steps"] == expected["steps"] and results["epochs"] == 2
     history = _json(resumed / "history.json")
     assert [h["epoch"] for h in history] == [1, 2] and history[0] == killed_history[0]  # not trained again
+    assert history[1]["cpu"] == process.cpu_class()
     losses = [[h["train_loss"] for h in _json(run / "history.json")] for run in (whole, resumed)]
     assert losses[1] == losses[0]
     assert results["weights_sha256"] == expected["weights_sha256"]

@@ -662,7 +662,9 @@ def reproduction_accuracy():
                f"that standard deviation. Training minutes: epochs times the median epoch's seconds of the fastest "
                f"seed on each CPU class (the study ran partly beside other work, which slowed whole runs); an "
                f"epoch is its steps, validation and snapshot (its steps alone in runs recorded before the trainer "
-               f"timed whole epochs); the CPU class is the one of the session that read the run.\n\n")
+               f"timed whole epochs); a run's CPU class is the one most of its epochs ran on, and its median epoch is "
+               f"of those epochs (an epoch recorded before the trainer named its class counts as the class of the "
+               f"session that read the run).\n\n")
     return caption + _table(["model", "parameters", "seeds", "test accuracy", "range", "last quarter", "flattened",
                              "training minutes a run (CPU)"], rows)
 

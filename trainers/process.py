@@ -179,6 +179,33 @@ def cpu_info(cpuinfo: str | None = None, machine: str | None = None) -> dict:
     return {"machine": machine, "model": model or "unknown", "extensions": [e for e in EXTENSIONS if e in flags]}
 
 
+def cpu_name(model: str) -> str:
+    """A CPU's model name as `cpu_class` gives it: without the vendor's marks, the clock and a
+    closing "Processor" or "CPU", which say nothing of its matrix units; e.g. "Intel(R) Xeon(R)
+    Platinum 8480+ CPU @ 2.00GHz" -> "Intel Xeon Platinum 8480+"."""
+    name = re.sub(r"\((R|TM)\)|\s+(CPU\s+)?@.*$|\s+(Processor|CPU)$", "", model, flags=re.IGNORECASE)
+    return " ".join(name.split()) or "unknown CPU"
+
+
+def cpu_class(record: dict | None = None) -> str:
+    """The class of CPU a timing belongs to, as a short name: the CPU's model and its widest matrix
+    units (what decides which format serves fastest, and how fast a model trains), e.g. ``"AMD EPYC, AVX-512 VNNI BF16"``, ``"AMD EPYC, AVX2"``,
+    ``"Intel Xeon, AMX"``. ``record``: a `cpu_info` record (``extensions``) or
+    `benchmarks.harness.cpu`'s (``features``); this machine's by default."""
+    record = cpu_info() if record is None else record
+    features = set(record.get("features", record.get("extensions", ())))
+    if features & {"amx_tile", "amx_bf16", "amx_int8"}:
+        units = "AMX"
+    elif "avx512f" in features:
+        units = " ".join(["AVX-512"] + [name for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"))
+                                        if flag in features])
+    elif "avx2" in features:
+        units = "AVX2" + (" VNNI" if "avx_vnni" in features else "")
+    else:
+        units = "no AVX2"
+    return f"{cpu_name(record.get('model', ''))}, {units}"
+
+
 def onednn_choice(environ, cpu: dict, configured: dict | None) -> tuple[bool, str]:
     """Whether TensorFlow runs its oneDNN kernels under ``environ`` on ``cpu`` (`cpu_info`), and
     why: the setting's origin (this program, the user, or TensorFlow's default for the CPU)."""

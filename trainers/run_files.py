@@ -3,7 +3,8 @@ to read, named once here so that the trainer and its readers agree on them:
 
 * ``config.json``: the resolved flags and the process (`trainers.process`), written at the start;
 * ``history.json``: one record per finished epoch, written just before the epoch's checkpoint,
-  so a run interrupted at any moment has trained exactly the epochs it records;
+  so a run interrupted at any moment has trained exactly the epochs it records; each names the
+  CPU class it ran on (`trainers.process.cpu_class`), as a run may resume on another machine;
 * ``model.keras``, the trained model, then ``results.json``, the test evaluation, written last
   (`programs.import_reference` writes both for an imported model): a directory with a
   ``results.json`` holds a finished run;

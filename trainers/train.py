@@ -119,6 +119,8 @@ class Trainer:
         self.total_epochs = -(-self.total_steps // self.steps_per_epoch)
         self.schedule = self.task.build_schedule(self.total_steps)
         self.prepared = False
+        # Named in every epoch's record: a run resumed on another machine has epochs of two speeds.
+        self.cpu = process.cpu_class()
         self.chief = distribute.is_chief(self.strategy)
         self.output_dir = (
             config.model_dir if self.chief
@@ -231,6 +233,10 @@ class Trainer:
         epoch = int(self.epoch.numpy())
         history = [h for h in recorded if h["epoch"] <= epoch]
         self.log(f"Resuming from {latest}: {epoch} epoch(s), step {int(self.optimizer.iterations.numpy())} done.")
+        others = sorted({h["cpu"] for h in history if h.get("cpu", self.cpu) != self.cpu})
+        if others:
+            self.log(f"Earlier epochs ran on {', '.join(others)}, these on {self.cpu}: each epoch's record names "
+                     f"its CPU class, so timings of the two are not mixed.")
         return epoch, history
 
     def _match_architecture(self, path: str, recorded: list) -> None:
@@ -278,7 +284,7 @@ class Trainer:
             val_metrics = self.evaluate(self.task.val_split)
             record = {
                 "epoch": epoch + 1, "step": step, "learning_rate": float(self.schedule(step - 1)),
-                "train_seconds": seconds,
+                "train_seconds": seconds, "cpu": self.cpu,
                 "train_loss": train_metrics["loss"], "train_accuracy": train_metrics["accuracy"],
                 "val_loss": val_metrics["loss"], "val_accuracy": val_metrics["accuracy"],
             }
