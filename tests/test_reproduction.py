@@ -661,6 +661,10 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
                     ["| `sa_quadratic_small`", "8", "3"], ["| `resnet18`", "8", "3"],
                     ["| `sa_quadratic_small+convolutional@0.1/2`", "8", "3"]]
     assert budgets[0].startswith("The study's budget is 8 epochs, the longest at which the most models have run")
+    # What the recorded runs cost: per CPU class, each run's median epoch times its epochs (cpu A:
+    # seeds 0 and 1 of four models, (30 + 20) s x 8 epochs each; cpu B: seed 2's 40 s x 8, and 25 s x 4).
+    assert ("The 13 timed runs recorded here took about 0.8 hours of training at their median epoch's speed: 0.4 h "
+            "for 8 runs on an cpu A, 0.4 h for 5 runs on an cpu B") in budgets[0]
     # Training minutes per CPU class: its least disturbed seed's median epoch (20 s on cpu A, not
     # seed 0's 30 s; 40 s on cpu B) times the epochs.
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | 2 (cpu B) |" in budgets

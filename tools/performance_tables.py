@@ -688,7 +688,20 @@ def reproduction_budgets():
               f"The study's budget is {study.BUDGET} epochs; the other tables read {data['budget']}, the longest "
               f"budget at which the most models have run, until as many have run at {study.BUDGET}; the other "
               f"budgets are the search for it.")
-    caption = (f"{budget} Against the shorter budget: the change of the mean test accuracy from the model's "
+    hours, runs = {}, {}
+    for key, run in data["runs"].items():
+        if run.get("median_epoch_seconds") is not None:
+            cpu = run.get("cpu") or "unknown CPU"
+            hours[cpu] = hours.get(cpu, 0.0) + study.training_minutes(run, study.split_key(key)[2]) / 60
+            runs[cpu] = runs.get(cpu, 0) + 1
+    def h(value):
+        return f"{value:.{0 if value >= 10 else 1}f}"
+
+    cost = (f" The {sum(runs.values())} timed runs recorded here took about {h(sum(hours.values()))} hours of "
+            f"training at their median epoch's speed: " + ", ".join(
+                f"{h(hours[cpu])} h for {runs[cpu]} run{'s' * (runs[cpu] != 1)} on an {cpu}" for cpu in sorted(hours))
+            + " (`--dry_run` estimates the runs still to make on your CPU class)." if hours else "")
+    caption = (f"{budget}{cost} Against the shorter budget: the change of the mean test accuracy from the model's "
                f"next shorter budget (with that budget's seeds, which may differ), within the spread when at most the "
                f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the "
                f"mean change of test accuracy over the last quarter of training is smaller in magnitude than the "
