@@ -34,7 +34,6 @@ import importlib
 import json
 import os
 import platform
-import re
 import signal
 import subprocess
 import sys
@@ -236,20 +235,12 @@ def fastest(fn, steps: int) -> float:
 
 
 def cpu() -> dict:
-    """The CPU's model name, its cores, which of `CPU_FEATURES` it has (Linux's
-    ``/proc/cpuinfo``; elsewhere the platform's processor name alone) and the machine's memory."""
-    record = {"model": platform.processor() or platform.machine(), "cores": os.cpu_count(), "features": [],
-              "memory_gb": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30}
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-    except OSError:
-        return record
-    fields = dict(line.split(":", 1) for line in info.split("\n\n")[0].splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set(fields.get("flags", "").split())
-    record.update(model=fields.get("model name", record["model"]), features=[f for f in CPU_FEATURES if f in flags])
-    return record
+    """The CPU's model name, its cores, which of `CPU_FEATURES` it has (as `trainers.process.cpu_info`
+    reads them, so a benchmark and a trainer name the same class) and the machine's memory."""
+    info = process.cpu_info()
+    return {"model": info["model"], "cores": os.cpu_count(),
+            "features": [f for f in CPU_FEATURES if f in info["extensions"]],
+            "memory_gb": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30}
 
 
 def cpu_class(record: dict | None = None) -> str:

@@ -215,12 +215,14 @@ def epoch_cpu(record: dict, reader: str) -> str:
 
 
 def run_timing(history: list, reader: str) -> dict:
-    """How fast a run trained, from its trainer's ``history.json`` read on the CPU class ``reader``:
-    ``cpu``, the class most of its epochs ran on (`epoch_cpu`), and ``median_epoch_seconds`` over
-    those epochs alone (`epoch_seconds`; epochs slowed by other work, or paused, left out by the
-    median); a run resumed on other classes also has ``cpu_epochs``, its epochs per class."""
-    classes = collections.Counter(epoch_cpu(h, reader) for h in history)
-    cpu = classes.most_common(1)[0][0]
+    """How fast a run trained, from its trainer's ``history.json`` (one epoch or more) read on the
+    CPU class ``reader``: ``cpu``, the class most of its epochs ran on (`epoch_cpu`; on a tie, its
+    last epoch's), and ``median_epoch_seconds`` over those epochs alone (`epoch_seconds`; epochs
+    slowed by other work, or paused, left out by the median); a run resumed on other classes also
+    has ``cpu_epochs``, its epochs per class."""
+    order = [epoch_cpu(h, reader) for h in history]
+    classes = collections.Counter(order)
+    cpu = max(classes, key=lambda c: (classes[c], len(order) - order[::-1].index(c)))
     return {"median_epoch_seconds": round(statistics.median(
                 epoch_seconds(h) for h in history if epoch_cpu(h, reader) == cpu), 2),
             "cpu": cpu, **({"cpu_epochs": dict(sorted(classes.items()))} if len(classes) > 1 else {})}
@@ -232,10 +234,10 @@ def training_minutes(run: dict, epochs: int) -> float:
     return run["median_epoch_seconds"] * epochs / 60
 
 
-def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print, cpu: str | None = None) -> dict:
+def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) -> dict:
     """The run in ``model_dir`` as read: its results, history and every snapshot's
-    `analyse_snapshot` (maps at the last), and its `run_timing` read on the CPU class ``cpu`` (this
-    machine's by default); the report keeps its `compact_run`."""
+    `analyse_snapshot` (maps at the last), and its `run_timing` read on this machine's CPU class;
+    the report keeps its `compact_run`."""
     import keras
 
     from trainers import data as data_lib
@@ -262,7 +264,7 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print, 
         # The epochs' wall time, pauses of the process included; the median epoch is robust to
         # those and to epochs slowed by other work on the machine (a run beside the test suite).
         "train_seconds": round(sum(h.get("train_seconds", 0.0) for h in history), 1),
-        **run_timing(history, cpu or harness.cpu_class()),
+        **run_timing(history, harness.cpu_class()),
         "locality_images": locality_images,
         "images_per_second": results["images_per_second"],
         "weights_sha256": results["weights_sha256"],
@@ -388,15 +390,18 @@ def starts_at_random(model: str) -> bool:
 
 
 def main_budget(runs: dict) -> int | None:
-    """The epochs at which the most of the study's `MODELS` have a run (the larger on a tie): the
-    study's budget, the others the search for it. Counting models, not runs, keeps every model in
-    the tables read at it however the runs land; comparison variants do not choose it."""
+    """The epochs at which the most of the study's `MODELS` have a run (on a tie, the most runs,
+    then the larger): the study's budget, the others the search for it. Counting models first keeps
+    every model in the tables read at it however the runs land, and runs next keeps one seed each
+    at a longer budget from replacing three; comparison variants do not choose it."""
     models: dict[int, set] = {}
+    counts: dict[int, int] = {}
     for key in runs:
         model, _, epochs = split_key(key)
         if model in MODELS:
             models.setdefault(epochs, set()).add(model)
-    return max(models, key=lambda e: (len(models[e]), e)) if models else None
+            counts[epochs] = counts.get(epochs, 0) + 1
+    return max(models, key=lambda e: (len(models[e]), counts[e], e)) if models else None
 
 
 def _differs(a: dict, b: dict) -> bool | None:
@@ -526,8 +531,9 @@ def _timed_by(key: str, timed_by: dict) -> str:
 def _epochs_under_way(runs_to_make, recorded: dict, work_dir: str, cpu: str | None = None) -> dict:
     """``{preset: (median epoch seconds, {run key: epochs timed})}`` over the timed epochs on ``cpu``
     (`epoch_cpu`; any class when None) of the planned runs the report does not have yet but
-    ``work_dir`` holds, per preset: what times a preset before any of its runs is recorded. The first epoch of a run, slowed by the start, is
-    one of many once a run is under way for a while, and the median leaves it out."""
+    ``work_dir`` holds, per preset: what times a preset before any of its runs is recorded. The
+    first epoch of a run, slowed by the start, is one of many once a run is under way for a while,
+    and the median leaves it out."""
     from trainers import run_files
 
     seconds, timed_by = {}, {}
@@ -574,21 +580,23 @@ CONTENT_GATE = 0.5  # a gate below it weighs a head's content attention above it
 
 
 def gate_summary(runs) -> list[dict] | None:
-    """Per layer of the gated heads of ``runs`` (one model and budget, one per seed), each a
-    `_spread` over the seeds: ``start`` and ``end``, the mean over the layer's heads of the gate
+    """Per gated layer of ``runs`` (one model and budget, one per seed; those whose first and last
+    snapshots record gates), over those runs: ``layer``; ``heads``; ``seeds``, how many runs;
+    ``start`` and ``end``, the `_spread` of the mean over the layer's heads of the gate
     ``g_h = sigmoid(lambda_h)`` (`sa_conv.encodings.GatedPositionalEncoding`, the weight on
-    positional attention) at the first and last snapshot; ``lowest``, the smallest head's at the
-    end; and ``content_heads``, per run the number of heads below `CONTENT_GATE` at the end. None
+    positional attention) at the first and last snapshot; ``lowest``, of the smallest head's at
+    the end; ``content_heads``, per run the number of heads below `CONTENT_GATE` at the end. None
     without gates."""
-    gated = [run["snapshots"] for run in runs if run["snapshots"] and run["snapshots"][-1].get("gates")]
-    if not gated:
-        return None
-    layers = range(len(gated[0][-1]["gates"]))
-    return [{"start": _spread(statistics.fmean(s[0]["gates"][layer]) for s in gated),
-             "end": _spread(statistics.fmean(s[-1]["gates"][layer]) for s in gated),
-             "lowest": _spread(min(s[-1]["gates"][layer]) for s in gated),
-             "content_heads": [sum(g < CONTENT_GATE for g in s[-1]["gates"][layer]) for s in gated]}
-            for layer in layers]
+    gated = [(run["snapshots"][0]["gates"], run["snapshots"][-1]["gates"]) for run in runs
+             if run["snapshots"] and run["snapshots"][0].get("gates") and run["snapshots"][-1].get("gates")]
+    layers = [layer for layer in range(len(gated[0][1])) if all(end[layer] is not None for _, end in gated)] \
+        if gated else []
+    return [{"layer": layer, "heads": len(gated[0][1][layer]), "seeds": len(gated),
+             "start": _spread(statistics.fmean(start[layer]) for start, _ in gated),
+             "end": _spread(statistics.fmean(end[layer]) for _, end in gated),
+             "lowest": _spread(min(end[layer]) for _, end in gated),
+             "content_heads": [sum(g < CONTENT_GATE for g in end[layer]) for _, end in gated]}
+            for layer in layers] or None
 
 
 def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_every: int | None = None,

@@ -262,6 +262,16 @@ def test_cpu_class_names_the_cpu_without_marks_or_clock(model, name):
     assert harness.cpu_class({"model": model, "features": ["avx2"]}) == f"{name}, AVX2"
 
 
+def test_a_benchmark_and_a_trainer_name_this_cpu_alike():
+    """A benchmark files its results under `harness.cpu_class`, a trainer its epochs under
+    `trainers.process.cpu_class`: the study compares the two, so they read the CPU alike."""
+    from trainers import process
+
+    assert harness.cpu_class() == process.cpu_class()
+    assert harness.cpu()["model"] == process.cpu_info()["model"]
+    assert set(harness.cpu()["features"]) == set(harness.CPU_FEATURES) & set(process.cpu_info()["extensions"])
+
+
 def test_runs_of_other_cpus_stay_and_a_merge_keeps_unmeasured_presets(tmp_path, monkeypatch):
     """The serving report's layout: one run per `cpu_class` (``section``)."""
     path = str(tmp_path / "serving.json")

@@ -306,7 +306,8 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     # Epochs that name another CPU class time nothing on this one.
     with open(os.path.join(second, "history.json"), "w") as f:
         json.dump([{"epoch": 1, "epoch_seconds": 100.0, "cpu": "cpu A"},
-                   {"epoch": 2, "epoch_seconds": 900.0, "cpu": "cpu B"}, {"epoch": 3, "epoch_seconds": 900.0, "cpu": "cpu B"}],
+                   {"epoch": 2, "epoch_seconds": 900.0, "cpu": "cpu B"},
+                   {"epoch": 3, "epoch_seconds": 900.0, "cpu": "cpu B"}],
                   f)
     assert rp.describe_plan([("content", 0, 120), ("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[1] == (
         "content|seed=1|epochs=120: to resume after epoch 3 of 120 (timed by 4 epochs of content|seed=0|epochs=120, "
@@ -393,6 +394,9 @@ def test_a_run_is_timed_on_the_cpu_class_most_of_its_epochs_ran_on():
                                                "cpu_epochs": {"cpu A": 2, "cpu B": 3}}
     # Read on "cpu B", the unnamed epochs are its: one class, all five epochs.
     assert rp.run_timing(history, "cpu B") == {"median_epoch_seconds": 30.0, "cpu": "cpu B"}
+    # A tie: the class of the last epoch, whichever came first.
+    tie = [{"epoch": 1, "epoch_seconds": 10.0, "cpu": "cpu B"}, {"epoch": 2, "epoch_seconds": 20.0, "cpu": "cpu A"}]
+    assert rp.run_timing(tie, "cpu C")["cpu"] == "cpu A" and rp.run_timing(tie[::-1], "cpu C")["cpu"] == "cpu B"
     assert rp.epoch_cpu({"cpu": "cpu B"}, "cpu A") == "cpu B" and rp.epoch_cpu({}, "cpu A") == "cpu A"
 
 
@@ -532,6 +536,9 @@ def test_the_budget_is_the_longest_where_most_models_ran_and_gated_is_not_asked_
     assert rp.main_budget(runs) == 120
     runs["content|seed=0|epochs=240"] = None
     assert rp.main_budget(runs) == 240
+    # One seed of each model at a longer budget ties on models; the budget of more runs stays.
+    runs.update({f"{m}|seed=0|epochs=480": None for m in ("learned", "quadratic", "content")})
+    assert rp.main_budget(runs) == 240
     assert rp.starts_at_random("learned") and rp.starts_at_random("content") and not rp.starts_at_random("gated")
     summary = rp.summarize({"gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.2, 4: 0.3}, {0: [1.0, 2.0], 2: [2.0, 3.0],
                                                                                      4: [3.0, 4.0]},
@@ -623,6 +630,17 @@ def test_the_gates_table_reads_each_layers_gates_at_the_start_and_the_end(monkey
     assert rows == ["| `sa_gated_small` | 0 | 0.73 ± 0.00 → 0.70 ± 0.00 | 0.50 ± 0.14 | 1, 0 | 2 |",
                     "| `sa_gated_small` | 1 | 0.73 ± 0.00 → 0.45 ± 0.07 | 0.30 ± 0.14 | 2, 1 | 2 |"]
     assert rp.gate_summary([report["runs"]["learned|seed=0|epochs=8"]]) is None
+    # A run whose first snapshot has no gates is left out, with the seeds column; a layer some run
+    # has no gates in (not gated) is not a row.
+    runs = [report["runs"][rp.run_key("gated", seed, 8)] for seed in (0, 1)]
+    partial = {**runs[1], "snapshots": [{k: v for k, v in runs[1]["snapshots"][0].items() if k != "gates"},
+                                        *runs[1]["snapshots"][1:]]}
+    ungated = {**runs[1], "snapshots": [*runs[1]["snapshots"][:-1], {**runs[1]["snapshots"][-1],
+                                                                     "gates": [ends[1][0], None]}]}
+    summary = rp.gate_summary([runs[0], partial])
+    assert [(g["layer"], g["seeds"], g["heads"], g["content_heads"]) for g in summary] == [
+        (0, 1, 3, [1]), (1, 1, 3, [2])]
+    assert [(g["layer"], g["content_heads"]) for g in rp.gate_summary([runs[0], ungated])] == [(0, [1, 0])]
 
 
 def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, tmp_path):
@@ -630,9 +648,9 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     _results_with(report, tmp_path, monkeypatch)
     monkeypatch.setattr(rp, "BUDGET", 16)  # the study's budget, before its runs outnumber the others
     assert performance_tables.reproduction_budgets().startswith(
-        "The study's budget is 16 epochs; the other tables read 8, the longest budget at which the most models have "
-        "run, until as many have run at 16")
-    note = "At 8 epochs, the longest budget at which the most models have run; the study's budget is 16 epochs ("
+        "The study's budget is 16 epochs; until as many of the models have run there as at 8, the other tables "
+        "read 8.")
+    note = "At 8 epochs: fewer of the models have run at the study's budget of 16 epochs so far ("
     for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_locality,
                   performance_tables.reproduction_claims, performance_tables.reproduction_first_accuracy,
                   performance_tables.reproduction_curves):
@@ -660,11 +678,12 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     assert rows == [["| `sa_learned_small`", "4", "1"], ["| `sa_learned_small`", "8", "3"],
                     ["| `sa_quadratic_small`", "8", "3"], ["| `resnet18`", "8", "3"],
                     ["| `sa_quadratic_small+convolutional@0.1/2`", "8", "3"]]
-    assert budgets[0].startswith("The study's budget is 8 epochs, the longest at which the most models have run")
+    assert budgets[0].startswith("The study's budget is 8 epochs, where the most models have run")
     # What the recorded runs cost: per CPU class, each run's median epoch times its epochs (cpu A:
     # seeds 0 and 1 of four models, (30 + 20) s x 8 epochs each; cpu B: seed 2's 40 s x 8, and 25 s x 4).
-    assert ("The 13 timed runs recorded here took about 0.8 hours of training at their median epoch's speed: 0.4 h "
-            "for 8 runs on an cpu A, 0.4 h for 5 runs on an cpu B") in budgets[0]
+    assert ("The 13 timed runs recorded here took about 0.8 hours of training at their median epoch's speed, each "
+            "counted on the CPU class most of its epochs ran on: 0.4 h for 8 runs on cpu A; 0.4 h for 5 runs on "
+            "cpu B.") in budgets[0]
     # Training minutes per CPU class: its least disturbed seed's median epoch (20 s on cpu A, not
     # seed 0's 30 s; 40 s on cpu B) times the epochs.
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | 2 (cpu B) |" in budgets

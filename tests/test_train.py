@@ -519,7 +519,8 @@ def test_run_killed_mid_epoch_and_resumed_ends_as_the_uninterrupted_run(replicas
         rerun = _cli(*args, f"--model_dir={resumed}")
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert "Resuming from" in rerun.stdout + rerun.stderr
-        assert f"Earlier epochs ran on Another CPU, AVX2, these on {process.cpu_class()}:" in rerun.stdout + rerun.stderr
+        said = rerun.stdout + rerun.stderr
+        assert f"Earlier epochs ran on Another CPU, AVX2, these on {process.cpu_class()}:" in said
         _, err = uninterrupted.communicate(timeout=300)
         assert uninterrupted.returncode == 0, err[-3000:]
     finally:

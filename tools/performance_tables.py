@@ -556,13 +556,13 @@ def _reproduction():
 
 def _budget_note(data, page: str = "") -> str:
     """A caption's first sentence when the tables read another budget than the study's (fewer
-    models run at the study's budget than at another): which one, and where ``page`` says why."""
+    models have run at the study's budget than at another): which one, and where ``page`` says why."""
     from benchmarks import reproduction as study
 
     if data["budget"] == study.BUDGET:
         return ""
-    return (f"At {data['budget']} epochs, the longest budget at which the most models have run; the study's budget is {study.BUDGET} epochs "
-            f"({page}\"Choosing the budget\"). ")
+    return (f"At {data['budget']} epochs: fewer of the models have run at the study's budget of {study.BUDGET} "
+            f"epochs so far ({page}\"Choosing the budget\"). ")
 
 
 def _runs(data, model, budget):
@@ -683,11 +683,10 @@ def reproduction_budgets():
         rows.append([_model_name(model), epochs, len(e["seeds"]), _spread(e["test_accuracy"]),
                      _against_shorter(data["summary"], model, e.get("against_shorter")), *_last_quarter(e, epochs),
                      _run_minutes(data, model, epochs)])
-    budget = (f"The study's budget is {data['budget']} epochs, the longest at which the most models have run; the "
-              f"other budgets are the search for it." if data["budget"] == study.BUDGET else
-              f"The study's budget is {study.BUDGET} epochs; the other tables read {data['budget']}, the longest "
-              f"budget at which the most models have run, until as many have run at {study.BUDGET}; the other "
-              f"budgets are the search for it.")
+    budget = (f"The study's budget is {data['budget']} epochs, where the most models have run; the other budgets "
+              f"are the search for it." if data["budget"] == study.BUDGET else
+              f"The study's budget is {study.BUDGET} epochs; until as many of the models have run there as at "
+              f"{data['budget']}, the other tables read {data['budget']}. The other budgets are the search for it.")
     hours, runs = {}, {}
     for key, run in data["runs"].items():
         if run.get("median_epoch_seconds") is not None:
@@ -698,9 +697,12 @@ def reproduction_budgets():
         return f"{value:.{0 if value >= 10 else 1}f}"
 
     cost = (f" The {sum(runs.values())} timed runs recorded here took about {h(sum(hours.values()))} hours of "
-            f"training at their median epoch's speed: " + ", ".join(
-                f"{h(hours[cpu])} h for {runs[cpu]} run{'s' * (runs[cpu] != 1)} on an {cpu}" for cpu in sorted(hours))
-            + " (`--dry_run` estimates the runs still to make on your CPU class)." if hours else "")
+            f"training at their median epoch's speed, each counted on the CPU class most of its epochs ran on: "
+            + "; ".join(f"{h(hours[cpu])} h for {runs[cpu]} run{'s' * (runs[cpu] != 1)} on {cpu}"
+                        for cpu in sorted(hours))
+            + ". These say where the runs happened to run, and how busy the machine was, more than how fast each "
+              "CPU class is (the training minutes compare them); `--dry_run` estimates the runs still to make on "
+              "your CPU class." if hours else "")
     caption = (f"{budget}{cost} Against the shorter budget: the change of the mean test accuracy from the model's "
                f"next shorter budget (with that budget's seeds, which may differ), within the spread when at most the "
                f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the "
@@ -814,16 +816,15 @@ def reproduction_gates():
     data, budget, entries = _reproduction()
     rows, heads = [], set()
     for model in entries:
-        runs = list(_runs(data, model, budget).values())
-        for layer, g in enumerate(study.gate_summary(runs) or []):
-            heads.add(len(runs[0]["snapshots"][-1]["gates"][layer]))
-            rows.append([_model_name(model), layer, f"{_spread(g['start'], 2)} → {_spread(g['end'], 2)}",
-                         _spread(g["lowest"], 2), ", ".join(map(str, g["content_heads"])), len(runs)])
+        for g in study.gate_summary(_runs(data, model, budget).values()) or []:
+            heads.add(g["heads"])
+            rows.append([_model_name(model), g["layer"], f"{_spread(g['start'], 2)} → {_spread(g['end'], 2)}",
+                         _spread(g["lowest"], 2), ", ".join(map(str, g["content_heads"])), g["seeds"]])
     caption = (f"{_budget_note(data, 'docs/reproduction.md, ')}The gate of a head is its weight on positional "
                f"attention, sigmoid(λ), the rest going to content attention. Mean gate: over the "
-               f"{' or '.join(map(str, sorted(heads)))} heads of a layer, then mean ± std over the seeds; start → end "
-               f"of training. Lowest head: the smallest gate at the end. Content heads: at the end, the heads of gate "
-               f"below {study.CONTENT_GATE}, in each seed.\n\n")
+               f"{' or '.join(map(str, sorted(heads)))} heads of a layer, then mean ± std over the seeds; "
+               f"start → end of training. Lowest head: the smallest gate at the end. Content heads: at the end, "
+               f"the heads of gate below {study.CONTENT_GATE}, in each seed.\n\n")
     return caption + _table(["model", "layer", "mean gate", "lowest head", "content heads", "seeds"], rows)
 
 

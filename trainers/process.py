@@ -189,9 +189,10 @@ def cpu_name(model: str) -> str:
 
 def cpu_class(record: dict | None = None) -> str:
     """The class of CPU a timing belongs to, as a short name: the CPU's model and its widest matrix
-    units (what decides which format serves fastest, and how fast a model trains), e.g. ``"AMD EPYC, AVX-512 VNNI BF16"``, ``"AMD EPYC, AVX2"``,
-    ``"Intel Xeon, AMX"``. ``record``: a `cpu_info` record (``extensions``) or
-    `benchmarks.harness.cpu`'s (``features``); this machine's by default."""
+    units (what decides which format serves fastest, and how fast a model trains), e.g.
+    ``"AMD EPYC, AVX-512 VNNI BF16"``, ``"AMD EPYC, AVX2"``, ``"Intel Xeon, AMX"``. ``record``: a
+    ``model`` and its ``extensions`` (a `cpu_info` record) or ``features``; this machine's by
+    default."""
     record = cpu_info() if record is None else record
     features = set(record.get("features", record.get("extensions", ())))
     if features & {"amx_tile", "amx_bf16", "amx_int8"}:

@@ -235,8 +235,8 @@ class Trainer:
         self.log(f"Resuming from {latest}: {epoch} epoch(s), step {int(self.optimizer.iterations.numpy())} done.")
         others = sorted({h["cpu"] for h in history if h.get("cpu", self.cpu) != self.cpu})
         if others:
-            self.log(f"Earlier epochs ran on {', '.join(others)}, these on {self.cpu}: each epoch's record names "
-                     f"its CPU class, so timings of the two are not mixed.")
+            self.log(f"Earlier epochs ran on {'; '.join(others)}, these on {self.cpu}: each epoch's record "
+                     f"names its CPU class, so that timings of different classes are not mixed.")
         return epoch, history
 
     def _match_architecture(self, path: str, recorded: list) -> None:
