@@ -38,7 +38,7 @@ runs the report has, but derives its summary, budget and claims from every recor
 `summarize` gives per model and budget the mean and spread over seeds of the final accuracy, of
 the learning curve and of the per-layer locality at every snapshot; `claims` checks the paper's
 claims on it. Budgets are searched upward: a run at another ``--epochs`` is kept beside the
-others, and the report's budget is the longest at which the most models have run (`main_budget`;
+others, and the report's budget is the one at which the most models have run (`main_budget`;
 `BUDGET` once `STUDY` has run). ``tools/performance_tables.py`` makes
 ``docs/reproduction.md``'s tables and figures from the report.
 """
