@@ -260,6 +260,10 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
     return {
         "test_accuracy": results["test_accuracy"],
         "best_val_accuracy": results["best_val_accuracy"],
+        # Where validation peaked and how far the last epoch fits its training images: whether a
+        # model overfits, beside its test accuracy.
+        "best_epoch": results["best_epoch"],
+        "train_accuracy": results["train_accuracy"],
         "parameters": results["parameters"],
         # The epochs' wall time, pauses of the process included; the median epoch is robust to
         # those and to epochs slowed by other work on the machine (a run beside the test suite).

@@ -54,6 +54,8 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
         results = json.load(f)
     # The last snapshot is the trained model, read as the trainer evaluated it.
     assert run["snapshots"][-1]["test_accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-9)
+    assert (run["best_epoch"], run["train_accuracy"]) == (results["best_epoch"], results["train_accuracy"])
+    assert run["best_epoch"] in (1, 2) and 0 <= run["train_accuracy"] <= 1
     # The whole reading is in the run's directory; the report keeps each layer's summary of it.
     with open(os.path.join(work, "learned_seed0_epochs2", rp.DETAIL)) as f:
         detail = json.load(f)
