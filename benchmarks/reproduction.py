@@ -488,9 +488,10 @@ def read_report(path: str) -> dict:
 def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None = None) -> list[str]:
     """One line per planned run: its key and whether the report has it (``recorded``), it has a
     model directory in ``work_dir`` to resume (at the epoch its ``history.json`` reached), or it is
-    still to train, with the minutes its epochs left take (`estimated_minutes`, on ``cpu``, a
-    `harness.cpu_class`; for a preset no recorded run timed, the median epoch of its planned runs
-    under way, `_epochs_under_way`); then the count and the hours of training left."""
+    still to train, with the minutes its epochs left take on ``cpu`` (a `harness.cpu_class`): from
+    its preset's recorded runs on ``cpu`` (`estimated_minutes`), else from the median epoch of its
+    preset's planned runs under way on ``cpu`` (`_epochs_under_way`), else from recorded runs on
+    another class, said so; then the count and the hours of training left."""
     from trainers import run_files
 
     under_way = _epochs_under_way(runs_to_make, recorded, work_dir, cpu)
@@ -506,7 +507,8 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
         state = f"to resume after epoch {done} of {epochs}" if done else "to train"
         minutes, timed_on = estimated_minutes(recorded, model, epochs - done, cpu)
         timing = under_way.get(data_efficiency.parse_variant(model)["model"])
-        if minutes is None and timing:
+        # Epochs under way on this CPU class tell more than a recorded run on another class.
+        if timing and (minutes is None or (cpu is not None and timed_on != cpu)):
             seconds, timed_by = timing
             minutes, timed_on = seconds * (epochs - done) / 60, cpu
             state = f"{state} (timed by {_timed_by(key, timed_by)})"

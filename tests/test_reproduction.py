@@ -305,6 +305,13 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     assert rp.describe_plan([("content", 0, 120), ("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[1] == (
         "content|seed=1|epochs=120: to resume after epoch 1 of 120 (timed by 4 epochs of content|seed=0|epochs=120, "
         "1 epoch of content|seed=1|epochs=120), about 250 min left")
+    # A recorded run of the preset on another class times less well than epochs under way on this one.
+    other = {"content|seed=0|epochs=60": {"median_epoch_seconds": 300.0, "cpu": "cpu B",
+                                           "flags": {"model": "sa_content_plus_learned_bias_small"}}}
+    assert rp.describe_plan([("content", 1, 120)], other, str(tmp_path), cpu="cpu A")[0] == (
+        "content|seed=1|epochs=120: to resume after epoch 1 of 120 (timed by its own 1 epoch), about 198 min left")
+    assert rp.describe_plan([("content", 1, 120)], other, str(tmp_path / "none"), cpu="cpu A")[0] == (
+        "content|seed=1|epochs=120: to train, about 600 min on an cpu B")
     # Epochs that name another CPU class time nothing on this one.
     with open(os.path.join(second, "history.json"), "w") as f:
         json.dump([{"epoch": 1, "epoch_seconds": 100.0, "cpu": "cpu A"},
