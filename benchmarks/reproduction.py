@@ -224,7 +224,7 @@ def run_timing(history: list, reader: str) -> dict:
     classes = collections.Counter(order)
     cpu = max(classes, key=lambda c: (classes[c], len(order) - order[::-1].index(c)))
     return {"median_epoch_seconds": round(statistics.median(
-                epoch_seconds(h) for h in history if epoch_cpu(h, reader) == cpu), 2),
+                epoch_seconds(h) for h, c in zip(history, order) if c == cpu), 2),
             "cpu": cpu, **({"cpu_epochs": dict(sorted(classes.items()))} if len(classes) > 1 else {})}
 
 
