@@ -494,16 +494,16 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     another class, said so; then the count and the hours of training left."""
     from trainers import run_files
 
-    under_way = _epochs_under_way(runs_to_make, recorded, work_dir, cpu)
-    lines, hours, todo, untimed = [], 0.0, 0, 0
+    histories = {run_key(model, seed, epochs): run_files.read_history(run_dir(work_dir, model, seed, epochs))
+                 for model, seed, epochs in runs_to_make if run_key(model, seed, epochs) not in recorded}
+    under_way = _epochs_under_way(histories, cpu)
+    lines, hours, untimed = [], 0.0, 0
     for model, seed, epochs in runs_to_make:
         key = run_key(model, seed, epochs)
-        if key in recorded:
+        if key not in histories:
             lines.append(f"{key}: recorded")
             continue
-        todo += 1
-        model_dir = run_dir(work_dir, model, seed, epochs)
-        done = min(run_files.epochs_done(model_dir), epochs)
+        done = min(run_files.last_epoch(histories[key]), epochs)
         state = f"to resume after epoch {done} of {epochs}" if done else "to train"
         minutes, timed_on = estimated_minutes(recorded, model, epochs - done, cpu)
         timing = under_way.get(data_efficiency.parse_variant(model)["model"])
@@ -519,6 +519,7 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
         hours += minutes / 60
         lines.append(f"{key}: {state}, about {minutes:.0f} min" + (" left" if done else "")
                      + ("" if timed_on == cpu else f" on an {timed_on}"))
+    todo = len(histories)
     total = ([f"about {hours:.1f} h of training"] if todo > untimed else []) + \
         ([f"{untimed} not timed yet"] if untimed else [])
     return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]
@@ -534,23 +535,18 @@ def _timed_by(key: str, timed_by: dict) -> str:
     return ", ".join(f"{epochs(n)} of {k}" for k, n in timed_by.items())
 
 
-def _epochs_under_way(runs_to_make, recorded: dict, work_dir: str, cpu: str | None = None) -> dict:
+def _epochs_under_way(histories: dict, cpu: str | None = None) -> dict:
     """``{preset: (median epoch seconds, {run key: epochs timed})}`` over the timed epochs on ``cpu``
-    (`epoch_cpu`; any class when None) of the planned runs the report does not have yet but
-    ``work_dir`` holds, per preset: what times a preset before any of its runs is recorded. The
-    first epoch of a run, slowed by the start, is one of many once a run is under way for a while,
-    and the median leaves it out."""
-    from trainers import run_files
-
+    (`epoch_cpu`; any class when None) of ``histories`` (``{run key: its history.json}``, the
+    planned runs the report does not have yet), per preset: what times a preset before any of its
+    runs is recorded. The first epoch of a run, slowed by the start, is one of many once a run is
+    under way for a while, and the median leaves it out."""
     seconds, timed_by = {}, {}
-    for model, seed, epochs in runs_to_make:
-        key = run_key(model, seed, epochs)
-        if key in recorded:
-            continue
-        own = [epoch_seconds(record) for record in run_files.read_history(run_dir(work_dir, model, seed, epochs))
-               if epoch_seconds(record) and (cpu is None or epoch_cpu(record, cpu) == cpu)]
+    for key, history in histories.items():
+        own = [s for s in (epoch_seconds(record) for record in history
+                           if cpu is None or epoch_cpu(record, cpu) == cpu) if s]
         if own:
-            preset = data_efficiency.parse_variant(model)["model"]
+            preset = data_efficiency.parse_variant(split_key(key)[0])["model"]
             seconds.setdefault(preset, []).extend(own)
             timed_by.setdefault(preset, {})[key] = len(own)
     return {preset: (statistics.median(seconds[preset]), timed_by[preset]) for preset in seconds}

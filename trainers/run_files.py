@@ -64,7 +64,12 @@ def finished(model_dir: str) -> bool:
 
 def epochs_done(model_dir: str) -> int:
     """The epochs the run in ``model_dir`` has trained, as its ``history.json`` records them."""
-    return max((record["epoch"] for record in read_history(model_dir)), default=0)
+    return last_epoch(read_history(model_dir))
+
+
+def last_epoch(history: list[dict]) -> int:
+    """The last epoch a run's ``history.json`` records (`read_history`); 0 before any."""
+    return max((record["epoch"] for record in history), default=0)
 
 
 def snapshot_path(model_dir: str, epoch: int) -> str:
