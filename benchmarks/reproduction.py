@@ -329,7 +329,8 @@ def summarize(runs: dict) -> dict:
     epoch, the test accuracy's spread); ``last_quarter_change`` (per seed, the test accuracy at the
     end minus at the last snapshot at or before three quarters of the epochs; its spread) and
     ``flattened`` (whether its mean magnitude is below the final accuracy's std; None with one
-    seed or without a last quarter); and for attention models ``locality`` (per snapshot epoch,
+    seed, seeds that end at the same accuracy (no spread to measure a change against), or without
+    a last quarter); and for attention models ``locality`` (per snapshot epoch,
     per layer, each `layer_summary` value's spread); ``against_shorter``: None at a model's
     shortest budget, else the model's next shorter budget (``epochs``), the change of the mean
     test accuracy from it (``change``) and ``within_spread``: whether that change is at most the
@@ -356,7 +357,7 @@ def summarize(runs: dict) -> dict:
         entry = {"seeds": [seed for seed, _ in members], "test_accuracy": final,
                  "curve": curve,
                  "quarter_epoch": quarter, "last_quarter_change": change,
-                 "flattened": (None if final["std"] is None or change is None
+                 "flattened": (None if not final["std"] or change is None
                                else abs(change["mean"]) < final["std"])}
         if all("locality" in s[e] for s in snapshot_sets for e in common):
             entry["locality"] = {

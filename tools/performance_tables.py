@@ -626,6 +626,33 @@ def _run_minutes(data, model, epochs):
     return "; ".join(f"{_minutes(run, epochs)} ({cpu})" for cpu, run in fastest.items()) if fastest else "-"
 
 
+def _cost(data):
+    """The sentences of the budget table's caption on what the recorded runs cost: the hours of
+    training of every timed run (`study.training_minutes`) summed per CPU class, each run counted
+    on the class most of its epochs ran on; "" before any run is timed."""
+    from benchmarks import reproduction as study
+
+    hours, runs = {}, {}
+    for key, run in data["runs"].items():
+        if run.get("median_epoch_seconds") is not None:
+            cpu = run.get("cpu") or "unknown CPU"
+            hours[cpu] = hours.get(cpu, 0.0) + study.training_minutes(run, study.split_key(key)[2]) / 60
+            runs[cpu] = runs.get(cpu, 0) + 1
+    if not hours:
+        return ""
+
+    def h(value):
+        return f"{value:.{0 if value >= 10 else 1}f}"
+
+    per_class = "; ".join(f"{h(hours[cpu])} h for {runs[cpu]} run{'s' * (runs[cpu] != 1)} on {cpu}"
+                          for cpu in sorted(hours))
+    return (f"The {sum(runs.values())} timed runs recorded here took about {h(sum(hours.values()))} hours of "
+            f"training at their median epoch's speed, each counted on the CPU class most of its epochs ran on: "
+            f"{per_class}. These say where the runs happened to run, and how busy the machine was, more than how "
+            f"fast each CPU class is (the training minutes compare them); `--dry_run` estimates the runs still to "
+            f"make on your CPU class.")
+
+
 def _parameters(data, model, budget, exact=False):
     """``model``'s parameter count at ``budget`` (its seeds', which agree), in millions to two
     decimals, or ``exact``ly."""
@@ -635,10 +662,12 @@ def _parameters(data, model, budget, exact=False):
 
 def _last_quarter(entry, epochs):
     """The cells "last quarter" (the mean change and its epochs) and "flattened" of a summary entry;
-    "flattened" says why it has no verdict: one seed (no spread), or no last quarter (no snapshot its
-    seeds share between half and three quarters of training, or none after it)."""
+    "flattened" says why it has no verdict: one seed (no spread), seeds that end at the same accuracy
+    (no spread either), or no last quarter (no snapshot its seeds share between half and three
+    quarters of training, or none after it)."""
     change = entry["last_quarter_change"]
-    unknown = "- (one seed)" if len(entry["seeds"]) == 1 else "- (snapshots too sparse)"
+    unknown = ("- (one seed)" if len(entry["seeds"]) == 1 else
+               "- (snapshots too sparse)" if change is None else "- (the seeds end at the same accuracy)")
     return ("-" if change is None else f"{change['mean']:+.3f} (epochs {entry['quarter_epoch']}-{epochs})",
             {True: "yes", False: "no", None: unknown}[entry["flattened"]])
 
@@ -687,23 +716,8 @@ def reproduction_budgets():
               f"are the search for it." if data["budget"] == study.BUDGET else
               f"The study's budget is {study.BUDGET} epochs; until as many of the models have run there as at "
               f"{data['budget']}, the other tables read {data['budget']}. The other budgets are the search for it.")
-    hours, runs = {}, {}
-    for key, run in data["runs"].items():
-        if run.get("median_epoch_seconds") is not None:
-            cpu = run.get("cpu") or "unknown CPU"
-            hours[cpu] = hours.get(cpu, 0.0) + study.training_minutes(run, study.split_key(key)[2]) / 60
-            runs[cpu] = runs.get(cpu, 0) + 1
-    def h(value):
-        return f"{value:.{0 if value >= 10 else 1}f}"
-
-    cost = (f" The {sum(runs.values())} timed runs recorded here took about {h(sum(hours.values()))} hours of "
-            f"training at their median epoch's speed, each counted on the CPU class most of its epochs ran on: "
-            + "; ".join(f"{h(hours[cpu])} h for {runs[cpu]} run{'s' * (runs[cpu] != 1)} on {cpu}"
-                        for cpu in sorted(hours))
-            + ". These say where the runs happened to run, and how busy the machine was, more than how fast each "
-              "CPU class is (the training minutes compare them); `--dry_run` estimates the runs still to make on "
-              "your CPU class." if hours else "")
-    caption = (f"{budget}{cost} Against the shorter budget: the change of the mean test accuracy from the model's "
+    caption = (" ".join(filter(None, (budget, _cost(data))))
+               + f" Against the shorter budget: the change of the mean test accuracy from the model's "
                f"next shorter budget (with that budget's seeds, which may differ), within the spread when at most the "
                f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the "
                f"mean change of test accuracy over the last quarter of training is smaller in magnitude than the "
