@@ -689,7 +689,9 @@ def reproduction_accuracy():
                f"± sample standard deviation over the seeds (of one run, not of the mean). Last quarter: the mean "
                f"change of test accuracy over the last quarter of training; flattened when its magnitude is below "
                f"that standard deviation. Training minutes: epochs times the median epoch's seconds of the fastest "
-               f"seed on each CPU class (the study ran partly beside other work, which slowed whole runs); an "
+               f"seed on each CPU class: what a run takes on an idle machine (the study ran partly beside other "
+               f"work, which slowed whole runs; each run's wall time as it happened is its `train_seconds` in the "
+               f"JSON, and reading its snapshots afterwards adds to it); an "
                f"epoch is its steps, validation and snapshot (its steps alone in runs recorded before the trainer "
                f"timed whole epochs); a run's CPU class is the one most of its epochs ran on, and its median epoch is "
                f"of those epochs (an epoch recorded before the trainer named its class counts as the class of the "
@@ -854,7 +856,10 @@ def reproduction_claims():
                         f"{_spread(r['end']['mean_distance'], 2)}, 3x3 mass {_spread(r['start']['mass_3x3'], 2)} → "
                         f"{_spread(r['end']['mass_3x3'], 2)}")
         elif "first_layer" in r:
-            evidence = f"distance, first layer {_spread(r['first_layer'], 2)}, last {_spread(r['last_layer'], 2)}"
+            uniform = _uniform_attention(_grid_side(r["model"]))["mean_distance"]
+            evidence = (f"distance, first layer {_spread(r['first_layer'], 2)}, last {_spread(r['last_layer'], 2)}"
+                        + (f" (above uniform attention's {uniform:.2f}: far pixels)"
+                           if r["last_layer"]["mean"] > uniform else ""))
         else:
             evidence = f"{_spread(r['accuracy'])} against ResNet18's {_spread(r['resnet18'])}"
         rows.append([r["claim"], _model_name(r["model"]), evidence, r["seeds"], f"**{r['verdict']}**"])
@@ -869,7 +874,9 @@ def reproduction_claims():
                "less, with one seed, or (emergence) only in one of the two measures; not here when it does not. "
                "Accuracy: held when the model is above ResNet18's mean or below it by at most the larger of the two "
                "standard deviations, partly by at most twice that, not here beyond (or below it, with one seed on "
-               f"both sides). The emergence of local heads is not asked of {_model_name('gated')}, which starts as a "
+               f"both sides). A last layer farther than uniform attention (the locality table's baseline) attends to "
+               f"far pixels more than to a wider neighbourhood: larger regions, in the sense of farther ones. The "
+               f"emergence of local heads is not asked of {_model_name('gated')}, which starts as a "
                f"convolution{quadratic_start or ''}.\n\n")
     return caption + _table(["claim", "model", "measured (mean ± std)", "seeds", "verdict"], rows)
 
@@ -892,16 +899,18 @@ def reproduction_first_accuracy():
     parts = [f"{_model_name(m)} {_spread(e['test_accuracy'])} ({_seeds(len(e['seeds']))}, "
              f"{_parameters(data, m, budget)} parameters)" for m, e in entries.items()]
     # The command of one run as the study ran it (the flags it fixed, the rest the trainer's
-    # defaults), timed on the fastest of each CPU class's least disturbed seeds (`_least_disturbed_runs`).
+    # defaults): the fastest of each CPU class's least disturbed seeds (`_least_disturbed_runs`),
+    # with its seed and accuracy, since the line's mean is over seeds.
     model = next(iter(entries))
     run = min(_least_disturbed_runs(data, model, budget).values(), key=lambda r: r["median_epoch_seconds"])
-    flags = " ".join(f"--{k}={v}" for k, v in run["flags"].items() if k not in ("seed", "snapshot_every"))
+    flags = " ".join(f"--{k}={v}" for k, v in run["flags"].items() if k != "snapshot_every")
     return (f"{_budget_note(data, 'docs/reproduction.md, ')}Trained {budget} epochs on cifar10-mini "
             f"({data['data']['training_images']} training images, a tenth held out for validation), test accuracy: "
-            + "; ".join(parts) + ". One of them: "
+            + "; ".join(parts) + f". One of them, seed {run['flags']['seed']} ({run['test_accuracy']:.3f}): "
             f"`.venv/bin/sa-conv-train {flags} --data_dir=../shared/datasets/cifar10-mini "
             f"--model_dir=runs/{run['flags']['model']}` ({_minutes(run, budget)} minutes on an "
-            f"{run['cpu']}); all of them, with what the heads learned: `.venv/bin/python -m benchmarks.reproduction`.")
+            f"{run['cpu']}; another CPU class rounds differently, and its run can end elsewhere); all of them, with "
+            f"what the heads learned: `.venv/bin/python -m benchmarks.reproduction`.")
 
 
 def plot_reproduction_curves(path):
