@@ -811,3 +811,6 @@ def test_a_last_layer_farther_than_uniform_attention_is_said_to_attend_to_far_pi
     assert "last 7.05 ± 0.00 (above uniform attention's 6.68: far pixels) | 2 | **held** |" in \
         rows["deeper layers attend to larger regions", "`sa_learned_small`"]
     assert "last 6.05 ± 0.00 | 2 | **held** |" in rows["deeper layers attend to larger regions", "`sa_quadratic_small`"]
+    # Theorem 1 comes first, from the tests that check it, at any budget.
+    first = [line for line in performance_tables.reproduction_claims().splitlines() if line.startswith("| ")][2]
+    assert first.startswith("| a self-attention layer can express any convolution (Theorem 1) | `sa_conv.conversion` |")
