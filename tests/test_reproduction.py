@@ -774,11 +774,13 @@ def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
     monkeypatch.setattr(axes.Axes, "axhline", lambda axis, y, **kw: baselines.append(y) or real_axhline(axis, y, **kw))
     performance_tables.plot_reproduction_locality(tmp_path / "locality.png")
     assert titles == ["sa_learned_small (3 seeds)", "sa_quadratic_small (3 seeds)", "sa_gated_small (1 seed)"]
-    # Every panel shows uniform attention's distance on the 16x16 grid from its central 8x8 queries:
-    # the mean over those 64 queries of the mean distance to all 256 keys.
+    # A row per metric; the distance and entropy panels show uniform attention's value on the 16x16
+    # grid from its central 8x8 queries: the mean over those 64 queries of the mean distance to all
+    # 256 keys, and the entropy of 256 equal probabilities (the mass row has none: no peak).
     rows, cols = np.mgrid[0:16, 0:16]
     expected = np.mean([np.hypot(rows - r, cols - c).mean() for r in range(4, 12) for c in range(4, 12)])
-    assert baselines == [pytest.approx(expected, abs=1e-9)] * 3 and 6.6 < expected < 6.7
+    assert baselines == [pytest.approx(expected, abs=1e-9)] * 3 + [pytest.approx(np.log(256), abs=1e-6)] * 3 \
+        and 6.6 < expected < 6.7
     _results_with(report, tmp_path, monkeypatch)
     drawn.clear()
     performance_tables.plot_reproduction_centers(tmp_path / "centers.png")

@@ -950,28 +950,39 @@ def plot_reproduction_curves(path):
 
 
 def plot_reproduction_locality(path):
-    """Per attention model, each layer's mean attention distance against epochs (mean over
-    seeds, band min-max), on one scale with uniform attention's (dotted)."""
+    """Per attention model (a column), each layer's locality metrics against epochs (mean over
+    seeds, band min-max): mean attention distance, 3x3 mass and entropy (a row each), on one scale
+    per row, distance and entropy with uniform attention's (dotted)."""
     plt = _plt()
     _, budget, entries = _reproduction()
     models = [m for m, e in entries.items() if "locality" in e]
-    figure, axes = plt.subplots(1, max(len(models), 1), figsize=(3.6 * max(len(models), 1), 3.4), squeeze=False,
-                                sharey=True)
-    uniform = {m: _uniform_attention(_grid_side(m))["mean_distance"] for m in models}
-    for axis, model in zip(axes[0], models):
-        locality = entries[model]["locality"]
-        epochs = sorted(int(k) for k in locality)
-        for layer in range(len(locality[str(epochs[0])])):
-            values = [locality[str(k)][layer]["mean_distance"] for k in epochs]
-            axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3, label=f"layer {layer}")
-            axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2)
-        axis.axhline(uniform[model], color="grey", linestyle=":", linewidth=1, label="uniform attention")
-        axis.set_title(f"{_study_preset(model)} ({_seeds(len(entries[model]['seeds']))})", fontsize=9)
-        axis.set_xlabel("epoch")
-        axis.grid(alpha=0.3)
-    axes[0, 0].set_ylabel("mean attention distance (grid pixels)")
+    # Uniform attention has no peak to centre a 3x3 on (the metric would take a corner's): the
+    # mass row has no baseline.
+    metrics = (("mean_distance", "mean attention distance\n(grid pixels)", True),
+               ("mass_3x3", "mass in the 3x3\naround the peak", False), ("entropy", "entropy (nats)", True))
+    columns = max(len(models), 1)
+    figure, axes = plt.subplots(len(metrics), columns, figsize=(3.6 * columns, 2.6 * len(metrics)), squeeze=False,
+                                sharex="col", sharey="row")
+    uniform = {m: _uniform_attention(_grid_side(m)) for m in models}
+    for row, (metric, label, baseline) in enumerate(metrics):
+        for axis, model in zip(axes[row], models):
+            locality = entries[model]["locality"]
+            epochs = sorted(int(k) for k in locality)
+            for layer in range(len(locality[str(epochs[0])])):
+                values = [locality[str(k)][layer][metric] for k in epochs]
+                axis.plot(epochs, [v["mean"] for v in values], marker="o", markersize=3, label=f"layer {layer}")
+                axis.fill_between(epochs, [v["min"] for v in values], [v["max"] for v in values], alpha=0.2)
+            if baseline:
+                axis.axhline(uniform[model][metric], color="grey", linestyle=":", linewidth=1,
+                             label="uniform attention")
+            if row == 0:
+                axis.set_title(f"{_study_preset(model)} ({_seeds(len(entries[model]['seeds']))})", fontsize=9)
+            if row == len(metrics) - 1:
+                axis.set_xlabel("epoch")
+            axis.grid(alpha=0.3)
+        axes[row, 0].set_ylabel(label, fontsize=8)
     axes[0, -1].legend(fontsize=7)
-    figure.suptitle(f"Mean attention distance per layer during training ({budget} epochs)", fontsize=9)
+    figure.suptitle(f"Locality per layer during training ({budget} epochs)", fontsize=9)
     _save(figure, path)
 
 
