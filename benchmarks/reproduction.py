@@ -330,11 +330,11 @@ def summarize(runs: dict) -> dict:
     end minus at the last snapshot at or before three quarters of the epochs; its spread) and
     ``flattened`` (whether its mean magnitude is below the final accuracy's std; None with one
     seed, seeds that end at the same accuracy (no spread to measure a change against), or without
-    a last quarter); and for attention models ``locality`` (per snapshot epoch,
-    per layer, each `layer_summary` value's spread); ``against_shorter``: None at a model's
-    shortest budget, else the model's next shorter budget (``epochs``), the change of the mean
-    test accuracy from it (``change``) and ``within_spread``: whether that change is at most the
-    larger of the two budgets' stds (None when neither has a std)."""
+    a last quarter); and for attention models ``locality`` (per snapshot epoch, per layer, each
+    `layer_summary` value's spread); ``against_shorter``: None at a model's shortest budget, else
+    the model's next shorter budget (``epochs``), the change of the mean test accuracy from it
+    (``change``) and ``within_spread``: whether that change is at most the larger of the two
+    budgets' stds (None when neither has a std)."""
     groups: dict[str, list] = {}
     for key, run in sorted(runs.items()):
         model, seed, epochs = split_key(key)

@@ -878,10 +878,10 @@ def reproduction_claims():
                "less, with one seed, or (emergence) only in one of the two measures; not here when it does not. "
                "Accuracy: held when the model is above ResNet18's mean or below it by at most the larger of the two "
                "standard deviations, partly by at most twice that, not here beyond (or below it, with one seed on "
-               f"both sides). Theorem 1 needs no training: its row is what the tests check. A last layer farther than uniform attention (the locality table's baseline) attends to "
-               f"far pixels more than to a wider neighbourhood: larger regions, in the sense of farther ones. The "
-               f"emergence of local heads is not asked of {_model_name('gated')}, which starts as a "
-               f"convolution{quadratic_start or ''}.\n\n")
+               f"both sides). Theorem 1 needs no training: its row is what the tests check. A last layer farther "
+               f"than uniform attention (the locality table's baseline) attends to far pixels more than to a wider "
+               f"neighbourhood: larger regions, in the sense of farther ones. The emergence of local heads is not "
+               f"asked of {_model_name('gated')}, which starts as a convolution{quadratic_start or ''}.\n\n")
     return caption + _table(["claim", "model", "measured (mean ± std)", "seeds", "verdict"], rows)
 
 
