@@ -459,19 +459,20 @@ def test_one_seed_has_no_spread_and_no_flattening_verdict():
     # no depth to compare.
     assert [(row["claim"], row["verdict"]) for row in rp.claims(summary, 4)] == \
         [("localized heads emerge in the first layer", "partly")]
-    assert performance_tables._last_quarter(entry, 4)[1] == "- (one seed)"
 
 
-def test_seeds_that_end_at_the_same_accuracy_have_no_flattening_verdict():
-    # A spread of 0 measures no change against: the last quarter's +0.01 is neither within it nor
+def test_seeds_that_end_at_the_same_accuracy_have_no_flattening_verdict(monkeypatch, tmp_path):
+    # A spread of 0 measures no change against: the last quarter's +0.015 is neither within it nor
     # beyond the seeds' noise, which two seeds that happen to agree do not show.
-    summary = rp.summarize({f"learned|seed={seed}|epochs=4": _run({0: 0.1, 3: 0.29 + seed / 100, 4: 0.31})
-                            for seed in (0, 1)})
+    runs = {f"learned|seed={seed}|epochs=4": _run({0: 0.1, 3: 0.29 + seed / 100, 4: 0.31}) for seed in (0, 1)}
+    summary = rp.summarize(runs)
     entry = summary["learned|epochs=4"]
     assert entry["test_accuracy"]["std"] == 0 and entry["last_quarter_change"]["mean"] == pytest.approx(0.015)
     assert entry["flattened"] is None
-    assert performance_tables._last_quarter(entry, 4) == ("+0.015 (epochs 3-4)",
-                                                          "- (the seeds end at the same accuracy)")
+    _results_with({"runs": runs, "summary": summary, "budget": 4, "data": {"training_images": 100, "test_images": 50}},
+                  tmp_path, monkeypatch)
+    assert ("| `sa_learned_small` | 4 | 2 | 0.310 ± 0.000 | - | +0.015 (epochs 3-4) | - (the seeds end at the same "
+            "accuracy) |") in performance_tables.reproduction_budgets()
 
 
 def test_each_budget_is_compared_with_the_next_shorter_one_within_the_seeds_spread():
