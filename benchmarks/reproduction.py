@@ -265,8 +265,9 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
         "best_epoch": results["best_epoch"],
         "train_accuracy": results["train_accuracy"],
         "parameters": results["parameters"],
-        # The epochs' wall time, pauses of the process included; the median epoch is robust to
-        # those and to epochs slowed by other work on the machine (a run beside the test suite).
+        # The epochs' optimizer steps, timed as they ran (validation and snapshots are outside
+        # them, a pause of the process during them inside); the median epoch is robust to pauses
+        # and to epochs slowed by other work on the machine (a run beside the test suite).
         "train_seconds": round(sum(h.get("train_seconds", 0.0) for h in history), 1),
         **run_timing(history, harness.cpu_class()),
         "locality_images": locality_images,
@@ -410,8 +411,9 @@ def main_budget(runs: dict) -> int | None:
 
 
 def _differs(a: dict, b: dict) -> bool | None:
-    """Whether two `_spread` means differ by more than the larger std (None without a std)."""
-    spreads = [s["std"] for s in (a, b) if s["std"] is not None]
+    """Whether two `_spread` means differ by more than the larger std (None without a std: one
+    seed, or seeds that agree exactly, whose 0 measures no change against)."""
+    spreads = [s["std"] for s in (a, b) if s["std"]]
     return abs(a["mean"] - b["mean"]) > max(spreads) if spreads else None
 
 
@@ -458,7 +460,7 @@ def claims(summary: dict, epochs: int) -> list[dict]:
         if resnet is not None and model != "resnet18":
             ours, theirs = entry["test_accuracy"], resnet["test_accuracy"]
             gap = round(ours["mean"] - theirs["mean"], 6)
-            spread = max([s["std"] for s in (ours, theirs) if s["std"] is not None], default=None)
+            spread = max([s["std"] for s in (ours, theirs) if s["std"]], default=None)
             verdict = ("held" if gap >= 0 or (spread is not None and -gap <= spread) else
                        "partly" if spread is not None and -gap <= 2 * spread else "not here")
             rows.append({"claim": "attention matches ResNet18's accuracy", "model": model, "accuracy": ours,
@@ -498,12 +500,13 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     histories = {run_key(model, seed, epochs): run_files.read_history(run_dir(work_dir, model, seed, epochs))
                  for model, seed, epochs in runs_to_make if run_key(model, seed, epochs) not in recorded}
     under_way = _epochs_under_way(histories, cpu)
-    lines, hours, untimed = [], 0.0, 0
+    lines, hours, todo, untimed = [], 0.0, 0, 0
     for model, seed, epochs in runs_to_make:
         key = run_key(model, seed, epochs)
         if key not in histories:
             lines.append(f"{key}: recorded")
             continue
+        todo += 1
         done = min(run_files.last_epoch(histories[key]), epochs)
         state = f"to resume after epoch {done} of {epochs}" if done else "to train"
         minutes, timed_on = estimated_minutes(recorded, model, epochs - done, cpu)
@@ -520,7 +523,6 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
         hours += minutes / 60
         lines.append(f"{key}: {state}, about {minutes:.0f} min" + (" left" if done else "")
                      + ("" if timed_on == cpu else f" on an {timed_on}"))
-    todo = len(histories)
     total = ([f"about {hours:.1f} h of training"] if todo > untimed else []) + \
         ([f"{untimed} not timed yet"] if untimed else [])
     return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]

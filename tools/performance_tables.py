@@ -690,8 +690,8 @@ def reproduction_accuracy():
                f"change of test accuracy over the last quarter of training; flattened when its magnitude is below "
                f"that standard deviation. Training minutes: epochs times the median epoch's seconds of the fastest "
                f"seed on each CPU class: what a run takes on an idle machine (the study ran partly beside other "
-               f"work, which slowed whole runs; each run's wall time as it happened is its `train_seconds` in the "
-               f"JSON, and reading its snapshots afterwards adds to it); an "
+               f"work, which slowed whole runs; a run's optimizer steps as they ran, slowed or not, sum to its "
+               f"`train_seconds` in the JSON, without validation, snapshots or reading them afterwards); an "
                f"epoch is its steps, validation and snapshot (its steps alone in runs recorded before the trainer "
                f"timed whole epochs); a run's CPU class is the one most of its epochs ran on, and its median epoch is "
                f"of those epochs (an epoch recorded before the trainer named its class counts as the class of the "
@@ -851,9 +851,10 @@ def reproduction_claims():
     data, budget, _ = _reproduction()
     # Theorem 1 is proved, not measured on the data: the tests check it, each kernel against its
     # attention layer, and fail the build when it does not hold.
-    rows = [["a self-attention layer can express any convolution (Theorem 1)", "`sa_conv.conversion`",
-             "attention built from a convolution's weights gives its output within 1e-4 in float32, for every "
-             "kernel size, stride, dilation and padding `tests/test_conversion.py` tries", "-", "**held**"]]
+    rows = [["a self-attention layer of K² heads can express any KxK convolution (Theorem 1)", "`sa_conv.conversion`",
+             "attention built from a convolution's weights gives its output within 1e-4 in float32 in each of "
+             "`tests/test_conversion.py`'s conversion cases (kernels 1, 3 and 5, strides 1-3, dilation 2, same and "
+             "valid padding)", "-", "**held**"]]
     for r in study.claims(data["summary"], budget):
         if "start" in r:
             evidence = (f"layer 0 distance {_spread(r['start']['mean_distance'], 2)} → "
