@@ -737,6 +737,13 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     _results_with(report, tmp_path, monkeypatch)
     assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | - |" in \
         performance_tables.reproduction_budgets().splitlines()
+    # With no run timed, the caption has no cost to state, and goes on from the budget.
+    untimed = {key: dict(run, median_epoch_seconds=None) for key, run in report["runs"].items()}
+    _results_with(dict(report, runs=untimed), tmp_path, monkeypatch)
+    assert performance_tables.reproduction_budgets().startswith(
+        "The study's budget is 8 epochs, where the most models have run; the other budgets are the search for it. "
+        "Against the shorter budget:")
+    _results_with(report, tmp_path, monkeypatch)
     targets = performance_tables.reproduction_targets()
     assert ("| convolutional >= random | cifar10-mini:100, 8 epochs | `quadratic+convolutional@0.1/2` 0.460 (3) | "
             "`quadratic` 0.490 (3) | -0.030 | +0.00 | no | 0.010 |") in targets
