@@ -358,8 +358,8 @@ def summarize(runs: dict) -> dict:
         entry = {"seeds": [seed for seed, _ in members], "test_accuracy": final,
                  "curve": curve,
                  "quarter_epoch": quarter, "last_quarter_change": change,
-                 "flattened": (None if not final["std"] or change is None
-                               else abs(change["mean"]) < final["std"])}
+                 "flattened": (None if _noise(final) is None or change is None
+                               else abs(change["mean"]) < _noise(final))}
         if all("locality" in s[e] for s in snapshot_sets for e in common):
             entry["locality"] = {
                 str(e): [{name: _spread([s[e]["locality"][layer][name] for s in snapshot_sets])
@@ -410,10 +410,15 @@ def main_budget(runs: dict) -> int | None:
     return max(models, key=lambda e: (len(models[e]), counts[e], e)) if models else None
 
 
+def _noise(spread: dict) -> float | None:
+    """The std of a `_spread` that a change is measured against: None with one seed, or with
+    seeds that agree exactly, whose 0 measures no change."""
+    return spread["std"] or None
+
+
 def _differs(a: dict, b: dict) -> bool | None:
-    """Whether two `_spread` means differ by more than the larger std (None without a std: one
-    seed, or seeds that agree exactly, whose 0 measures no change against)."""
-    spreads = [s["std"] for s in (a, b) if s["std"]]
+    """Whether two `_spread` means differ by more than the larger `_noise` (None without one)."""
+    spreads = [n for n in map(_noise, (a, b)) if n is not None]
     return abs(a["mean"] - b["mean"]) > max(spreads) if spreads else None
 
 
@@ -460,7 +465,7 @@ def claims(summary: dict, epochs: int) -> list[dict]:
         if resnet is not None and model != "resnet18":
             ours, theirs = entry["test_accuracy"], resnet["test_accuracy"]
             gap = round(ours["mean"] - theirs["mean"], 6)
-            spread = max([s["std"] for s in (ours, theirs) if s["std"]], default=None)
+            spread = max([n for n in map(_noise, (ours, theirs)) if n is not None], default=None)
             verdict = ("held" if gap >= 0 or (spread is not None and -gap <= spread) else
                        "partly" if spread is not None and -gap <= 2 * spread else "not here")
             rows.append({"claim": "attention matches ResNet18's accuracy", "model": model, "accuracy": ours,
