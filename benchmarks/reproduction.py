@@ -5,6 +5,7 @@ Test accuracy and the attention heads' locality, over seeds, at a budget the sam
     .venv/bin/python -m benchmarks.reproduction --dry_run  # what it would train
     .venv/bin/python -m benchmarks.reproduction            # the study: every run docs/reproduction.md reports
     .venv/bin/python -m benchmarks.reproduction --models=gated --seeds=1,2 --output=/tmp/more.json
+    .venv/bin/python -m benchmarks.reproduction --carry    # runs under way, kept for another machine
 
 With none of ``--models``, ``--seeds`` and ``--epochs`` the plan is `STUDY`, the runs
 ``docs/reproduction.md`` reports (a run recorded in ``benchmarks/results/reproduction.json``
@@ -32,9 +33,12 @@ head's metrics, no history; the maps of one seed per model and budget, the figur
 
 Resumable at every level: a run's model directory lives in ``--work_dir`` (outside the
 repository), so an interrupted training resumes where it stopped (bit-identical to an
-uninterrupted one); a run is written to ``--output`` as soon as it is read, and a rerun skips the
-runs the report has, but derives its summary, budget and claims from every recorded run again
-(`_derived`), rewriting the report when this version of the analysis reads them otherwise.
+uninterrupted one on the same CPU class); ``--carry`` copies the runs under way into
+``--carry_dir``, a folder of the repository, so that committed, they resume on a clean checkout
+on another machine too (`carry`, `resume_carried`). A run is written to ``--output`` as soon as
+it is read, and a rerun skips the runs the report has, but derives its summary, budget and claims
+from every recorded run again (`_derived`), rewriting the report when this version of the
+analysis reads them otherwise.
 `summarize` gives per model and budget the mean and spread over seeds of the final accuracy, of
 the learning curve and of the per-layer locality at every snapshot; `claims` checks the paper's
 claims on it. Budgets are searched upward: a run at another ``--epochs`` is kept beside the
@@ -49,6 +53,7 @@ import collections
 import copy
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -61,6 +66,10 @@ from benchmarks import data_efficiency, harness
 MODELS = ("learned", "quadratic", "resnet18", "content", "gated")
 BUDGET = 240  # epochs: the budget the search settled on (docs/reproduction.md, "Choosing the budget")
 FIRST_BUDGET = 120  # epochs: the study's budget before the search doubled it
+# Where `carry` keeps the runs under way for a study on another machine: committed, a clean
+# checkout resumes them where they stood (`resume_carried`), as a work directory outside the
+# repository does not outlive its machine.
+CARRY_DIR = os.path.join(harness.ROOT, "benchmarks", "carried_runs")
 SNAPSHOTS = 12  # snapshots a run besides its initialization, as the study's runs were made
 # The runs docs/reproduction.md reports, (models, seeds, epochs) in the order they run: every model
 # at the first budget, three seeds where the CPU time allowed (the content and gated models one),
@@ -611,7 +620,7 @@ def gate_summary(runs) -> list[dict] | None:
 
 def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_every: int | None = None,
             locality_images: int = 32, prune_snapshots: bool = False, note: str | None = None,
-            train=train, log=print) -> dict:
+            carry_dir: str | None = None, train=train, log=print) -> dict:
     """Trains and reads every ``(model, seed, epochs)`` of ``runs_to_make`` (a `plan`) that the report
     at ``output`` does not have (`train(flags, model_dir)`, resuming a run ``work_dir`` holds; a
     snapshot every ``snapshot_every`` epochs, `default_snapshot_every` when None), writes each run's
@@ -621,7 +630,9 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
     analysis (or ``note``, or ``data_dir``'s image counts, or runs another study process recorded
     since) reads otherwise than the recorded report. Once a run is read, its checkpoints are deleted
     and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are 45 MB each;
-    kept, they let a later version of the analysis read the run again)."""
+    kept, they let a later version of the analysis read the run again). With ``carry_dir``, a run
+    that folder holds further along than ``work_dir`` resumes from it (`resume_carried`), and a
+    run's copy there is deleted once the run is recorded."""
     runs_to_make = list(runs_to_make)
     if not runs_to_make:
         raise ValueError("The plan has no run: give at least one model and seed.")
@@ -641,6 +652,8 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
     if note and note not in notes:
         notes.append(note)
     report["data"] = {"training_images": len(data.train), "test_images": len(data.test)}
+    if carry_dir:
+        resume_carried(runs_to_make, runs, work_dir, carry_dir, log)
     for index, (model, seed, epochs) in enumerate(runs_to_make, 1):
         key = run_key(model, seed, epochs)
         _add_recorded_since(report, output)
@@ -666,6 +679,8 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
         log(f"[{index}/{len(runs_to_make)}] {key}: test accuracy {run['test_accuracy']:.4f} "
             f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
         shutil.rmtree(os.path.join(model_dir, run_files.CHECKPOINTS), ignore_errors=True)
+        if carry_dir:
+            shutil.rmtree(run_dir(carry_dir, model, seed, epochs), ignore_errors=True)
         if prune_snapshots:
             taken = run_files.snapshot_epochs(model_dir)
             for epoch in set(taken) - {min(taken), max(taken)}:
@@ -681,6 +696,91 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
                 _write(output, report)
                 log(f"{output}: rewritten, its {len(runs)} runs read again by the current analysis")
     return report
+
+
+def carry(runs_to_make, recorded: dict, work_dir: str, carry_dir: str, log=print) -> list[str]:
+    """Copies into ``carry_dir`` each run of ``runs_to_make`` that ``work_dir`` holds under way (with
+    a checkpoint, and not among ``recorded``, the report's runs) as far as resuming it needs: its
+    config, history, best model and snapshots and its newest checkpoint, not its TensorBoard logs
+    nor older checkpoints. A copy replaces the run's earlier one whole; the copies of runs
+    ``recorded`` has are deleted. Kept where the work directory is not (a folder of the repository,
+    committed), they let a study on another machine resume those runs where they stood
+    (`resume_carried`) instead of at their first epoch. Returns the keys of the runs copied."""
+    os.makedirs(carry_dir, exist_ok=True)
+    copied = []
+    for model, seed, epochs in runs_to_make:
+        key = run_key(model, seed, epochs)
+        carried = run_dir(carry_dir, model, seed, epochs)
+        if key in recorded:
+            shutil.rmtree(carried, ignore_errors=True)
+            continue
+        source = run_dir(work_dir, model, seed, epochs)
+        if _newest_checkpoint(source) <= _newest_checkpoint(carried):
+            continue
+        partial = f"{carried}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        epoch = _copy_resumable(source, partial)
+        shutil.rmtree(carried, ignore_errors=True)
+        os.replace(partial, carried)
+        copied.append(key)
+        log(f"{key}: carried after epoch {epoch} into {carried}")
+    return copied
+
+
+def resume_carried(runs_to_make, recorded: dict, work_dir: str, carry_dir: str, log=print) -> list[str]:
+    """Puts back into ``work_dir`` each run of ``runs_to_make`` that ``carry_dir`` holds (`carry`)
+    further along than ``work_dir``'s copy of it, by their newest checkpoints, unless ``recorded``
+    has it: the trainer then resumes it after the carried checkpoint's epoch. Returns their keys."""
+    resumed = []
+    for model, seed, epochs in runs_to_make:
+        key = run_key(model, seed, epochs)
+        carried, target = run_dir(carry_dir, model, seed, epochs), run_dir(work_dir, model, seed, epochs)
+        if key in recorded or _newest_checkpoint(carried) <= _newest_checkpoint(target):
+            continue
+        from trainers import run_files
+
+        # The work directory's own checkpoints are older: the trainer would restore the newest.
+        shutil.rmtree(os.path.join(target, run_files.CHECKPOINTS), ignore_errors=True)
+        shutil.copytree(carried, target, dirs_exist_ok=True)
+        resumed.append(key)
+        log(f"{key}: resumes after epoch {_newest_checkpoint(target)}, carried in {carried}")
+    return resumed
+
+
+def _newest_checkpoint(model_dir: str) -> int:
+    """The epoch of the newest training checkpoint in ``model_dir`` (``ckpt-<epoch>``); 0 without."""
+    from trainers import run_files
+
+    folder = os.path.join(model_dir, run_files.CHECKPOINTS)
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return max((int(name[5:-6]) for name in names if re.fullmatch(r"ckpt-\d+\.index", name)), default=0)
+
+
+def _copy_resumable(source: str, target: str) -> int:
+    """Copies what a resumed run needs from model directory ``source`` into a new ``target``
+    (`carry`) and returns the epoch of the checkpoint copied. The newest checkpoint stays while the
+    trainer writes the next one (it keeps two), so a run under way can be copied as it trains."""
+    from trainers import files, run_files
+
+    epoch = _newest_checkpoint(source)
+    os.makedirs(os.path.join(target, run_files.CHECKPOINTS))
+    for name in (run_files.CONFIG, run_files.HISTORY, run_files.BEST_MODEL):
+        if os.path.exists(os.path.join(source, name)):
+            shutil.copy2(os.path.join(source, name), os.path.join(target, name))
+    for snapshot in run_files.snapshot_epochs(source):
+        os.makedirs(os.path.dirname(run_files.snapshot_path(target, snapshot)), exist_ok=True)
+        shutil.copy2(run_files.snapshot_path(source, snapshot), run_files.snapshot_path(target, snapshot))
+    folder = os.path.join(source, run_files.CHECKPOINTS)
+    for name in os.listdir(folder):
+        if name.startswith(f"ckpt-{epoch}."):
+            shutil.copy2(os.path.join(folder, name), os.path.join(target, run_files.CHECKPOINTS, name))
+    # The checkpoint manager's state file, naming the one checkpoint copied; the manager lists
+    # only checkpoints written after the last preserved time, hence the two times.
+    written = os.path.getmtime(os.path.join(folder, f"ckpt-{epoch}.index"))
+    files.write_text(os.path.join(target, run_files.CHECKPOINTS, "checkpoint"),
+                     f'model_checkpoint_path: "ckpt-{epoch}"\nall_model_checkpoint_paths: "ckpt-{epoch}"\n'
+                     f"all_model_checkpoint_timestamps: {written}\nlast_preserved_timestamp: {written - 1}\n")
+    return epoch
 
 
 def _keep_what_the_page_reads(runs: dict, work_dir: str) -> None:
@@ -757,6 +857,14 @@ def main():
     harness.add_data_dir(parser)
     parser.add_argument("--work_dir", default=os.path.join(harness.ROOT, "runs", "reproduction"),
                         help="the runs' model directories: an interrupted run resumes from here")
+    parser.add_argument("--carry_dir", default=CARRY_DIR,
+                        help="where --carry copies the runs under way, and where a study resumes a run from "
+                             "when this folder has it further along than --work_dir (a folder of the "
+                             "repository: committed, it carries the runs to a clean checkout on another machine)")
+    parser.add_argument("--carry", action="store_true",
+                        help="copy the plan's runs under way in --work_dir into --carry_dir (their newest "
+                             "checkpoint, snapshots, history), delete the copies of recorded runs, and train "
+                             "nothing; a study may be training them meanwhile")
     parser.add_argument("--models", default=None,
                         help=f"comma-separated, e.g. {','.join(MODELS)}; other data-efficiency variants "
                              f"(learned+convolutional@0.1) run as comparisons. With none of --models, --seeds "
@@ -792,13 +900,18 @@ def main():
     runs_to_make = plan(None if args.models is None else items(args.models), seeds, args.epochs)
     if not runs_to_make:
         parser.error("The plan has no run: --models and --seeds each need at least one entry.")
+    if args.carry:
+        if not carry(runs_to_make, read_report(args.output).get("runs", {}), os.path.abspath(args.work_dir),
+                     os.path.abspath(args.carry_dir)):
+            print(f"No run under way in {args.work_dir} is further along than its copy in {args.carry_dir}.")
+        return
     if args.dry_run:
         for line in describe_plan(runs_to_make, read_report(args.output).get("runs", {}), args.work_dir,
                                   harness.cpu_class()):
             print(line)
         return
     measure(args.output, harness.cifar10_dir(parser, args.data_dir), os.path.abspath(args.work_dir), runs_to_make,
-            args.snapshot_every, args.locality_images, args.prune_snapshots, args.note,
+            args.snapshot_every, args.locality_images, args.prune_snapshots, args.note, os.path.abspath(args.carry_dir),
             log=lambda line: print(line, file=sys.stderr, flush=True))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -95,6 +96,76 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
     assert set(report["summary"]) == {"learned|epochs=2", "quadratic|epochs=2"}
     with pytest.raises(ValueError, match="Unknown variant 'vit'"):
         rp.measure(output, data_dir, work, rp.plan(["vit"], [0], 2))
+
+
+def test_a_run_carried_from_a_machine_that_stopped_resumes_on_a_clean_one_as_if_never_stopped(tiny_cifar, tmp_path):
+    data_dir, _ = tiny_cifar
+    study = rp.plan(["learned"], [0], 3)
+    key, lines = "learned|seed=0|epochs=3", []
+
+    def train(stop_after=None):
+        def run(flags, model_dir):
+            def log(line):
+                lines.append(line)
+                if stop_after and line.startswith(f"epoch {stop_after}/"):
+                    raise RuntimeError("the machine stopped")
+            overrides = dict(flags, model_dir=model_dir, num_layers=1, global_batch_size=50, eval_batch_size=50,
+                             strategy="one_device")
+            train_lib.train(make_config(overrides=overrides), log=log)
+        return run
+
+    def measure(work, carry_dir, stop_after=None):
+        return rp.measure(str(work / "reproduction.json"), data_dir, str(work / "runs"), study, snapshot_every=1,
+                          locality_images=4, carry_dir=carry_dir, train=train(stop_after), log=lambda s: None)
+
+    whole = measure(tmp_path / "whole", None)["runs"][key]
+    carried = str(tmp_path / "repository" / "carried")
+    first, second = tmp_path / "first", tmp_path / "second"
+    with pytest.raises(RuntimeError, match="stopped"):
+        measure(first, carried, stop_after=2)
+    assert rp.carry(study, {}, str(first / "runs"), carried, log=lines.append) == [key]
+    copy = os.path.join(carried, "learned_seed0_epochs3")
+    # What resuming needs, the newest checkpoint only, no TensorBoard logs.
+    assert sorted(os.listdir(copy)) == ["best_model.keras", "checkpoints", "config.json", "history.json", "snapshots"]
+    assert sorted(os.listdir(os.path.join(copy, "checkpoints"))) == \
+        ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
+    assert sorted(os.listdir(os.path.join(copy, "snapshots"))) == [f"epoch_00{e}.keras" for e in range(3)]
+    assert rp.carry(study, {}, str(first / "runs"), carried) == []  # nothing further along
+    # A clean checkout on another machine: a new work directory, the carried folder committed.
+    lines.clear()
+    report = measure(second, carried)
+    assert any(line.startswith("Resuming from") and "2 epoch(s)" in line for line in lines), "\n".join(lines)
+    assert [line.split("/")[0] for line in lines if line.startswith("epoch ")] == ["epoch 3"]
+    resumed = report["runs"][key]
+    assert resumed["weights_sha256"] == whole["weights_sha256"]
+    assert resumed["test_accuracy"] == whole["test_accuracy"] and resumed["snapshots"] == whole["snapshots"]
+    assert not os.path.exists(copy)  # recorded: its copy is deleted
+    assert rp.carry(study, report["runs"], str(first / "runs"), carried) == []  # recorded: not carried again
+
+
+def test_a_carried_run_replaces_only_a_run_less_far_along(tmp_path):
+    def run_with_checkpoints(folder, *epochs):
+        os.makedirs(os.path.join(folder, "checkpoints"))
+        for epoch in epochs:
+            for suffix in ("index", "data-00000-of-00001"):
+                with open(os.path.join(folder, "checkpoints", f"ckpt-{epoch}.{suffix}"), "w") as f:
+                    f.write(str(epoch))
+        with open(os.path.join(folder, "history.json"), "w") as f:
+            json.dump([{"epoch": e} for e in range(1, max(epochs) + 1)], f)
+
+    study, work, carried = rp.plan(["learned", "quadratic"], [0], 9), str(tmp_path / "work"), str(tmp_path / "carried")
+    run_with_checkpoints(os.path.join(carried, "learned_seed0_epochs9"), 5)
+    run_with_checkpoints(os.path.join(carried, "quadratic_seed0_epochs9"), 5)
+    run_with_checkpoints(os.path.join(work, "learned_seed0_epochs9"), 3, 4)
+    run_with_checkpoints(os.path.join(work, "quadratic_seed0_epochs9"), 5, 6)
+    assert rp.resume_carried(study, {}, work, carried) == ["learned|seed=0|epochs=9"]
+    # The older checkpoints go, or the trainer would not restore the newest it lists.
+    assert sorted(os.listdir(os.path.join(work, "learned_seed0_epochs9", "checkpoints"))) == \
+        ["ckpt-5.data-00000-of-00001", "ckpt-5.index"]
+    assert sorted(os.listdir(os.path.join(work, "quadratic_seed0_epochs9", "checkpoints")))[-1] == "ckpt-6.index"
+    # A recorded run is neither resumed from its copy nor carried.
+    shutil.rmtree(work)
+    assert rp.resume_carried(study, {"learned|seed=0|epochs=9": {}}, work, carried) == ["quadratic|seed=0|epochs=9"]
 
 
 def test_runs_another_study_process_recorded_meanwhile_are_kept(tiny_cifar, tmp_path):

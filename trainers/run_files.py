@@ -24,6 +24,7 @@ CONFIG = "config.json"
 HISTORY = "history.json"
 RESULTS = "results.json"
 MODEL = "model.keras"
+BEST_MODEL = "best_model.keras"  # the model at its best validation accuracy so far
 SNAPSHOTS = "snapshots"
 CHECKPOINTS = "checkpoints"  # the training checkpoints a resumed run restores (`trainers.checkpoints`)
 # A snapshot being written is `epoch_<EEE>.keras.tmp.keras` (`checkpoints.save_keras_atomically`).

@@ -305,7 +305,7 @@ class Trainer:
             if save:
                 self._write_summaries(writers, record)
                 if self.chief and record["val_accuracy"] > best:
-                    checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, "best_model.keras"))
+                    checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, run_files.BEST_MODEL))
                 if self._snapshot_due(epoch + 1):
                     self._snapshot(epoch + 1)
                 # The epoch's wall time: its steps, validation and artefacts (one checkpoint aside).
