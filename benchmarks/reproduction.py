@@ -502,16 +502,22 @@ def read_report(path: str) -> dict:
         return json.load(f)
 
 
-def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None = None) -> list[str]:
+def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None = None,
+                  carry_dir: str | None = None) -> list[str]:
     """One line per planned run: its key and whether the report has it (``recorded``), it has a
-    model directory in ``work_dir`` to resume (at the epoch its ``history.json`` reached), or it is
-    still to train, with the minutes its epochs left take on ``cpu`` (a `harness.cpu_class`): from
-    its preset's recorded runs on ``cpu`` (`estimated_minutes`), else from the median epoch of its
-    preset's planned runs under way on ``cpu`` (`_epochs_under_way`), else from recorded runs on
-    another class, said so; then the count and the hours of training left."""
+    model directory in ``work_dir`` or a copy in ``carry_dir`` (`carry`) to resume (at the epoch
+    the further along one's ``history.json`` reached), or it is still to train, with the minutes its
+    epochs left take on ``cpu`` (a `harness.cpu_class`): from its preset's recorded runs on ``cpu``
+    (`estimated_minutes`), else from the median epoch of its preset's planned runs under way on
+    ``cpu`` (`_epochs_under_way`), else from recorded runs on another class, said so; then the count
+    and the hours of training left."""
     from trainers import run_files
 
-    histories = {run_key(model, seed, epochs): run_files.read_history(run_dir(work_dir, model, seed, epochs))
+    def furthest(model, seed, epochs):
+        folders = [run_dir(folder, model, seed, epochs) for folder in (work_dir, carry_dir) if folder]
+        return max(folders, key=run_files.checkpointed_epoch)
+
+    histories = {run_key(model, seed, epochs): run_files.read_history(furthest(model, seed, epochs))
                  for model, seed, epochs in runs_to_make if run_key(model, seed, epochs) not in recorded}
     under_way = _epochs_under_way(histories, cpu)
     lines, hours, todo, untimed = [], 0.0, 0, 0
@@ -701,11 +707,14 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
 def carry(runs_to_make, recorded: dict, work_dir: str, carry_dir: str, log=print) -> list[str]:
     """Copies into ``carry_dir`` each run of ``runs_to_make`` that ``work_dir`` holds under way (with
     a checkpoint, and not among ``recorded``, the report's runs) as far as resuming it needs: its
-    config, history, best model and snapshots and its newest checkpoint, not its TensorBoard logs
-    nor older checkpoints. A copy replaces the run's earlier one whole; the copies of runs
-    ``recorded`` has are deleted. Kept where the work directory is not (a folder of the repository,
-    committed), they let a study on another machine resume those runs where they stood
-    (`resume_carried`) instead of at their first epoch. Returns the keys of the runs copied."""
+    config, history, best model and snapshots and its newest complete checkpoint, not its
+    TensorBoard logs nor older checkpoints. A copy replaces the run's earlier one whole, and only
+    once it is complete; the copies of runs ``recorded`` has are deleted. Kept where the work
+    directory is not (a folder of the repository, committed), they let a study on another machine
+    resume those runs where they stood (`resume_carried`) instead of at their first epoch. A run
+    can be carried while it trains. Returns the keys of the runs copied."""
+    from trainers import run_files
+
     os.makedirs(carry_dir, exist_ok=True)
     copied = []
     for model, seed, epochs in runs_to_make:
@@ -714,73 +723,83 @@ def carry(runs_to_make, recorded: dict, work_dir: str, carry_dir: str, log=print
         if key in recorded:
             shutil.rmtree(carried, ignore_errors=True)
             continue
-        source = run_dir(work_dir, model, seed, epochs)
-        if _newest_checkpoint(source) <= _newest_checkpoint(carried):
-            continue
-        partial = f"{carried}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        epoch = _copy_resumable(source, partial)
-        shutil.rmtree(carried, ignore_errors=True)
-        os.replace(partial, carried)
-        copied.append(key)
-        log(f"{key}: carried after epoch {epoch} into {carried}")
+        source, partial = run_dir(work_dir, model, seed, epochs), f"{carried}.partial"
+        for attempt in range(3):
+            epoch = run_files.checkpointed_epoch(source)
+            if epoch <= run_files.checkpointed_epoch(carried):
+                break
+            shutil.rmtree(partial, ignore_errors=True)
+            try:
+                _copy_resumable(source, partial, epoch)
+            except BaseException as error:
+                shutil.rmtree(partial, ignore_errors=True)
+                # FileNotFoundError: the trainer deleted that checkpoint meanwhile, having written newer ones.
+                if isinstance(error, FileNotFoundError) and attempt < 2:
+                    continue
+                raise
+            shutil.rmtree(carried, ignore_errors=True)
+            os.replace(partial, carried)
+            copied.append(key)
+            log(f"{key}: carried after epoch {epoch} into {carried}")
+            break
     return copied
 
 
 def resume_carried(runs_to_make, recorded: dict, work_dir: str, carry_dir: str, log=print) -> list[str]:
     """Puts back into ``work_dir`` each run of ``runs_to_make`` that ``carry_dir`` holds (`carry`)
     further along than ``work_dir``'s copy of it, by their newest checkpoints, unless ``recorded``
-    has it: the trainer then resumes it after the carried checkpoint's epoch. Returns their keys."""
+    has it or ``work_dir``'s copy is finished or in use by a trainer (`trainers.files.held`): the
+    trainer then resumes it after the carried checkpoint's epoch. Returns their keys."""
+    from trainers import files, run_files
+
     resumed = []
     for model, seed, epochs in runs_to_make:
         key = run_key(model, seed, epochs)
         carried, target = run_dir(carry_dir, model, seed, epochs), run_dir(work_dir, model, seed, epochs)
-        if key in recorded or _newest_checkpoint(carried) <= _newest_checkpoint(target):
+        if key in recorded or run_files.finished(target) or \
+                run_files.checkpointed_epoch(carried) <= run_files.checkpointed_epoch(target):
             continue
-        from trainers import run_files
-
-        # The work directory's own checkpoints are older: the trainer would restore the newest.
-        shutil.rmtree(os.path.join(target, run_files.CHECKPOINTS), ignore_errors=True)
-        shutil.copytree(carried, target, dirs_exist_ok=True)
+        try:
+            with files.held(target, wait=False, what="training in"):
+                # The carried state file names only the carried checkpoint: the older ones would be
+                # left behind, never restored nor deleted.
+                shutil.rmtree(os.path.join(target, run_files.CHECKPOINTS), ignore_errors=True)
+                shutil.copytree(carried, target, dirs_exist_ok=True)
+        except files.Busy as busy:
+            log(f"{key}: not resumed from {carried}: {busy}")
+            continue
         resumed.append(key)
-        log(f"{key}: resumes after epoch {_newest_checkpoint(target)}, carried in {carried}")
+        log(f"{key}: resumes after epoch {run_files.checkpointed_epoch(target)}, carried in {carried}")
     return resumed
 
 
-def _newest_checkpoint(model_dir: str) -> int:
-    """The epoch of the newest training checkpoint in ``model_dir`` (``ckpt-<epoch>``); 0 without."""
-    from trainers import run_files
-
-    folder = os.path.join(model_dir, run_files.CHECKPOINTS)
-    names = os.listdir(folder) if os.path.isdir(folder) else []
-    return max((int(name[5:-6]) for name in names if re.fullmatch(r"ckpt-\d+\.index", name)), default=0)
-
-
-def _copy_resumable(source: str, target: str) -> int:
-    """Copies what a resumed run needs from model directory ``source`` into a new ``target``
-    (`carry`) and returns the epoch of the checkpoint copied. The newest checkpoint stays while the
-    trainer writes the next one (it keeps two), so a run under way can be copied as it trains."""
+def _copy_resumable(source: str, target: str, epoch: int) -> None:
+    """Copies what resuming the run in model directory ``source`` after ``epoch`` needs into a new
+    folder ``target`` (`carry`): FileNotFoundError when that checkpoint has gone meanwhile."""
     from trainers import files, run_files
 
-    epoch = _newest_checkpoint(source)
     os.makedirs(os.path.join(target, run_files.CHECKPOINTS))
+    checkpoint = os.path.join(source, run_files.CHECKPOINTS, f"ckpt-{epoch}")
+    written = os.path.getmtime(f"{checkpoint}.index")
     for name in (run_files.CONFIG, run_files.HISTORY, run_files.BEST_MODEL):
-        if os.path.exists(os.path.join(source, name)):
-            shutil.copy2(os.path.join(source, name), os.path.join(target, name))
+        path = os.path.join(source, name)
+        # A best model saved after the checkpoint is another epoch's: the resumed run saves its own.
+        if os.path.exists(path) and (name != run_files.BEST_MODEL or os.path.getmtime(path) <= written):
+            shutil.copy2(path, os.path.join(target, name))
     for snapshot in run_files.snapshot_epochs(source):
-        os.makedirs(os.path.dirname(run_files.snapshot_path(target, snapshot)), exist_ok=True)
-        shutil.copy2(run_files.snapshot_path(source, snapshot), run_files.snapshot_path(target, snapshot))
-    folder = os.path.join(source, run_files.CHECKPOINTS)
-    for name in os.listdir(folder):
+        if snapshot <= epoch:
+            os.makedirs(os.path.dirname(run_files.snapshot_path(target, snapshot)), exist_ok=True)
+            shutil.copy2(run_files.snapshot_path(source, snapshot), run_files.snapshot_path(target, snapshot))
+    for name in os.listdir(os.path.dirname(checkpoint)):
         if name.startswith(f"ckpt-{epoch}."):
-            shutil.copy2(os.path.join(folder, name), os.path.join(target, run_files.CHECKPOINTS, name))
-    # The checkpoint manager's state file, naming the one checkpoint copied; the manager lists
-    # only checkpoints written after the last preserved time, hence the two times.
-    written = os.path.getmtime(os.path.join(folder, f"ckpt-{epoch}.index"))
-    files.write_text(os.path.join(target, run_files.CHECKPOINTS, "checkpoint"),
+            shutil.copy2(os.path.join(os.path.dirname(checkpoint), name), os.path.join(target, run_files.CHECKPOINTS, name))
+    if not os.path.exists(f"{checkpoint}.index"):
+        raise FileNotFoundError(f"{checkpoint}.index")
+    # Last, so that a folder with a state file is a whole copy. The manager lists only the
+    # checkpoints written after its last preserved time, hence the two times.
+    files.write_text(os.path.join(target, run_files.CHECKPOINTS, run_files.CHECKPOINT_STATE),
                      f'model_checkpoint_path: "ckpt-{epoch}"\nall_model_checkpoint_paths: "ckpt-{epoch}"\n'
                      f"all_model_checkpoint_timestamps: {written}\nlast_preserved_timestamp: {written - 1}\n")
-    return epoch
 
 
 def _keep_what_the_page_reads(runs: dict, work_dir: str) -> None:
@@ -857,14 +876,15 @@ def main():
     harness.add_data_dir(parser)
     parser.add_argument("--work_dir", default=os.path.join(harness.ROOT, "runs", "reproduction"),
                         help="the runs' model directories: an interrupted run resumes from here")
-    parser.add_argument("--carry_dir", default=CARRY_DIR,
+    parser.add_argument("--carry_dir", default=None,
                         help="where --carry copies the runs under way, and where a study resumes a run from "
-                             "when this folder has it further along than --work_dir (a folder of the "
-                             "repository: committed, it carries the runs to a clean checkout on another machine)")
+                             "when this folder has it further along than --work_dir; a folder of the "
+                             "repository: committed, it carries the runs to a clean checkout on another machine "
+                             "(default: benchmarks/carried_runs with the default --output, none with another)")
     parser.add_argument("--carry", action="store_true",
-                        help="copy the plan's runs under way in --work_dir into --carry_dir (their newest "
-                             "checkpoint, snapshots, history), delete the copies of recorded runs, and train "
-                             "nothing; a study may be training them meanwhile")
+                        help="copy the plan's runs under way in --work_dir into --carry_dir (config, history, "
+                             "best model, snapshots, newest checkpoint), delete the copies of the runs --output "
+                             "records, and train nothing; a study may be training them meanwhile")
     parser.add_argument("--models", default=None,
                         help=f"comma-separated, e.g. {','.join(MODELS)}; other data-efficiency variants "
                              f"(learned+convolutional@0.1) run as comparisons. With none of --models, --seeds "
@@ -900,18 +920,24 @@ def main():
     runs_to_make = plan(None if args.models is None else items(args.models), seeds, args.epochs)
     if not runs_to_make:
         parser.error("The plan has no run: --models and --seeds each need at least one entry.")
+    carry_dir = args.carry_dir or (CARRY_DIR if os.path.abspath(args.output) == os.path.abspath(
+        parser.get_default("output")) else None)
     if args.carry:
+        if carry_dir is None:
+            parser.error("--carry with another --output needs --carry_dir: the committed folder carries the "
+                         "runs of the committed report.")
         if not carry(runs_to_make, read_report(args.output).get("runs", {}), os.path.abspath(args.work_dir),
-                     os.path.abspath(args.carry_dir)):
-            print(f"No run under way in {args.work_dir} is further along than its copy in {args.carry_dir}.")
+                     os.path.abspath(carry_dir)):
+            print(f"No run under way in {args.work_dir} is further along than its copy in {carry_dir}.")
         return
     if args.dry_run:
         for line in describe_plan(runs_to_make, read_report(args.output).get("runs", {}), args.work_dir,
-                                  harness.cpu_class()):
+                                  harness.cpu_class(), carry_dir):
             print(line)
         return
     measure(args.output, harness.cifar10_dir(parser, args.data_dir), os.path.abspath(args.work_dir), runs_to_make,
-            args.snapshot_every, args.locality_images, args.prune_snapshots, args.note, os.path.abspath(args.carry_dir),
+            args.snapshot_every, args.locality_images, args.prune_snapshots, args.note,
+            carry_dir and os.path.abspath(carry_dir),
             log=lambda line: print(line, file=sys.stderr, flush=True))
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import reproduction as rp
 from tools import performance_tables
-from trainers import files
+from trainers import files, run_files
 from trainers import train as train_lib
 from trainers.config import make_config
 
@@ -100,8 +100,8 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
 
 def test_a_run_carried_from_a_machine_that_stopped_resumes_on_a_clean_one_as_if_never_stopped(tiny_cifar, tmp_path):
     data_dir, _ = tiny_cifar
-    study = rp.plan(["learned"], [0], 3)
-    key, lines = "learned|seed=0|epochs=3", []
+    study = rp.plan(["learned"], [0], 4)
+    key, lines = "learned|seed=0|epochs=4", []
 
     def train(stop_after=None):
         def run(flags, model_dir):
@@ -122,20 +122,22 @@ def test_a_run_carried_from_a_machine_that_stopped_resumes_on_a_clean_one_as_if_
     carried = str(tmp_path / "repository" / "carried")
     first, second = tmp_path / "first", tmp_path / "second"
     with pytest.raises(RuntimeError, match="stopped"):
-        measure(first, carried, stop_after=2)
+        measure(first, carried, stop_after=1)
     assert rp.carry(study, {}, str(first / "runs"), carried, log=lines.append) == [key]
-    copy = os.path.join(carried, "learned_seed0_epochs3")
+    copy = os.path.join(carried, "learned_seed0_epochs4")
     # What resuming needs, the newest checkpoint only, no TensorBoard logs.
     assert sorted(os.listdir(copy)) == ["best_model.keras", "checkpoints", "config.json", "history.json", "snapshots"]
     assert sorted(os.listdir(os.path.join(copy, "checkpoints"))) == \
-        ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
-    assert sorted(os.listdir(os.path.join(copy, "snapshots"))) == [f"epoch_00{e}.keras" for e in range(3)]
+        ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
+    assert sorted(os.listdir(os.path.join(copy, "snapshots"))) == ["epoch_000.keras", "epoch_001.keras"]
     assert rp.carry(study, {}, str(first / "runs"), carried) == []  # nothing further along
     # A clean checkout on another machine: a new work directory, the carried folder committed.
+    assert rp.describe_plan(study, {}, str(second / "runs"), None, carried)[0].startswith(
+        f"{key}: to resume after epoch 1 of 4")
     lines.clear()
     report = measure(second, carried)
-    assert any(line.startswith("Resuming from") and "2 epoch(s)" in line for line in lines), "\n".join(lines)
-    assert [line.split("/")[0] for line in lines if line.startswith("epoch ")] == ["epoch 3"]
+    assert any(line.startswith("Resuming from") and "1 epoch(s)" in line for line in lines), "\n".join(lines)
+    assert [line.split("/")[0] for line in lines if line.startswith("epoch ")] == ["epoch 2", "epoch 3", "epoch 4"]
     resumed = report["runs"][key]
     assert resumed["weights_sha256"] == whole["weights_sha256"]
     assert resumed["test_accuracy"] == whole["test_accuracy"] and resumed["snapshots"] == whole["snapshots"]
@@ -143,29 +145,71 @@ def test_a_run_carried_from_a_machine_that_stopped_resumes_on_a_clean_one_as_if_
     assert rp.carry(study, report["runs"], str(first / "runs"), carried) == []  # recorded: not carried again
 
 
-def test_a_carried_run_replaces_only_a_run_less_far_along(tmp_path):
-    def run_with_checkpoints(folder, *epochs):
-        os.makedirs(os.path.join(folder, "checkpoints"))
-        for epoch in epochs:
-            for suffix in ("index", "data-00000-of-00001"):
-                with open(os.path.join(folder, "checkpoints", f"ckpt-{epoch}.{suffix}"), "w") as f:
-                    f.write(str(epoch))
-        with open(os.path.join(folder, "history.json"), "w") as f:
-            json.dump([{"epoch": e} for e in range(1, max(epochs) + 1)], f)
+def _fake_run(folder, checkpoint_state=None, checkpoints=(), snapshots=(), finished=False):
+    """A model directory with empty checkpoint and snapshot files, its state file naming
+    ``checkpoint_state`` (none when None): what `carry` and `resume_carried` read of a run."""
+    os.makedirs(os.path.join(folder, "checkpoints"), exist_ok=True)
+    for epoch in checkpoints:
+        for suffix in ("index", "data-00000-of-00001"):
+            with open(os.path.join(folder, "checkpoints", f"ckpt-{epoch}.{suffix}"), "w") as f:
+                f.write(str(epoch))
+    if checkpoint_state is not None:
+        with open(os.path.join(folder, "checkpoints", "checkpoint"), "w") as f:
+            f.write(f'model_checkpoint_path: "{folder}/checkpoints/ckpt-{checkpoint_state}"\n')
+    for epoch in snapshots:
+        os.makedirs(os.path.join(folder, "snapshots"), exist_ok=True)
+        with open(os.path.join(folder, "snapshots", f"epoch_{epoch:03d}.keras"), "w") as f:
+            f.write(str(epoch))
+    for name in ("config.json", "history.json") + (("results.json",) if finished else ()):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write("{}")
 
-    study, work, carried = rp.plan(["learned", "quadratic"], [0], 9), str(tmp_path / "work"), str(tmp_path / "carried")
-    run_with_checkpoints(os.path.join(carried, "learned_seed0_epochs9"), 5)
-    run_with_checkpoints(os.path.join(carried, "quadratic_seed0_epochs9"), 5)
-    run_with_checkpoints(os.path.join(work, "learned_seed0_epochs9"), 3, 4)
-    run_with_checkpoints(os.path.join(work, "quadratic_seed0_epochs9"), 5, 6)
-    assert rp.resume_carried(study, {}, work, carried) == ["learned|seed=0|epochs=9"]
-    # The older checkpoints go, or the trainer would not restore the newest it lists.
+
+def test_a_carried_run_replaces_only_a_run_less_far_along_and_not_in_use(tmp_path):
+    study = rp.plan(["learned", "quadratic", "gated", "content"], [0], 9)
+    work, carried = str(tmp_path / "work"), str(tmp_path / "carried")
+    for model in ("learned", "quadratic", "gated", "content"):
+        _fake_run(os.path.join(carried, f"{model}_seed0_epochs9"), 5, [5])
+    _fake_run(os.path.join(work, "learned_seed0_epochs9"), 4, [3, 4])  # less far along
+    _fake_run(os.path.join(work, "quadratic_seed0_epochs9"), 5, [4, 5])  # as far along
+    _fake_run(os.path.join(work, "gated_seed0_epochs9"), finished=True)  # finished: its checkpoints deleted
+    with files.held(os.path.join(work, "content_seed0_epochs9")):  # a trainer at work in it
+        logged = []
+        assert rp.resume_carried(study, {}, work, carried, log=logged.append) == ["learned|seed=0|epochs=9"]
+    assert any("content|seed=0|epochs=9: not resumed" in line and "training in" in line for line in logged)
+    # The older checkpoints go: the carried state file does not name them.
     assert sorted(os.listdir(os.path.join(work, "learned_seed0_epochs9", "checkpoints"))) == \
-        ["ckpt-5.data-00000-of-00001", "ckpt-5.index"]
-    assert sorted(os.listdir(os.path.join(work, "quadratic_seed0_epochs9", "checkpoints")))[-1] == "ckpt-6.index"
-    # A recorded run is neither resumed from its copy nor carried.
+        ["checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index"]
+    assert run_files.checkpointed_epoch(os.path.join(work, "learned_seed0_epochs9")) == 5
+    assert not os.path.exists(os.path.join(work, "gated_seed0_epochs9", "checkpoints", "ckpt-5.index"))
+    # A recorded run is not resumed from its copy.
     shutil.rmtree(work)
-    assert rp.resume_carried(study, {"learned|seed=0|epochs=9": {}}, work, carried) == ["quadratic|seed=0|epochs=9"]
+    assert rp.resume_carried(study, {"learned|seed=0|epochs=9": {}}, work, carried) == \
+        ["quadratic|seed=0|epochs=9", "gated|seed=0|epochs=9", "content|seed=0|epochs=9"]
+
+
+def test_carrying_a_run_as_it_trains_copies_its_newest_whole_checkpoint_and_nothing_later(tmp_path):
+    study, work, carried = rp.plan(["learned"], [0], 9), str(tmp_path / "work"), str(tmp_path / "carried")
+    run, copy = os.path.join(work, "learned_seed0_epochs9"), os.path.join(carried, "learned_seed0_epochs9")
+    # Checkpoint 6 is being written: the state file names 5. Snapshot 6 and the best model were
+    # written after checkpoint 5, in epoch 6.
+    _fake_run(run, 5, [4, 5, 6], snapshots=[0, 3, 6])
+    with open(os.path.join(run, "best_model.keras"), "w") as f:
+        f.write("epoch 6")
+    index = os.path.getmtime(os.path.join(run, "checkpoints", "ckpt-5.index"))
+    os.utime(os.path.join(run, "best_model.keras"), (index + 10, index + 10))
+    assert rp.carry(study, {}, work, carried, log=lambda s: None) == ["learned|seed=0|epochs=9"]
+    assert sorted(os.listdir(os.path.join(copy, "checkpoints"))) == \
+        ["checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index"]
+    assert sorted(os.listdir(os.path.join(copy, "snapshots"))) == ["epoch_000.keras", "epoch_003.keras"]
+    assert not os.path.exists(os.path.join(copy, "best_model.keras"))
+    # The state file names a checkpoint deleted meanwhile: the earlier copy stays whole, no partial one.
+    with open(os.path.join(run, "checkpoints", "checkpoint"), "w") as f:
+        f.write('model_checkpoint_path: "ckpt-7"\n')
+    with pytest.raises(FileNotFoundError, match="ckpt-7"):
+        rp.carry(study, {}, work, carried)
+    assert sorted(os.listdir(carried)) == ["learned_seed0_epochs9"]
+    assert run_files.checkpointed_epoch(copy) == 5
 
 
 def test_runs_another_study_process_recorded_meanwhile_are_kept(tiny_cifar, tmp_path):
@@ -404,6 +448,7 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     (["--snapshot_every=3"], "--snapshot_every needs --epochs"),
     (["--seeds=1,x"], "--seeds takes comma-separated integers, got '1,x'"),
     (["--models=", "--dry_run"], "The plan has no run"),
+    (["--carry", "--output=/tmp/another.json"], "--carry with another --output needs --carry_dir"),
 ])
 def test_flags_that_make_no_sense_stop_before_anything_runs(flags, error, tmp_path):
     from benchmarks import harness
