@@ -755,6 +755,16 @@ def _results_with(report, folder, monkeypatch):
     monkeypatch.setattr(performance_tables, "RESULTS", folder)
 
 
+def test_the_budget_table_names_the_runs_of_the_default_plan_still_to_run(monkeypatch, tmp_path):
+    _results_with(_report(), tmp_path, monkeypatch)
+    monkeypatch.setattr(rp, "STUDY", ((("learned", "quadratic"), (0, 1, 2), 8), (("resnet18",), (0, 1, 2, 3), 8),
+                                      (("gated",), (0, 1), 4), (("learned",), (0,), 4)))
+    assert "Still to run in the default plan: `resnet18` at 8 epochs, seed 3; `sa_gated_small` at 4 epochs, " \
+           "seeds 0 and 1 (`--dry_run`" in performance_tables.reproduction_budgets()
+    monkeypatch.setattr(rp, "STUDY", ((("learned", "quadratic", "resnet18"), (0, 1, 2), 8),))
+    assert "Still to run" not in performance_tables.reproduction_budgets()
+
+
 def test_the_gates_table_reads_each_layers_gates_at_the_start_and_the_end(monkeypatch, tmp_path):
     report = _report()
     ends = ([[0.9, 0.4, 0.8], [0.2, 0.3, 0.7]], [[0.9, 0.6, 0.6], [0.4, 0.5, 0.6]])  # per seed, layer, head
@@ -856,6 +866,7 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     # With no run timed, the caption has no cost to state, and goes on from the budget.
     untimed = {key: dict(run, median_epoch_seconds=None) for key, run in report["runs"].items()}
     _results_with(dict(report, runs=untimed), tmp_path, monkeypatch)
+    monkeypatch.setattr(rp, "STUDY", ((("learned", "quadratic", "resnet18"), (0, 1, 2), 8),))  # all recorded
     assert performance_tables.reproduction_budgets().startswith(
         "The study's budget is 8 epochs, where the most models have run; the other budgets are the search for it. "
         "Against the shorter budget:")

@@ -653,6 +653,26 @@ def _cost(data):
             f"make on your CPU class.")
 
 
+def _still_to_run(data):
+    """The sentence of the budget table's caption naming the runs of the default plan
+    (`study.plan`, the study's `STUDY`) that the report does not record yet, per model and budget
+    in the plan's order; "" once it records them all."""
+    from benchmarks import reproduction as study
+
+    missing = {}
+    for model, seed, epochs in study.plan():
+        if study.run_key(model, seed, epochs) not in data["runs"]:
+            missing.setdefault((model, epochs), []).append(seed)
+    if not missing:
+        return ""
+
+    def seeds(values):
+        return f"seed{'s' * (len(values) > 1)} {' and '.join(', '.join(map(str, values)).rsplit(', ', 1))}"
+
+    runs = "; ".join(f"{_model_name(model)} at {epochs} epochs, {seeds(values)}" for (model, epochs), values in missing.items())
+    return f"Still to run in the default plan: {runs} (`--dry_run` says how far each is)."
+
+
 def _parameters(data, model, budget, exact=False):
     """``model``'s parameter count at ``budget`` (its seeds', which agree), in millions to two
     decimals, or ``exact``ly."""
@@ -718,7 +738,7 @@ def reproduction_budgets():
               f"are the search for it." if data["budget"] == study.BUDGET else
               f"The study's budget is {study.BUDGET} epochs; until as many of the models have run there as at "
               f"{data['budget']}, the other tables read {data['budget']}. The other budgets are the search for it.")
-    caption = (" ".join(filter(None, (budget, _cost(data))))
+    caption = (" ".join(filter(None, (budget, _still_to_run(data), _cost(data))))
                + f" Against the shorter budget: the change of the mean test accuracy from the model's "
                f"next shorter budget (with that budget's seeds, which may differ), within the spread when at most the "
                f"larger of the two budgets' standard deviations (none with one seed at each budget). Flattened: the "
