@@ -783,7 +783,8 @@ def _copy_resumable(source: str, target: str, epoch: int) -> None:
     written = os.path.getmtime(f"{checkpoint}.index")
     for name in (run_files.CONFIG, run_files.HISTORY, run_files.BEST_MODEL):
         path = os.path.join(source, name)
-        # A best model saved after the checkpoint is another epoch's: the resumed run saves its own.
+        # A best model saved after the checkpoint is of an epoch the resumed run trains again, which
+        # saves one when it beats the history's best; nothing the study reads needs it.
         if os.path.exists(path) and (name != run_files.BEST_MODEL or os.path.getmtime(path) <= written):
             shutil.copy2(path, os.path.join(target, name))
     for snapshot in run_files.snapshot_epochs(source):
