@@ -17,15 +17,16 @@ from trainers import train as train_lib
 from trainers.config import make_config
 
 
-def _tiny_train(trained):
+def _tiny_train(trained, log=lambda s: None):
     """A `reproduction.train` that runs the trainer in this process on a one-block model with
-    small batches (the study's flags otherwise), recording each model it trains in ``trained``."""
+    small batches (the study's flags otherwise), recording each model it trains in ``trained`` and
+    passing the trainer's lines to ``log``."""
 
     def train(flags, model_dir):
         trained.append(flags["model"])
         overrides = dict(flags, model_dir=model_dir, num_layers=1, global_batch_size=50, eval_batch_size=50,
                          strategy="one_device")
-        train_lib.train(make_config(overrides=overrides), log=lambda s: None)
+        train_lib.train(make_config(overrides=overrides), log=log)
 
     return train
 
@@ -104,15 +105,11 @@ def test_a_run_carried_from_a_machine_that_stopped_resumes_on_a_clean_one_as_if_
     key, lines = "learned|seed=0|epochs=4", []
 
     def train(stop_after=None):
-        def run(flags, model_dir):
-            def log(line):
-                lines.append(line)
-                if stop_after and line.startswith(f"epoch {stop_after}/"):
-                    raise RuntimeError("the machine stopped")
-            overrides = dict(flags, model_dir=model_dir, num_layers=1, global_batch_size=50, eval_batch_size=50,
-                             strategy="one_device")
-            train_lib.train(make_config(overrides=overrides), log=log)
-        return run
+        def log(line):
+            lines.append(line)
+            if stop_after and line.startswith(f"epoch {stop_after}/"):
+                raise RuntimeError("the machine stopped")
+        return _tiny_train([], log)
 
     def measure(work, carry_dir, stop_after=None):
         return rp.measure(str(work / "reproduction.json"), data_dir, str(work / "runs"), study, snapshot_every=1,
