@@ -945,7 +945,7 @@ def plot_reproduction_curves(path):
 
     plt = _plt()
     data, budget, entries = _reproduction()
-    figure, axis = plt.subplots(figsize=(7.5, 4.2))
+    figure, axis = plt.subplots(figsize=(10.5, 4.2))
     colours = plt.get_cmap("tab10").colors
     for index, (model, e) in enumerate(entries.items()):
         epochs = sorted(int(k) for k in e["curve"])
@@ -966,7 +966,8 @@ def plot_reproduction_curves(path):
     axis.set_ylabel("test accuracy")
     axis.set_title(f"Test accuracy during training ({budget} epochs, cifar10-mini; dashed: other budgets)")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
+    # Beside the axes: inside, the legend of eleven lines hid the curves' last epochs.
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(figure, path)
 
 
