@@ -30,6 +30,28 @@ from sa_conv.models import attention_blocks, attention_grid, attention_probabili
 
 CELL_INCHES = 1.6
 DPI = 80
+# A map's colour scale tops at its peak, but at no less than this many times uniform attention's
+# 1/N: scaled to its own peak, a head that attends nearly uniformly would be drawn saturated, as if
+# it attended to every key strongly.
+SCALE_FLOOR = 4.0
+# Below this many times 1/N at its peak, a head attends nowhere in particular (a wide Gaussian of
+# the paper's Eq. 9 peaks at several times 1/N over a 16x16 grid; one with alpha near 0 at 1/N).
+NEAR_UNIFORM = 2.0
+
+
+def scale_top(query_map) -> float:
+    """The top of ``query_map``'s colour scale: its peak, or `SCALE_FLOOR` / N if higher, for
+    a map of N key probabilities (``(H, W)`` summing to 1)."""
+    query_map = np.asarray(query_map)
+    return float(max(query_map.max(), SCALE_FLOOR / query_map.size))
+
+
+def near_uniform(query_map) -> bool:
+    """Whether ``query_map`` (``(H, W)`` probabilities of one query) peaks below `NEAR_UNIFORM`
+    times uniform attention's 1/N: a head with no place it attends to, whose drawn center (a
+    Gaussian's ``Delta_h``) says nothing about where it looks."""
+    query_map = np.asarray(query_map)
+    return bool(query_map.max() < NEAR_UNIFORM / query_map.size)
 
 
 def model_attention(model, images):
@@ -38,7 +60,9 @@ def model_attention(model, images):
 
 
 def attention_grid_figure(maps, query, image=None, pooling=1, title=""):
-    """Rows = layers, columns = heads (+ a first column with the input image).
+    """Rows = layers, columns = heads (+ a first column with the input image). Each head's map
+    is drawn from 0 to `scale_top` (its peak, or `SCALE_FLOOR` / N for a nearly flat map, then
+    drawn pale), its peak probability written under it.
 
     Args:
       maps: ``(layers, heads, H, W)`` probabilities of the query pixel.
@@ -61,10 +85,11 @@ def attention_grid_figure(maps, query, image=None, pooling=1, title=""):
             ax.set_title("input, query", fontsize=8)
         for head in range(heads):
             ax = axes[layer, head + 1]
-            ax.imshow(maps[layer, head], cmap="Blues", vmin=0, vmax=max(maps[layer, head].max(), 1e-9))
+            ax.imshow(maps[layer, head], cmap="Blues", vmin=0, vmax=scale_top(maps[layer, head]))
             ax.scatter([query[1]], [query[0]], marker="s", s=18, facecolors="none", edgecolors="red", linewidths=1)
             ax.set_xticks([])
             ax.set_yticks([])
+            ax.set_xlabel(f"peak {maps[layer, head].max():.2g}", fontsize=7, labelpad=2)
             if layer == 0:
                 ax.set_title(f"head {head}", fontsize=8)
             if head == 0:

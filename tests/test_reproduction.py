@@ -934,6 +934,18 @@ def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
     performance_tables.plot_reproduction_centers(tmp_path / "centers.png")
     # Per layer and head: the track, its start and its end (seed 0's centers, as the snapshots hold them).
     assert [label for label in drawn if label] == ["head 0", "head 1"] * 2
+    # A head whose attention ends uniform (in the run's maps: layer 0's head 1, 1/16 on each key of a
+    # 4x4 grid) ends in a cross named as such: its center says nothing; a wide one (3/16 at its
+    # peak, above twice uniform's) is drawn as any other.
+    peaked, wide, flat = np.full((4, 4), 0.02), np.full((4, 4), 0.8 / 15), np.full((4, 4), 1 / 16)
+    peaked[1, 2], wide[0, 0] = 0.7, 0.2
+    report["runs"]["quadratic|seed=0|epochs=8"]["snapshots"][-1]["maps"] = [[peaked.tolist(), flat.tolist()],
+                                                                           [wide.tolist(), peaked.tolist()]]
+    _results_with(report, tmp_path, monkeypatch)
+    drawn.clear()
+    performance_tables.plot_reproduction_centers(tmp_path / "centers.png")
+    assert [label for label in drawn if label] == ["head 0", "head 1: near-uniform", "head 0", "head 1"]
+    del report["runs"]["quadratic|seed=0|epochs=8"]["snapshots"][-1]["maps"]
     del report["runs"]["quadratic|seed=0|epochs=8"], report["runs"]["quadratic|seed=1|epochs=8"]
     del report["runs"]["quadratic|seed=2|epochs=8"]
     _results_with(report, tmp_path, monkeypatch)

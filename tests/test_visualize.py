@@ -93,6 +93,23 @@ def test_figures_have_the_layer_by_head_layout(small_model, real_images, tmp_pat
     assert result["query"] == (3, 12)
 
 
+def test_each_map_is_scaled_to_its_peak_and_a_flat_one_is_drawn_pale():
+    """A map's colour scale tops at its peak, but a nearly uniform map (here exactly 1/N) is drawn
+    on a scale of 4/N, a quarter of the way up, and every map says its peak; a head counts as
+    attending nowhere (`near_uniform`) below twice uniform's 1/N at its peak."""
+    peaked = np.full((4, 4), 0.02)
+    peaked[1, 2] = 0.7
+    flat, wide = np.full((4, 4), 1 / 16), np.full((4, 4), 0.7 / 15)
+    wide[0, 0] = 0.3  # 4.8 times uniform at its peak: wide, but it has a place
+    fig = plotting.attention_grid_figure(np.stack([peaked, flat, wide])[None], (1, 1))
+    cells = [ax for ax in fig.axes if ax.images]
+    assert [ax.images[0].norm.vmax for ax in cells] == pytest.approx([0.7, 4 / 16, 0.3])
+    assert [ax.get_xlabel() for ax in cells] == ["peak 0.7", "peak 0.062", "peak 0.3"]
+    assert [plotting.near_uniform(m) for m in (peaked, flat, wide)] == [False, True, False]
+    assert plotting.near_uniform(np.full((16, 16), 1 / 256)) and not plotting.near_uniform(
+        np.pad(np.full((8, 8), 1 / 64), 4))  # a 8x8 block of a 16x16 grid: 4 times uniform's 1/256
+
+
 def test_centers_figure_contours(small_model):
     fig = plotting.centers_figure(small_model, (8, 8))
     assert len(fig.axes) == 2

@@ -1037,8 +1037,12 @@ def _plot_reproduction_maps(path, model):
 def plot_reproduction_centers(path):
     """The paper's Figures 3 and 4 for the quadratic model: per layer, each head's center of attention
     ``Delta_h`` (Eq. 9) relative to the query pixel at every snapshot, from initialization (open
-    circle) to the end of training (filled), for the lowest seed."""
+    circle) to the end of training (filled), for the lowest seed. A head whose attention at the end
+    is nearly uniform (`sa_conv.plotting.near_uniform`, read from the run's maps) ends in a grey
+    cross: its Gaussian is so wide that its center no longer says where it looks."""
     import numpy as np
+
+    from sa_conv import plotting
 
     plt = _plt()
     data, budget, _ = _reproduction()
@@ -1048,6 +1052,8 @@ def plot_reproduction_centers(path):
     seed, run = lowest
     snapshots = run["snapshots"]
     tracks = np.array([s["centers"] for s in snapshots])  # (snapshots, layers, heads, 2)
+    maps = snapshots[-1].get("maps")
+    uniform = [[maps is not None and plotting.near_uniform(head) for head in layer] for layer in (maps or tracks[-1])]
     limit = max(3.0, float(np.abs(tracks).max()) + 0.5)
     figure, axes = plt.subplots(1, tracks.shape[1], figsize=(3.3 * tracks.shape[1], 3.5), squeeze=False)
     colours = plt.get_cmap("tab10").colors
@@ -1058,7 +1064,10 @@ def plot_reproduction_centers(path):
             colour = colours[head % len(colours)]
             axis.plot(cols, rows, color=colour, linewidth=1, alpha=0.7)
             axis.plot(cols[0], rows[0], "o", markerfacecolor="none", color=colour, markersize=5)
-            axis.plot(cols[-1], rows[-1], "o", color=colour, markersize=5, label=f"head {head}")
+            if uniform[layer][head]:
+                axis.plot(cols[-1], rows[-1], "x", color="0.5", markersize=6, label=f"head {head}: near-uniform")
+            else:
+                axis.plot(cols[-1], rows[-1], "o", color=colour, markersize=5, label=f"head {head}")
         axis.plot(0, 0, "x", color="black", markersize=8)
         axis.set_xlim(-limit, limit)
         axis.set_ylim(limit, -limit)
@@ -1067,9 +1076,14 @@ def plot_reproduction_centers(path):
         axis.set_title(f"layer {layer}", fontsize=9)
         axis.set_xlabel("column offset (grid pixels)")
     axes[0, 0].set_ylabel("row offset (grid pixels)")
+    for axis in axes[0, :-1]:  # the last panel's legend, beside it, names every head of its layer
+        marked = [(h, label) for h, label in zip(*axis.get_legend_handles_labels()) if "near-uniform" in label]
+        if marked:
+            axis.legend(*zip(*marked), fontsize=6, loc="lower left")
     axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     figure.suptitle(f"{_study_preset('quadratic')}, seed={seed}: the heads' centers from initialization (open) to "
-                    f"epoch {snapshots[-1]['epoch']} (filled); x: the query", fontsize=9)
+                    f"epoch {snapshots[-1]['epoch']} (filled); black x: the query\n(a grey cross: the head's attention is "
+                    f"nearly uniform at the end, its center says nothing)", fontsize=9)
     _save(figure, path)
 
 
