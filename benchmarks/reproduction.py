@@ -28,8 +28,8 @@ mass in the 3x3 around the most attended pixel, entropy, the most attended offse
 the gated heads' gates. The last snapshot also keeps each head's attention map at the grid's center
 pixel, averaged over those images (the paper's Figure 5). That whole reading, with the run's
 per-epoch history, is written to `DETAIL` in the run's model directory; the report keeps what
-``docs/reproduction.md`` reads (`compact_run`: per layer the heads' `layer_summary` instead of each
-head's metrics, no history; the maps of one seed per model and budget, the figure's).
+``docs/reproduction.md`` reads and each head's `HEAD_METRICS` (`compact_run`: per layer the heads'
+`layer_summary` and ``heads``, no history; the maps of one seed per model and budget, the figure's).
 
 Resumable at every level: a run's model directory lives in ``--work_dir`` (outside the
 repository), so an interrupted training resumes where it stopped (bit-identical to an
@@ -302,6 +302,8 @@ def _spread(values):
 
 
 LAYER_METRICS = ("mean_distance", "mass_3x3", "entropy")
+# What the report keeps of each head at each snapshot (per layer, a list over heads per metric).
+HEAD_METRICS = (*LAYER_METRICS, "peak_offset")
 
 
 def layer_summary(heads_metrics: list) -> dict:
@@ -318,13 +320,15 @@ def _compact_snapshot(snapshot: dict) -> dict:
     kept = {k: v for k, v in snapshot.items() if k != "layers"}
     kept["locality"] = [{name: _rounded(value) for name, value in layer_summary(heads).items()}
                         for heads in snapshot["layers"]]
+    kept["heads"] = [{name: [head[name] for head in heads] for name in HEAD_METRICS} for heads in snapshot["layers"]]
     return kept
 
 
 def compact_run(run: dict) -> dict:
     """``run`` (`analyse_run`'s) as the report keeps it: without ``history``, and each snapshot's
     ``layers`` (per layer, per head, `sa_conv.inspection.locality_metrics`) replaced by
-    ``locality`` (per layer, `layer_summary`). A compact run is returned as it is."""
+    ``locality`` (per layer, `layer_summary`) and ``heads`` (per layer, each of `HEAD_METRICS`
+    as a list over the heads). A compact run is returned as it is."""
     return {**{k: v for k, v in run.items() if k != "history"},
             "snapshots": [_compact_snapshot(s) for s in run["snapshots"]]}
 

@@ -68,6 +68,11 @@ def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_
     heads = detail["snapshots"][-1]["layers"][0]
     assert last["locality"][0]["mass_3x3"] == pytest.approx(np.mean([h["mass_3x3"] for h in heads]), abs=1e-5)
     assert last["locality"][0]["most_local_distance"] == min(h["mean_distance"] for h in heads)
+    # And each head's metrics at every snapshot, as read.
+    assert [s["heads"] for s in run["snapshots"]] == [
+        [{k: [h[k] for h in layer] for k in ("mean_distance", "mass_3x3", "entropy", "peak_offset")}
+         for layer in s["layers"]] for s in detail["snapshots"]]
+    assert len(last["heads"][0]["entropy"]) == 9 and last["heads"][0]["peak_offset"][0] == heads[0]["peak_offset"]
     maps = np.array(last["maps"])
     assert maps.shape == (1, 9, 16, 16) and last["query"] == [8, 8]
     # Probabilities rounded to 4 decimals: each map sums to 1 within 256 roundings.
