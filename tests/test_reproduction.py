@@ -883,6 +883,10 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     assert ("One of them, seed 1 (0.510): `.venv/bin/sa-conv-train --model=sa_learned_small --dataset=cifar10 "
             "--epochs=8 --seed=1 --data_dir=../shared/datasets/cifar10-mini --model_dir=runs/sa_learned_small` "
             "(3 minutes on an cpu A; another CPU class rounds differently") in line
+    # What all of them cost: every timed run's epochs at its median epoch, 8 x (30 + 20 + 40) s for
+    # each of the four 8-epoch models and 4 x 25 s for the learned model at 4 epochs: 2,980 s.
+    assert line.endswith("`.venv/bin/python -m benchmarks.reproduction` (the runs recorded took about 0.8 hours of "
+                         "training; `--dry_run` lists them and estimates the runs still to make on your CPU class).")
 
 
 def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):

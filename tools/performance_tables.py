@@ -626,10 +626,10 @@ def _run_minutes(data, model, epochs):
     return "; ".join(f"{_minutes(run, epochs)} ({cpu})" for cpu, run in fastest.items()) if fastest else "-"
 
 
-def _cost(data):
-    """The sentences of the budget table's caption on what the recorded runs cost: the hours of
-    training of every timed run (`study.training_minutes`) summed per CPU class, each run counted
-    on the class most of its epochs ran on; "" before any run is timed."""
+def _hours_per_class(data):
+    """``({cpu: hours}, {cpu: runs})``: the hours of training of every timed run
+    (`study.training_minutes`) summed per CPU class, each run counted on the class most of its
+    epochs ran on."""
     from benchmarks import reproduction as study
 
     hours, runs = {}, {}
@@ -638,12 +638,20 @@ def _cost(data):
             cpu = run.get("cpu") or "unknown CPU"
             hours[cpu] = hours.get(cpu, 0.0) + study.training_minutes(run, study.split_key(key)[2]) / 60
             runs[cpu] = runs.get(cpu, 0) + 1
+    return hours, runs
+
+
+def _hours(value):
+    return f"{value:.{0 if value >= 10 else 1}f}"
+
+
+def _cost(data):
+    """The sentences of the budget table's caption on what the recorded runs cost
+    (`_hours_per_class`); "" before any run is timed."""
+    hours, runs = _hours_per_class(data)
     if not hours:
         return ""
-
-    def h(value):
-        return f"{value:.{0 if value >= 10 else 1}f}"
-
+    h = _hours
     per_class = "; ".join(f"{h(hours[cpu])} h for {runs[cpu]} run{'s' * (runs[cpu] != 1)} on {cpu}"
                           for cpu in sorted(hours))
     return (f"The {sum(runs.values())} timed runs recorded here took about {h(sum(hours.values()))} hours of "
@@ -935,7 +943,9 @@ def reproduction_first_accuracy():
             f"`.venv/bin/sa-conv-train {flags} --data_dir=../shared/datasets/cifar10-mini "
             f"--model_dir=runs/{run['flags']['model']}` ({_minutes(run, budget)} minutes on an "
             f"{run['cpu']}; another CPU class rounds differently, and its run can end elsewhere); all of them, with "
-            f"what the heads learned: `.venv/bin/python -m benchmarks.reproduction`.")
+            f"what the heads learned: `.venv/bin/python -m benchmarks.reproduction` (the runs recorded took about "
+            f"{_hours(sum(_hours_per_class(data)[0].values()))} hours of training; "
+            f"`--dry_run` lists them and estimates the runs still to make on your CPU class).")
 
 
 def plot_reproduction_curves(path):
