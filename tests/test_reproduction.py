@@ -757,6 +757,30 @@ def _results_with(report, folder, monkeypatch):
     monkeypatch.setattr(performance_tables, "RESULTS", folder)
 
 
+def test_gated_against_content_at_each_budget_both_ran(monkeypatch, tmp_path):
+    """A row per budget where both ran (not 2 epochs: content only); gated ahead from the first
+    snapshot after its last one behind or level (level at epoch 4: not ahead), or not at the end;
+    each run's fit where it recorded it."""
+    def run(curve, **fit):
+        return {**_run(curve), **fit}
+
+    runs = {"gated|seed=0|epochs=8": run({0: 0.1, 2: 0.2, 4: 0.35, 6: 0.4, 8: 0.45}, best_epoch=7,
+                                         best_val_accuracy=0.46, train_accuracy=0.8),
+            "gated|seed=1|epochs=8": run({0: 0.1, 2: 0.22, 4: 0.33, 6: 0.42, 8: 0.47}, best_val_accuracy=0.44),
+            "content|seed=0|epochs=8": run({0: 0.1, 2: 0.25, 4: 0.34, 6: 0.38, 8: 0.4}, best_epoch=5,
+                                           best_val_accuracy=0.41, train_accuracy=0.99),
+            "gated|seed=0|epochs=4": run({0: 0.1, 2: 0.3, 4: 0.3}), "content|seed=0|epochs=4": run({0: 0.1, 2: 0.2, 4: 0.32}),
+            "content|seed=0|epochs=2": run({0: 0.1, 2: 0.2})}
+    _results_with({"runs": runs, "summary": rp.summarize(runs), "budget": 8}, tmp_path, monkeypatch)
+    rows = [line for line in performance_tables.reproduction_gated_against_content().splitlines()
+            if line.startswith("| 4 ") or line.startswith("| 8 ") or line.startswith("| 2 ")]
+    assert rows == [
+        "| 4 | 0.300 (1 seed) | 0.320 (1 seed) | -0.020 | not at the end | +0.000 (epochs 2-4); +0.120 (epochs 2-4) "
+        "| -; - | -; - |",
+        "| 8 | 0.460 ± 0.014 (2 seeds) | 0.400 (1 seed) | +0.060 | from epoch 6 (behind or level at 4) "
+        "| +0.050 (epochs 6-8); +0.020 (epochs 6-8) | 7 (0.460), - (0.440); 5 (0.410) | 0.80, -; 0.99 |"]
+
+
 def test_the_budget_table_names_the_runs_of_the_default_plan_still_to_run(monkeypatch, tmp_path):
     _results_with(_report(), tmp_path, monkeypatch)
     monkeypatch.setattr(rp, "STUDY", ((("learned", "quadratic"), (0, 1, 2), 8), (("resnet18",), (0, 1, 2, 3), 8),
