@@ -30,28 +30,29 @@ from sa_conv.models import attention_blocks, attention_grid, attention_probabili
 
 CELL_INCHES = 1.6
 DPI = 80
-# A map's colour scale tops at its peak, but at no less than this many times uniform attention's
-# 1/N: scaled to its own peak, a head that attends nearly uniformly would be drawn saturated, as if
-# it attended to every key strongly.
+# A map's colour scale tops at its peak, but at no less than this many times its mean (uniform
+# attention's 1/N for probabilities): scaled to its own peak, a flat map would be drawn saturated, as
+# if the head attended to every key strongly.
 SCALE_FLOOR = 4.0
-# Below this many times 1/N at its peak, a head attends nowhere in particular (a wide Gaussian of
-# the paper's Eq. 9 peaks at several times 1/N over a 16x16 grid; one with alpha near 0 at 1/N).
+# Below this many times its mean at its peak, a head attends nowhere in particular (a wide Gaussian
+# of the paper's Eq. 9 peaks at several times 1/N over a 16x16 grid; one with alpha near 0 at 1/N).
 NEAR_UNIFORM = 2.0
 
 
 def scale_top(query_map) -> float:
-    """The top of ``query_map``'s colour scale: its peak, or `SCALE_FLOOR` / N if higher, for
-    a map of N key probabilities (``(H, W)`` summing to 1)."""
+    """The top of ``query_map``'s colour scale (``(H, W)`` probabilities of one query, summing to 1
+    up to their rounding): its peak, or `SCALE_FLOOR` times its mean if higher."""
     query_map = np.asarray(query_map)
-    return float(max(query_map.max(), SCALE_FLOOR / query_map.size))
+    return float(max(query_map.max(), SCALE_FLOOR * query_map.mean(), 1e-9))
 
 
 def near_uniform(query_map) -> bool:
     """Whether ``query_map`` (``(H, W)`` probabilities of one query) peaks below `NEAR_UNIFORM`
-    times uniform attention's 1/N: a head with no place it attends to, whose drawn center (a
-    Gaussian's ``Delta_h``) says nothing about where it looks."""
+    times its mean (uniform attention's 1/N; the mean, not 1/N, so that maps rounded to a few
+    decimals are judged on their own level): a head with no place it attends to, whose drawn
+    center (a Gaussian's ``Delta_h``) says nothing about where it looks."""
     query_map = np.asarray(query_map)
-    return bool(query_map.max() < NEAR_UNIFORM / query_map.size)
+    return bool(query_map.max() < NEAR_UNIFORM * query_map.mean())
 
 
 def model_attention(model, images):
@@ -61,8 +62,8 @@ def model_attention(model, images):
 
 def attention_grid_figure(maps, query, image=None, pooling=1, title=""):
     """Rows = layers, columns = heads (+ a first column with the input image). Each head's map
-    is drawn from 0 to `scale_top` (its peak, or `SCALE_FLOOR` / N for a nearly flat map, then
-    drawn pale), its peak probability written under it.
+    is drawn from 0 to `scale_top` (its peak, or `SCALE_FLOOR` times its mean for a map that
+    peaks lower, then drawn pale), its peak probability written under it.
 
     Args:
       maps: ``(layers, heads, H, W)`` probabilities of the query pixel.

@@ -779,6 +779,10 @@ def test_gated_against_content_at_each_budget_both_ran(monkeypatch, tmp_path):
         "| -; - | -; - |",
         "| 8 | 0.460 ± 0.014 (2 seeds) | 0.400 (1 seed) | +0.060 | from epoch 6 (behind or level at 4) "
         "| +0.050 (epochs 6-8); +0.020 (epochs 6-8) | 7 (0.460), - (0.440); 5 (0.410) | 0.80, -; 0.99 |"]
+    curve = {e: {"mean": m} for e, m in (("0", 0.1), ("2", 0.3), ("4", 0.4))}
+    assert performance_tables._ahead_from(curve, {e: {"mean": 0.2} for e in ("0", "2", "4")}) == \
+        "throughout (from epoch 2)"
+    assert performance_tables._ahead_from(curve, {"0": {"mean": 0.1}, "3": {"mean": 0.2}}) == "-"  # no epoch shared
 
 
 def test_the_budget_table_names_the_runs_of_the_default_plan_still_to_run(monkeypatch, tmp_path):
@@ -908,9 +912,15 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
             "--epochs=8 --seed=1 --data_dir=../shared/datasets/cifar10-mini --model_dir=runs/sa_learned_small` "
             "(3 minutes on an cpu A; another CPU class rounds differently") in line
     # What all of them cost: every timed run's epochs at its median epoch, 8 x (30 + 20 + 40) s for
-    # each of the four 8-epoch models and 4 x 25 s for the learned model at 4 epochs: 2,980 s.
+    # each of the four 8-epoch models, 2,880 s (the learned model's run at 4 epochs untimed above);
+    # timed at 900 s an epoch, it adds 3,600 s; with no run timed, there is nothing to say.
     assert line.endswith("`.venv/bin/python -m benchmarks.reproduction` (the runs recorded took about 0.8 hours of "
-                         "training; `--dry_run` lists them and estimates the runs still to make on your CPU class).")
+                         "training at their median epoch's speed; `--dry_run` lists them and estimates the runs "
+                         "still to make on your CPU class).")
+    report["runs"]["learned|seed=0|epochs=4"]["median_epoch_seconds"] = 900.0
+    _results_with(report, tmp_path, monkeypatch)
+    assert "took about 1.8 hours of training" in performance_tables.reproduction_first_accuracy()
+    assert performance_tables._all_runs_cost(dict(report, runs=untimed)) == ""
 
 
 def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
@@ -968,8 +978,8 @@ def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
     # Per layer and head: the track, its start and its end (seed 0's centers, as the snapshots hold them).
     assert [label for label in drawn if label] == ["head 0", "head 1"] * 2
     # A head whose attention ends uniform (in the run's maps: layer 0's head 1, 1/16 on each key of a
-    # 4x4 grid) ends in a cross named as such: its center says nothing; a wide one (3/16 at its
-    # peak, above twice uniform's) is drawn as any other.
+    # 4x4 grid) ends in a cross named as such: its center says nothing; a wide one (0.2 at its peak,
+    # 3.2 times uniform's) is drawn as any other.
     peaked, wide, flat = np.full((4, 4), 0.02), np.full((4, 4), 0.8 / 15), np.full((4, 4), 1 / 16)
     peaked[1, 2], wide[0, 0] = 0.7, 0.2
     report["runs"]["quadratic|seed=0|epochs=8"]["snapshots"][-1]["maps"] = [[peaked.tolist(), flat.tolist()],
@@ -978,6 +988,11 @@ def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
     drawn.clear()
     performance_tables.plot_reproduction_centers(tmp_path / "centers.png")
     assert [label for label in drawn if label] == ["head 0", "head 1: near-uniform", "head 0", "head 1"]
+    # Maps that are not the centers' heads cannot say which head is which.
+    report["runs"]["quadratic|seed=0|epochs=8"]["snapshots"][-1]["maps"] = [[peaked.tolist(), flat.tolist()]]
+    _results_with(report, tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match=r"maps \(layers, heads\) \(1, 2\) do not match its centers' \(2, 2\)"):
+        performance_tables.plot_reproduction_centers(tmp_path / "centers.png")
     del report["runs"]["quadratic|seed=0|epochs=8"]["snapshots"][-1]["maps"]
     del report["runs"]["quadratic|seed=0|epochs=8"], report["runs"]["quadratic|seed=1|epochs=8"]
     del report["runs"]["quadratic|seed=2|epochs=8"]

@@ -107,7 +107,11 @@ def test_each_map_is_scaled_to_its_peak_and_a_flat_one_is_drawn_pale():
     assert [ax.get_xlabel() for ax in cells] == ["peak 0.7", "peak 0.062", "peak 0.3"]
     assert [plotting.near_uniform(m) for m in (peaked, flat, wide)] == [False, True, False]
     assert plotting.near_uniform(np.full((16, 16), 1 / 256)) and not plotting.near_uniform(
-        np.pad(np.full((8, 8), 1 / 64), 4))  # a 8x8 block of a 16x16 grid: 4 times uniform's 1/256
+        np.pad(np.full((8, 8), 1 / 64), 4))  # an 8x8 block of a 16x16 grid: 4 times uniform's 1/256
+    # Judged against the map's own mean: maps rounded to 4 decimals (a uniform one sums to 0.9984)
+    # or scaled are read as they are.
+    assert plotting.near_uniform(np.full((16, 16), 0.0039)) and plotting.near_uniform(flat / 2)
+    assert not plotting.near_uniform(peaked / 2) and plotting.scale_top(flat / 2) == pytest.approx(4 / 32)
 
 
 def test_centers_figure_contours(small_model):

@@ -874,10 +874,14 @@ def reproduction_gates():
 
 def _ahead_from(ours, theirs):
     """Where ``ours``'s mean curve passes ``theirs`` for good (`summarize`'s ``curve``s: test accuracy
-    per snapshot epoch), initialization left out: the first epoch from which it stays above."""
+    per snapshot epoch), at the epochs both have but initialization: the first epoch from which it
+    stays above, "throughout" when above at every one, "not at the end" when not above at the last,
+    "-" with no epoch in common (the study snapshots both models of a budget at the same epochs)."""
     epochs = sorted(set(map(int, ours)) & set(map(int, theirs)) - {0})
+    if not epochs:
+        return "-"
     above = [ours[str(e)]["mean"] > theirs[str(e)]["mean"] for e in epochs]
-    if not epochs or not above[-1]:
+    if not above[-1]:
         return "not at the end"
     behind = [e for e, a in zip(epochs, above) if not a]
     if not behind:
@@ -890,8 +894,8 @@ def _fit(runs):
     """Per seed, the epoch and accuracy of the validation peak and the training accuracy at the end,
     as ``("epoch (accuracy), ...", "accuracy, ...")``; "-" for what a run recorded before the
     trainer kept it lacks (the peak's epoch, the training accuracy)."""
-    peaks = [f"{r.get('best_epoch') or '-'} ({r['best_val_accuracy']:.3f})" if r.get("best_val_accuracy") is not None
-             else "-" for r in runs]
+    peaks = [f"{'-' if r.get('best_epoch') is None else r['best_epoch']} ({r['best_val_accuracy']:.3f})"
+             if r.get("best_val_accuracy") is not None else "-" for r in runs]
     train = [f"{r['train_accuracy']:.2f}" if r.get("train_accuracy") is not None else "-" for r in runs]
     return ", ".join(peaks), ", ".join(train)
 
@@ -916,12 +920,14 @@ def reproduction_gated_against_content():
                      "; ".join(_last_quarter(e, epochs)[0] for e in (gated, content)),
                      f"{fits[0][0]}; {fits[1][0]}", f"{fits[0][1]}; {fits[1][1]}"])
     caption = (f"{_model_name('gated')} against {_model_name('content')} at every budget the study ran both, "
-               f"seeds in brackets; ConViT's design aims at a difference of {data_efficiency.GATED_MARGIN:+.2f} (the "
-               f"targets above). Gated ahead: the epoch from which its mean test accuracy stays above content's at every snapshot. Each "
-               f"pair of cells: gated; content. Last quarter: the mean change of test accuracy over the last quarter "
-               f"of training. Validation peak: per seed, the epoch of the best validation accuracy (on the trainer's "
-               f"held-out tenth) and that accuracy; training accuracy: per seed, the last epoch's on its training "
-               f"images (- where the run was recorded before the trainer kept it).\n\n")
+               f"seed counts in brackets; ConViT's design aims at a difference of "
+               f"{data_efficiency.GATED_MARGIN:+.2f} (the targets above). Gated ahead: the epoch from which its "
+               f"mean test accuracy stays above content's at every snapshot. Each pair of cells: gated; content. "
+               f"Last quarter: the mean change of test accuracy over the last quarter of training. Validation peak: "
+               f"per seed, the epoch of the best validation accuracy (on the trainer's held-out tenth), with that "
+               f"accuracy in brackets; training accuracy: per seed, the last epoch's on its training images. A - "
+               f"stands for what a run recorded before the trainer kept it lacks (the peak's epoch, the training "
+               f"accuracy).\n\n")
     return caption + _table(["epochs", _model_name("gated"), _model_name("content"), "difference", "gated ahead",
                              "last quarter", "validation peak", "training accuracy at the end"], rows)
 
@@ -997,9 +1003,16 @@ def reproduction_first_accuracy():
             f"`.venv/bin/sa-conv-train {flags} --data_dir=../shared/datasets/cifar10-mini "
             f"--model_dir=runs/{run['flags']['model']}` ({_minutes(run, budget)} minutes on an "
             f"{run['cpu']}; another CPU class rounds differently, and its run can end elsewhere); all of them, with "
-            f"what the heads learned: `.venv/bin/python -m benchmarks.reproduction` (the runs recorded took about "
-            f"{_hours(sum(_hours_per_class(data)[0].values()))} hours of training; "
-            f"`--dry_run` lists them and estimates the runs still to make on your CPU class).")
+            f"what the heads learned: `.venv/bin/python -m benchmarks.reproduction`{_all_runs_cost(data)}.")
+
+
+def _all_runs_cost(data):
+    """The README line's clause on what the study's runs took (`_hours_per_class`), "" with none timed."""
+    hours = _hours_per_class(data)[0]
+    if not hours:
+        return ""
+    return (f" (the runs recorded took about {_hours(sum(hours.values()))} hours of training at their median epoch's "
+            f"speed; `--dry_run` lists them and estimates the runs still to make on your CPU class)")
 
 
 def plot_reproduction_curves(path):
@@ -1117,7 +1130,12 @@ def plot_reproduction_centers(path):
     snapshots = run["snapshots"]
     tracks = np.array([s["centers"] for s in snapshots])  # (snapshots, layers, heads, 2)
     maps = snapshots[-1].get("maps")
-    uniform = [[maps is not None and plotting.near_uniform(head) for head in layer] for layer in (maps or tracks[-1])]
+    if maps and np.shape(maps)[:2] != tracks.shape[1:3]:
+        raise ValueError(f"The quadratic run's maps (layers, heads) {np.shape(maps)[:2]} do not match its centers' "
+                         f"{tracks.shape[1:3]}: rerun benchmarks.reproduction, which reads the run again.")
+    # Without maps (a run whose report keeps none), no head is marked: the title says so.
+    uniform = np.array([[plotting.near_uniform(m) for m in layer] for layer in maps]) if maps else \
+        np.zeros(tracks.shape[1:3], bool)
     limit = max(3.0, float(np.abs(tracks).max()) + 0.5)
     figure, axes = plt.subplots(1, tracks.shape[1], figsize=(3.3 * tracks.shape[1], 3.5), squeeze=False)
     colours = plt.get_cmap("tab10").colors
@@ -1128,7 +1146,7 @@ def plot_reproduction_centers(path):
             colour = colours[head % len(colours)]
             axis.plot(cols, rows, color=colour, linewidth=1, alpha=0.7)
             axis.plot(cols[0], rows[0], "o", markerfacecolor="none", color=colour, markersize=5)
-            if uniform[layer][head]:
+            if uniform[layer, head]:
                 axis.plot(cols[-1], rows[-1], "x", color="0.5", markersize=6, label=f"head {head}: near-uniform")
             else:
                 axis.plot(cols[-1], rows[-1], "o", color=colour, markersize=5, label=f"head {head}")
@@ -1145,9 +1163,10 @@ def plot_reproduction_centers(path):
         if marked:
             axis.legend(*zip(*marked), fontsize=6, loc="lower left")
     axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    marked = ("a grey cross: the head's attention is nearly uniform at the end, its center says nothing" if maps
+              else "no maps kept for this run: nearly uniform heads are not marked")
     figure.suptitle(f"{_study_preset('quadratic')}, seed={seed}: the heads' centers from initialization (open) to "
-                    f"epoch {snapshots[-1]['epoch']} (filled); black x: the query\n(a grey cross: the head's attention is "
-                    f"nearly uniform at the end, its center says nothing)", fontsize=9)
+                    f"epoch {snapshots[-1]['epoch']} (filled); black x: the query\n({marked})", fontsize=9)
     _save(figure, path)
 
 
