@@ -651,10 +651,9 @@ def _cost(data):
     hours, runs = _hours_per_class(data)
     if not hours:
         return ""
-    h = _hours
-    per_class = "; ".join(f"{h(hours[cpu])} h for {runs[cpu]} run{'s' * (runs[cpu] != 1)} on {cpu}"
+    per_class = "; ".join(f"{_hours(hours[cpu])} h for {runs[cpu]} run{'s' * (runs[cpu] != 1)} on {cpu}"
                           for cpu in sorted(hours))
-    return (f"The {sum(runs.values())} timed runs recorded here took about {h(sum(hours.values()))} hours of "
+    return (f"The {sum(runs.values())} timed runs recorded here took about {_hours(sum(hours.values()))} hours of "
             f"training at their median epoch's speed, each counted on the CPU class most of its epochs ran on: "
             f"{per_class}. These say where the runs happened to run, and how busy the machine was, more than how "
             f"fast each CPU class is (the training minutes compare them); `--dry_run` estimates the runs still to "
@@ -1163,10 +1162,10 @@ def plot_reproduction_centers(path):
         if marked:
             axis.legend(*zip(*marked), fontsize=6, loc="lower left")
     axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    marked = ("a grey cross: the head's attention is nearly uniform at the end, its center says nothing" if maps
-              else "no maps kept for this run: nearly uniform heads are not marked")
+    crosses = ("a grey cross: the head's attention is nearly uniform at the end, its center says nothing" if maps
+               else "no maps kept for this run: nearly uniform heads are not marked")
     figure.suptitle(f"{_study_preset('quadratic')}, seed={seed}: the heads' centers from initialization (open) to "
-                    f"epoch {snapshots[-1]['epoch']} (filled); black x: the query\n({marked})", fontsize=9)
+                    f"epoch {snapshots[-1]['epoch']} (filled); black x: the query\n({crosses})", fontsize=9)
     _save(figure, path)
 
 
