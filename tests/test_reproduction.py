@@ -779,10 +779,16 @@ def test_gated_against_content_at_each_budget_both_ran(monkeypatch, tmp_path):
         "| -; - | -; - |",
         "| 8 | 0.460 ± 0.014 (2 seeds) | 0.400 (1 seed) | +0.060 | from epoch 6 (behind or level at 4) "
         "| +0.050 (epochs 6-8); +0.020 (epochs 6-8) | 7 (0.460), - (0.440); 5 (0.410) | 0.80, -; 0.99 |"]
-    curve = {e: {"mean": m} for e, m in (("0", 0.1), ("2", 0.3), ("4", 0.4))}
-    assert performance_tables._ahead_from(curve, {e: {"mean": 0.2} for e in ("0", "2", "4")}) == \
-        "throughout (from epoch 2)"
-    assert performance_tables._ahead_from(curve, {"0": {"mean": 0.1}, "3": {"mean": 0.2}}) == "-"  # no epoch shared
+
+    def gated_ahead(gated, content):
+        runs = {"gated|seed=0|epochs=4": run(gated), "content|seed=0|epochs=4": run(content)}
+        _results_with({"runs": runs, "summary": rp.summarize(runs), "budget": 4}, tmp_path, monkeypatch)
+        row = next(line for line in performance_tables.reproduction_gated_against_content().splitlines()
+                   if line.startswith("| 4 "))
+        return row.split(" | ")[4]
+
+    assert gated_ahead({0: 0.1, 2: 0.3, 4: 0.4}, {0: 0.2, 2: 0.2, 4: 0.2}) == "throughout (from epoch 2)"
+    assert gated_ahead({0: 0.1, 2: 0.3, 4: 0.4}, {0: 0.1, 3: 0.2}) == "-"  # no snapshot shared but initialization
 
 
 def test_the_budget_table_names_the_runs_of_the_default_plan_still_to_run(monkeypatch, tmp_path):
@@ -920,7 +926,12 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
     report["runs"]["learned|seed=0|epochs=4"]["median_epoch_seconds"] = 900.0
     _results_with(report, tmp_path, monkeypatch)
     assert "took about 1.8 hours of training" in performance_tables.reproduction_first_accuracy()
-    assert performance_tables._all_runs_cost(dict(report, runs=untimed)) == ""
+    # With no run timed, the line states no minutes and no cost, and names the lowest seed's command.
+    _results_with(dict(report, runs=untimed), tmp_path, monkeypatch)
+    line = performance_tables.reproduction_first_accuracy()
+    assert "One of them, seed 0 (0.500): `.venv/bin/sa-conv-train --model=sa_learned_small" in line
+    assert "--model_dir=runs/sa_learned_small` (another CPU class rounds differently" in line
+    assert line.endswith("`.venv/bin/python -m benchmarks.reproduction`.")
 
 
 def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):

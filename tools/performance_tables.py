@@ -992,16 +992,20 @@ def reproduction_first_accuracy():
              f"{_parameters(data, m, budget)} parameters)" for m, e in entries.items()]
     # The command of one run as the study ran it (the flags it fixed, the rest the trainer's
     # defaults): the fastest of each CPU class's least disturbed seeds (`_least_disturbed_runs`),
-    # with its seed and accuracy, since the line's mean is over seeds.
+    # with its seed and accuracy, since the line's mean is over seeds; with no run timed, the
+    # lowest seed, and no minutes.
     model = next(iter(entries))
-    run = min(_least_disturbed_runs(data, model, budget).values(), key=lambda r: r["median_epoch_seconds"])
+    timed = _least_disturbed_runs(data, model, budget).values()
+    run = (min(timed, key=lambda r: r["median_epoch_seconds"]) if timed
+           else next(iter(_runs(data, model, budget).values())))
+    took = f"{_minutes(run, budget)} minutes on an {run['cpu']}; " if timed else ""
     flags = " ".join(f"--{k}={v}" for k, v in run["flags"].items() if k != "snapshot_every")
     return (f"{_budget_note(data, 'docs/reproduction.md, ')}Trained {budget} epochs on cifar10-mini "
             f"({data['data']['training_images']} training images, a tenth held out for validation), test accuracy: "
             + "; ".join(parts) + f". One of them, seed {run['flags']['seed']} ({run['test_accuracy']:.3f}): "
             f"`.venv/bin/sa-conv-train {flags} --data_dir=../shared/datasets/cifar10-mini "
-            f"--model_dir=runs/{run['flags']['model']}` ({_minutes(run, budget)} minutes on an "
-            f"{run['cpu']}; another CPU class rounds differently, and its run can end elsewhere); all of them, with "
+            f"--model_dir=runs/{run['flags']['model']}` ({took}another CPU class rounds differently, and its run "
+            f"can end elsewhere); all of them, with "
             f"what the heads learned: `.venv/bin/python -m benchmarks.reproduction`{_all_runs_cost(data)}.")
 
 
