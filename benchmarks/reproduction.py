@@ -38,7 +38,9 @@ uninterrupted one on the same CPU class); ``--carry`` copies the runs under way 
 on another machine too (`carry`, `resume_carried`). A run is written to ``--output`` as soon as
 it is read, and a rerun skips the runs the report has, but derives its summary, budget and claims
 from every recorded run again (`_derived`), rewriting the report when this version of the
-analysis reads them otherwise.
+analysis reads them otherwise. Several study processes can share the work (one per core, say, or
+one per model with ``--models``): each skips a run another one is training and writes the report
+under a lock of its folder, keeping the runs the others recorded.
 `summarize` gives per model and budget the mean and spread over seeds of the final accuracy, of
 the learning curve and of the per-layer locality at every snapshot; `claims` checks the paper's
 claims on it. Budgets are searched upward: a run at another ``--epochs`` is kept beside the
@@ -642,7 +644,9 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
     and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are 45 MB each;
     kept, they let a later version of the analysis read the run again). With ``carry_dir``, a run
     that folder holds further along than ``work_dir`` resumes from it (`resume_carried`), and a
-    run's copy there is deleted once the run is recorded."""
+    run's copy there is deleted once the run is recorded. A run another process is training (its
+    trainer holds the model directory's lock, `trainers.files.held`) is skipped, left to that
+    process to record, so that several study processes can share one plan."""
     runs_to_make = list(runs_to_make)
     if not runs_to_make:
         raise ValueError("The plan has no run: give at least one model and seed.")
@@ -671,6 +675,11 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
             continue
         model_dir = run_dir(work_dir, model, seed, epochs)
         flags = train_flags(model, seed, epochs, snapshot_every or default_snapshot_every(epochs), data_dir)
+        busy = None if run_files.finished(model_dir) else _trained_elsewhere(model_dir)
+        if busy:
+            # Another study process (one per core, say) trains it, and records it when it ends.
+            log(f"[{index}/{len(runs_to_make)}] {key}: skipped, left to the process training it. {busy}")
+            continue
         log(f"[{index}/{len(runs_to_make)}] {key}: training in {model_dir} ...")
         start = time.perf_counter()
         if not run_files.finished(model_dir):
@@ -828,6 +837,20 @@ def _keep_what_the_page_reads(runs: dict, work_dir: str) -> None:
             for snapshot in run["snapshots"]:
                 snapshot.pop("maps", None)
                 snapshot.pop("query", None)
+
+
+def _trained_elsewhere(model_dir: str) -> str | None:
+    """Who holds the lock a trainer holds on ``model_dir`` while it trains there (`trainers.files.held`),
+    as `trainers.files.Busy` words it; None when nobody does."""
+    from trainers import files
+
+    if not os.path.isdir(model_dir):
+        return None
+    try:
+        with files.held(model_dir, wait=False, what="training in"):
+            return None
+    except files.Busy as busy:
+        return str(busy)
 
 
 def _write_detail(path: str, run: dict) -> None:

@@ -460,6 +460,25 @@ def test_flags_that_make_no_sense_stop_before_anything_runs(flags, error, tmp_pa
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's lock table")
+def test_a_run_another_process_is_training_is_left_to_it(tiny_cifar, tmp_path):
+    """Two study processes on one plan (one per core, say): a run whose model directory a trainer
+    holds (`trainers.files.held`) is skipped, not trained a second time into the same folder, and
+    the log names the process training it; the plan's other runs train and land."""
+    data_dir, _ = tiny_cifar
+    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
+    trained, lines = [], []
+    busy_dir = rp.run_dir(work, "learned", 0, 2)
+    os.makedirs(busy_dir)
+    with files.held(busy_dir, what="training into"):  # the other process's trainer
+        report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0, 1], 2), snapshot_every=1,
+                            locality_images=4, train=_tiny_train(trained), log=lines.append)
+    assert trained == ["sa_learned_small"]
+    assert list(report["runs"]) == list(rp.read_report(output)["runs"]) == ["learned|seed=1|epochs=2"]
+    skipped = [line for line in lines if "learned|seed=0|epochs=2" in line]
+    assert len(skipped) == 1 and "skipped" in skipped[0] and f"Process {os.getpid()}" in skipped[0], lines
+    assert os.listdir(busy_dir) == []
+
+
 def test_a_study_process_waits_for_anothers_write_before_it_writes(tiny_cifar, tmp_path):
     """Each study process reads, merges and writes the report under an exclusive flock of its
     folder. While this test holds that lock, another process's last rewrite waits for it (the
