@@ -675,15 +675,22 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
             continue
         model_dir = run_dir(work_dir, model, seed, epochs)
         flags = train_flags(model, seed, epochs, snapshot_every or default_snapshot_every(epochs), data_dir)
-        busy = None if run_files.finished(model_dir) else _trained_elsewhere(model_dir)
+        start, busy = time.perf_counter(), None
+        if not run_files.finished(model_dir):
+            busy = _trained_elsewhere(model_dir)
+            if not busy:
+                log(f"[{index}/{len(runs_to_make)}] {key}: training in {model_dir} ...")
+                try:
+                    train(flags, model_dir)
+                except RuntimeError:
+                    # Another study process's trainer, started at the same moment, took the lock first.
+                    busy = _trained_elsewhere(model_dir)
+                    if not busy:
+                        raise
         if busy:
             # Another study process (one per core, say) trains it, and records it when it ends.
             log(f"[{index}/{len(runs_to_make)}] {key}: skipped, left to the process training it. {busy}")
             continue
-        log(f"[{index}/{len(runs_to_make)}] {key}: training in {model_dir} ...")
-        start = time.perf_counter()
-        if not run_files.finished(model_dir):
-            train(flags, model_dir)
         log(f"[{index}/{len(runs_to_make)}] {key}: reading its snapshots ...")
         run = analyse_run(model_dir, data_dir, locality_images, log=log)
         run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}

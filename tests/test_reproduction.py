@@ -479,6 +479,33 @@ def test_a_run_another_process_is_training_is_left_to_it(tiny_cifar, tmp_path):
     assert os.listdir(busy_dir) == []
 
 
+def test_a_run_another_process_started_training_at_the_same_moment_is_left_to_it(tiny_cifar, tmp_path):
+    """Two study processes started together both find a run's directory free; the trainer that takes
+    its lock second fails (`sa-conv-train` exits with an error): that process skips the run, left to
+    the other one, rather than stop. A trainer failing with nobody holding the lock still stops it."""
+    import contextlib
+
+    data_dir, _ = tiny_cifar
+    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
+    lines, others = [], contextlib.ExitStack()
+
+    def loses_the_race(flags, model_dir):
+        others.enter_context(files.held(model_dir, what="training into"))  # the other trainer, first
+        raise RuntimeError("sa-conv-train ... failed (exit 1)")
+
+    with others:
+        report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1,
+                            locality_images=4, train=loses_the_race, log=lines.append)
+        assert report["runs"] == {} and any("skipped" in line for line in lines), lines
+
+    def fails(flags, model_dir):
+        raise RuntimeError("sa-conv-train ... failed (exit 1)")
+
+    with pytest.raises(RuntimeError, match="failed"):
+        rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1, locality_images=4,
+                   train=fails, log=lines.append)
+
+
 def test_a_study_process_waits_for_anothers_write_before_it_writes(tiny_cifar, tmp_path):
     """Each study process reads, merges and writes the report under an exclusive flock of its
     folder. While this test holds that lock, another process's last rewrite waits for it (the
