@@ -39,8 +39,8 @@ on another machine too (`carry`, `resume_carried`). A run is written to ``--outp
 it is read, and a rerun skips the runs the report has, but derives its summary, budget and claims
 from every recorded run again (`_derived`), rewriting the report when this version of the
 analysis reads them otherwise. Several study processes can share the work (one per core, say, or
-one per model with ``--models``): each skips a run another one is training and writes the report
-under a lock of its folder, keeping the runs the others recorded.
+one per model with ``--models``): each skips a run another one is training or reading, and writes
+the report under a lock of its folder, keeping the runs the others recorded.
 `summarize` gives per model and budget the mean and spread over seeds of the final accuracy, of
 the learning curve and of the per-layer locality at every snapshot; `claims` checks the paper's
 claims on it. Budgets are searched upward: a run at another ``--epochs`` is kept beside the
@@ -52,6 +52,7 @@ others, and the report's budget is the one at which the most models have run (`m
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import json
 import os
@@ -644,9 +645,9 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
     and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are 45 MB each;
     kept, they let a later version of the analysis read the run again). With ``carry_dir``, a run
     that folder holds further along than ``work_dir`` resumes from it (`resume_carried`), and a
-    run's copy there is deleted once the run is recorded. A run another process is training (its
-    trainer holds the model directory's lock, `trainers.files.held`) is skipped, left to that
-    process to record, so that several study processes can share one plan."""
+    run's copy there is deleted once the run is recorded. A run another process is training or
+    reading (it holds the model directory's lock, `_claimed`) is skipped, left to that process to
+    record, so that several study processes can share one plan."""
     runs_to_make = list(runs_to_make)
     if not runs_to_make:
         raise ValueError("The plan has no run: give at least one model and seed.")
@@ -675,42 +676,41 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
             continue
         model_dir = run_dir(work_dir, model, seed, epochs)
         flags = train_flags(model, seed, epochs, snapshot_every or default_snapshot_every(epochs), data_dir)
-        start, busy = time.perf_counter(), None
-        if not run_files.finished(model_dir):
-            busy = _trained_elsewhere(model_dir)
-            if not busy:
-                log(f"[{index}/{len(runs_to_make)}] {key}: training in {model_dir} ...")
-                try:
-                    train(flags, model_dir)
-                except RuntimeError:
-                    # Another study process's trainer, started at the same moment, took the lock first.
-                    busy = _trained_elsewhere(model_dir)
-                    if not busy:
-                        raise
-        if busy:
-            # Another study process (one per core, say) trains it, and records it when it ends.
-            log(f"[{index}/{len(runs_to_make)}] {key}: skipped, left to the process training it. {busy}")
-            continue
-        log(f"[{index}/{len(runs_to_make)}] {key}: reading its snapshots ...")
-        run = analyse_run(model_dir, data_dir, locality_images, log=log)
-        run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
-        run["session_seconds"] = round(time.perf_counter() - start, 1)
-        _write_detail(os.path.join(model_dir, DETAIL), run)
-        with _report_lock(output):
+        start = time.perf_counter()
+
+        def train_run():
+            log(f"[{index}/{len(runs_to_make)}] {key}: training in {model_dir} ...")
+            train(flags, model_dir)
+
+        with _claimed(model_dir, train_run) as holder:
+            if holder:
+                # Another study process (one per core, say) has it, and records it.
+                log(f"[{index}/{len(runs_to_make)}] {key}: skipped, left to {holder}, which holds its "
+                    f"folder's lock")
+                continue
             _add_recorded_since(report, output)
-            runs[key] = compact_run(run)
-            _keep_what_the_page_reads(runs, work_dir)
-            report.update(_derived(runs))
-            _write(output, report)
-        log(f"[{index}/{len(runs_to_make)}] {key}: test accuracy {run['test_accuracy']:.4f} "
-            f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
-        shutil.rmtree(os.path.join(model_dir, run_files.CHECKPOINTS), ignore_errors=True)
-        if carry_dir:
-            shutil.rmtree(run_dir(carry_dir, model, seed, epochs), ignore_errors=True)
-        if prune_snapshots:
-            taken = run_files.snapshot_epochs(model_dir)
-            for epoch in set(taken) - {min(taken), max(taken)}:
-                os.remove(run_files.snapshot_path(model_dir, epoch))
+            if key in runs:  # another process read it between this one's look and its lock
+                continue
+            log(f"[{index}/{len(runs_to_make)}] {key}: reading its snapshots ...")
+            run = analyse_run(model_dir, data_dir, locality_images, log=log)
+            run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
+            run["session_seconds"] = round(time.perf_counter() - start, 1)
+            _write_detail(os.path.join(model_dir, DETAIL), run)
+            with _report_lock(output):
+                _add_recorded_since(report, output)
+                runs[key] = compact_run(run)
+                _keep_what_the_page_reads(runs, work_dir)
+                report.update(_derived(runs))
+                _write(output, report)
+            log(f"[{index}/{len(runs_to_make)}] {key}: test accuracy {run['test_accuracy']:.4f} "
+                f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
+            shutil.rmtree(os.path.join(model_dir, run_files.CHECKPOINTS), ignore_errors=True)
+            if carry_dir:
+                shutil.rmtree(run_dir(carry_dir, model, seed, epochs), ignore_errors=True)
+            if prune_snapshots:
+                taken = run_files.snapshot_epochs(model_dir)
+                for epoch in set(taken) - {min(taken), max(taken)}:
+                    os.remove(run_files.snapshot_path(model_dir, epoch))
     with _report_lock(output):
         recorded = _add_recorded_since(report, output)
         if runs:
@@ -846,18 +846,49 @@ def _keep_what_the_page_reads(runs: dict, work_dir: str) -> None:
                 snapshot.pop("query", None)
 
 
-def _trained_elsewhere(model_dir: str) -> str | None:
-    """Who holds the lock a trainer holds on ``model_dir`` while it trains there (`trainers.files.held`),
-    as `trainers.files.Busy` words it; None when nobody does."""
+@contextlib.contextmanager
+def _claimed(model_dir: str, train_run):
+    """The run in ``model_dir`` for this study process to read: trains it first with ``train_run()``
+    (`train`) unless finished, then yields None holding its lock (`trainers.files.held`) so that no
+    other study process reads it too, nor the snapshots this one prunes; yields the holder
+    (`_held_elsewhere`) instead when another process trains or reads it, including when this one's
+    trainer failed because another's, started at the same moment, took the lock first."""
+    from trainers import files, run_files
+
+    holder = _held_elsewhere(model_dir)
+    if not holder and not run_files.finished(model_dir):
+        try:
+            train_run()
+        except RuntimeError:
+            holder = _held_elsewhere(model_dir)
+            if not holder:
+                raise
+    with contextlib.ExitStack() as stack:
+        if not holder:
+            try:
+                stack.enter_context(files.held(model_dir, wait=False, what="reading"))
+            except files.Busy:
+                holder = _held_elsewhere(model_dir) or "another process"
+        yield holder
+
+
+def _held_elsewhere(model_dir: str) -> str | None:
+    """Which process holds ``model_dir``'s lock (`trainers.files.held`: a trainer training there,
+    or a study process reading the finished run), as ``"process N"``; None when none does. Read
+    from ``/proc/locks`` where the system has it, taking no lock that a trainer starting at that
+    moment would find taken; elsewhere by trying the lock."""
     from trainers import files
 
-    if not os.path.isdir(model_dir):
+    holder = files.lock_holder(model_dir)
+    if holder is not None:
+        return f"process {holder}"
+    if os.path.exists("/proc/locks") or not os.path.isdir(model_dir):
         return None
     try:
-        with files.held(model_dir, wait=False, what="training in"):
+        with files.held(model_dir, wait=False):
             return None
-    except files.Busy as busy:
-        return str(busy)
+    except files.Busy:
+        return "another process"
 
 
 def _write_detail(path: str, run: dict) -> None:

@@ -460,10 +460,11 @@ def test_flags_that_make_no_sense_stop_before_anything_runs(flags, error, tmp_pa
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's lock table")
-def test_a_run_another_process_is_training_is_left_to_it(tiny_cifar, tmp_path):
-    """Two study processes on one plan (one per core, say): a run whose model directory a trainer
-    holds (`trainers.files.held`) is skipped, not trained a second time into the same folder, and
-    the log names the process training it; the plan's other runs train and land."""
+def test_a_run_another_process_is_training_or_reading_is_left_to_it(tiny_cifar, tmp_path):
+    """Two study processes on one plan (one per core, say): a run whose model directory another
+    process holds (`trainers.files.held`: its trainer training there, or its study reading the
+    finished run) is skipped, neither trained nor read a second time, and the log names that
+    process; the plan's other runs train and land. Released, a finished run is read, not trained."""
     data_dir, _ = tiny_cifar
     output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
     trained, lines = [], []
@@ -475,10 +476,27 @@ def test_a_run_another_process_is_training_is_left_to_it(tiny_cifar, tmp_path):
     assert trained == ["sa_learned_small"]
     assert list(report["runs"]) == list(rp.read_report(output)["runs"]) == ["learned|seed=1|epochs=2"]
     skipped = [line for line in lines if "learned|seed=0|epochs=2" in line]
-    assert len(skipped) == 1 and "skipped" in skipped[0] and f"Process {os.getpid()}" in skipped[0], lines
-    assert os.listdir(busy_dir) == []
+    assert len(skipped) == 1 and f"skipped, left to process {os.getpid()}" in skipped[0], lines
+
+    # The finished run of seed 1, for a report that does not have it yet.
+    other_output, lines[:] = str(tmp_path / "other.json"), []
+    with files.held(rp.run_dir(work, "learned", 1, 2), what="reading"):
+        report = rp.measure(other_output, data_dir, work, rp.plan(["learned"], [1], 2), snapshot_every=1,
+                            locality_images=4, train=_tiny_train(trained), log=lines.append)
+    assert report["runs"] == {} and any("skipped" in line for line in lines), lines
+    holders = []
+
+    def log_holder(line):  # while it reads the run, the lock is this process's, for another to find
+        if "reading its snapshots" in line:
+            holders.append(files.lock_holder(rp.run_dir(work, "learned", 1, 2)))
+
+    report = rp.measure(other_output, data_dir, work, rp.plan(["learned"], [1], 2), snapshot_every=1,
+                        locality_images=4, train=_tiny_train(trained), log=log_holder)
+    assert list(report["runs"]) == ["learned|seed=1|epochs=2"] and trained == ["sa_learned_small"]
+    assert holders == [os.getpid()]
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's lock table")
 def test_a_run_another_process_started_training_at_the_same_moment_is_left_to_it(tiny_cifar, tmp_path):
     """Two study processes started together both find a run's directory free; the trainer that takes
     its lock second fails (`sa-conv-train` exits with an error): that process skips the run, left to
@@ -496,7 +514,7 @@ def test_a_run_another_process_started_training_at_the_same_moment_is_left_to_it
     with others:
         report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1,
                             locality_images=4, train=loses_the_race, log=lines.append)
-        assert report["runs"] == {} and any("skipped" in line for line in lines), lines
+        assert report["runs"] == {} and any(f"left to process {os.getpid()}" in line for line in lines), lines
 
     def fails(flags, model_dir):
         raise RuntimeError("sa-conv-train ... failed (exit 1)")
@@ -506,6 +524,7 @@ def test_a_run_another_process_started_training_at_the_same_moment_is_left_to_it
                    train=fails, log=lines.append)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's lock table")
 def test_a_study_process_waits_for_anothers_write_before_it_writes(tiny_cifar, tmp_path):
     """Each study process reads, merges and writes the report under an exclusive flock of its
     folder. While this test holds that lock, another process's last rewrite waits for it (the

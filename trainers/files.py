@@ -94,6 +94,20 @@ def held(folder: str, wait: bool = True, what: str = "writing into"):
         os.close(descriptor)
 
 
+def lock_holder(folder: str) -> int | None:
+    """The ID of the process holding `held`'s lock on ``folder``, read from ``/proc/locks`` without
+    taking the lock (a process trying it meanwhile finds it free); None when no process holds it,
+    ``folder`` does not exist, or the system has no ``/proc/locks``."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return _lock_holder(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def _lock_holder(descriptor: int) -> int | None:
     """The process ID holding a ``flock`` on ``descriptor``'s file, from ``/proc/locks``."""
     status = os.fstat(descriptor)
