@@ -516,8 +516,9 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     the further along one's ``history.json`` reached), or it is still to train, with the minutes its
     epochs left take on ``cpu`` (a `harness.cpu_class`): from its preset's recorded runs on ``cpu``
     (`estimated_minutes`), else from the median epoch of its preset's planned runs under way on
-    ``cpu`` (`_epochs_under_way`), else from recorded runs on another class, said so; then the count
-    and the hours of training left."""
+    ``cpu`` (`_epochs_under_way`), else from recorded runs on another class, said so, and the
+    process training it where one is (`_held_elsewhere`); then the count and the hours of training
+    left."""
     from trainers import run_files
 
     def furthest(model, seed, epochs):
@@ -548,8 +549,10 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
             lines.append(f"{key}: {state} (not timed yet)")
             continue
         hours += minutes / 60
+        holder = _held_elsewhere(run_dir(work_dir, model, seed, epochs))
         lines.append(f"{key}: {state}, about {minutes:.0f} min" + (" left" if done else "")
-                     + ("" if timed_on == cpu else f" on an {timed_on}"))
+                     + ("" if timed_on == cpu else f" on an {timed_on}")
+                     + (f", under way in {holder}" if holder else ""))
     total = ([f"about {hours:.1f} h of training"] if todo > untimed else []) + \
         ([f"{untimed} not timed yet"] if untimed else [])
     return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]

@@ -438,6 +438,10 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     assert rp.describe_plan([("content", 0, 120), ("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[1] == (
         "content|seed=1|epochs=120: to resume after epoch 3 of 120 (timed by 4 epochs of content|seed=0|epochs=120, "
         "1 epoch of content|seed=1|epochs=120), about 246 min left")
+    if os.path.exists("/proc/locks"):  # a study process training it names itself
+        with files.held(second, what="training into"):
+            assert rp.describe_plan([("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[0].endswith(
+                f"min left, under way in process {os.getpid()}")
     with pytest.raises(ValueError, match="no run"):
         rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], []))
     with pytest.raises(ValueError, match="--epochs must be positive, got 0"):
