@@ -516,9 +516,9 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     the further along one's ``history.json`` reached), or it is still to train, with the minutes its
     epochs left take on ``cpu`` (a `harness.cpu_class`): from its preset's recorded runs on ``cpu``
     (`estimated_minutes`), else from the median epoch of its preset's planned runs under way on
-    ``cpu`` (`_epochs_under_way`), else from recorded runs on another class, said so, and the
-    process training it where one is (`_held_elsewhere`); then the count and the hours of training
-    left."""
+    ``cpu`` (`_epochs_under_way`), else from recorded runs on another class, said so; a run another
+    process is training also names that process (`_held_elsewhere`). Then the count and the hours
+    of training left."""
     from trainers import run_files
 
     def furthest(model, seed, epochs):
@@ -544,15 +544,15 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
             seconds, timed_by = timing
             minutes, timed_on = seconds * (epochs - done) / 60, cpu
             state = f"{state} (timed by {_timed_by(key, timed_by)})"
+        holder = _held_elsewhere(run_dir(work_dir, model, seed, epochs))
+        under_way_in = f", under way in {holder}" if holder else ""
         if minutes is None:
             untimed += 1
-            lines.append(f"{key}: {state} (not timed yet)")
+            lines.append(f"{key}: {state} (not timed yet){under_way_in}")
             continue
         hours += minutes / 60
-        holder = _held_elsewhere(run_dir(work_dir, model, seed, epochs))
         lines.append(f"{key}: {state}, about {minutes:.0f} min" + (" left" if done else "")
-                     + ("" if timed_on == cpu else f" on an {timed_on}")
-                     + (f", under way in {holder}" if holder else ""))
+                     + ("" if timed_on == cpu else f" on an {timed_on}") + under_way_in)
     total = ([f"about {hours:.1f} h of training"] if todo > untimed else []) + \
         ([f"{untimed} not timed yet"] if untimed else [])
     return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]
@@ -863,7 +863,7 @@ def _claimed(model_dir: str, train_run):
         try:
             train_run()
         except RuntimeError:
-            holder = _held_elsewhere(model_dir)
+            holder = _held_elsewhere(model_dir, try_lock=True)
             if not holder:
                 raise
     with contextlib.ExitStack() as stack:
@@ -875,17 +875,19 @@ def _claimed(model_dir: str, train_run):
         yield holder
 
 
-def _held_elsewhere(model_dir: str) -> str | None:
+def _held_elsewhere(model_dir: str, try_lock: bool = False) -> str | None:
     """Which process holds ``model_dir``'s lock (`trainers.files.held`: a trainer training there,
-    or a study process reading the finished run), as ``"process N"``; None when none does. Read
-    from ``/proc/locks`` where the system has it, taking no lock that a trainer starting at that
-    moment would find taken; elsewhere by trying the lock."""
+    or a study process reading the finished run), as ``"process N"``, or ``"another process"``;
+    None when none does. Read from ``/proc/locks`` where the system has it, taking no lock that a
+    trainer starting at that moment would find taken; by trying the lock where it has none, or with
+    ``try_lock`` where ``/proc/locks`` names nobody (it does not show a lock of another PID
+    namespace, nor, on some file systems, match the folder's device)."""
     from trainers import files
 
     holder = files.lock_holder(model_dir)
     if holder is not None:
         return f"process {holder}"
-    if os.path.exists("/proc/locks") or not os.path.isdir(model_dir):
+    if (os.path.exists("/proc/locks") and not try_lock) or not os.path.isdir(model_dir):
         return None
     try:
         with files.held(model_dir, wait=False):

@@ -3,6 +3,7 @@ an interrupted study resumes without training again, and the summary and claims 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -505,8 +506,6 @@ def test_a_run_another_process_started_training_at_the_same_moment_is_left_to_it
     """Two study processes started together both find a run's directory free; the trainer that takes
     its lock second fails (`sa-conv-train` exits with an error): that process skips the run, left to
     the other one, rather than stop. A trainer failing with nobody holding the lock still stops it."""
-    import contextlib
-
     data_dir, _ = tiny_cifar
     output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
     lines, others = [], contextlib.ExitStack()
@@ -519,6 +518,14 @@ def test_a_run_another_process_started_training_at_the_same_moment_is_left_to_it
         report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1,
                             locality_images=4, train=loses_the_race, log=lines.append)
         assert report["runs"] == {} and any(f"left to process {os.getpid()}" in line for line in lines), lines
+
+    # Where /proc/locks does not show the lock (a holder in another PID namespace, some file
+    # systems), the lock is tried once the trainer has failed.
+    with contextlib.ExitStack() as others, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(files, "lock_holder", lambda folder: None)
+        report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1,
+                            locality_images=4, train=loses_the_race, log=lines.append)
+        assert report["runs"] == {} and "skipped, left to another process" in lines[-1], lines
 
     def fails(flags, model_dir):
         raise RuntimeError("sa-conv-train ... failed (exit 1)")

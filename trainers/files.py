@@ -97,7 +97,8 @@ def held(folder: str, wait: bool = True, what: str = "writing into"):
 def lock_holder(folder: str) -> int | None:
     """The ID of the process holding `held`'s lock on ``folder``, read from ``/proc/locks`` without
     taking the lock (a process trying it meanwhile finds it free); None when no process holds it,
-    ``folder`` does not exist, or the system has no ``/proc/locks``."""
+    ``folder`` does not exist, or ``/proc/locks`` cannot show it (no such file; a holder in another
+    PID namespace; a file system whose device numbers it shows otherwise)."""
     try:
         descriptor = os.open(folder, os.O_RDONLY)
     except OSError:
