@@ -54,28 +54,57 @@ SUBSET_SEED = 1234  # which images a percentage keeps: the same for every varian
 SHAPE_CLASSES = ("circle", "square", "triangle", "cross", "ring")
 
 
-def parse_variant(name: str) -> dict:
-    """The trainer flags of variant ``name`` (see the module doc); ValueError naming the forms."""
+def _variant_parts(name: str) -> tuple[str, str | None, float | None, float | None]:
+    """``(encoding, init, strength, distance)`` of variant ``name`` (``encoding`` in full, or
+    ``resnet18``); ValueError naming the forms."""
     if name == "resnet18":
-        return {"model": "resnet18"}
+        return name, None, None, None
     match = re.fullmatch(r"([a-z_]+)(?:\+([a-z]+)(?:@([0-9.]+)(?:/([0-9.]+))?)?)?", name)
     encoding = SHORT_NAMES.get(match.group(1), match.group(1)) if match else None
     if encoding not in ATTENTION_ENCODINGS:
         raise ValueError(f"Unknown variant {name!r}: write resnet18 or ENCODING[+INIT[@STRENGTH]] with ENCODING one "
                          f"of {', '.join(ATTENTION_ENCODINGS)} (or content).")
-    flags = {"model": f"sa_{encoding}_small"}
     if match.group(2):
         from sa_conv.attention_init import ATTENTION_INITS  # Keras: only when a variant names one
 
         if match.group(2) not in ATTENTION_INITS:
             raise ValueError(f"Unknown initialization {match.group(2)!r} in variant {name!r}; choose from "
                              f"{', '.join(ATTENTION_INITS)}.")
-        flags["attention_init"] = match.group(2)
-    if match.group(3):
-        flags["locality_strength"] = float(match.group(3))
-    if match.group(4):
-        flags["locality_distance"] = float(match.group(4))
+    try:
+        strength, distance = (None if text is None else float(text) for text in match.group(3, 4))
+    except ValueError:
+        raise ValueError(f"Variant {name!r}: the strength and distance after @ are numbers, e.g. "
+                         f"{match.group(1)}+{match.group(2)}@0.1/2.") from None
+    return encoding, match.group(2), strength, distance
+
+
+def parse_variant(name: str) -> dict:
+    """The trainer flags of variant ``name`` (see the module doc); ValueError naming the forms."""
+    encoding, init, strength, distance = _variant_parts(name)
+    if encoding == "resnet18":
+        return {"model": "resnet18"}
+    flags = {"model": f"sa_{encoding}_small"}
+    if init:
+        flags["attention_init"] = init
+    if strength is not None:
+        flags["locality_strength"] = strength
+    if distance is not None:
+        flags["locality_distance"] = distance
     return flags
+
+
+def variant_name(name: str) -> str:
+    """The one spelling of variant ``name`` that reports key its runs by: the short encoding
+    name (``content``, not ``content_plus_learned_bias``) and numbers in their shortest
+    positional form (``learned+convolutional@0.1``, not ``@0.10``), so that two spellings of one variant find
+    the same runs. ValueError as `parse_variant`."""
+    encoding, init, strength, distance = _variant_parts(name)
+    short = {full: short for short, full in SHORT_NAMES.items()}.get(encoding, encoding)
+    def number(value):  # positional, so that the name parses again: 0.1, 1, 0.00001
+        return np.format_float_positional(value, trim="-")
+
+    return (short + (f"+{init}" if init else "") + ("" if strength is None else f"@{number(strength)}")
+            + ("" if distance is None else f"/{number(distance)}"))
 
 
 def parse_dataset(name: str) -> tuple[str, float | None]:
@@ -270,9 +299,9 @@ def measure(output: str, data_dir: str, variants, datasets, seeds, epochs: int =
     """Trains every (dataset, variant, seed) of the plan that the report at ``output`` does not
     have yet (all of them with ``rerun``) through ``train(flags, model_dir)`` (`train_once`), and
     writes the report after each run, with its summary; returns the report. ValueError before any
-    run for a variant or dataset that `parse_variant` or `parse_dataset` refuses."""
-    for variant in variants:
-        parse_variant(variant)
+    run for a variant or dataset that `parse_variant` or `parse_dataset` refuses. A run is keyed by
+    its variant's `variant_name`."""
+    variants = [variant_name(variant) for variant in variants]
     for dataset in datasets:
         parse_dataset(dataset)
     report = read_report(output)

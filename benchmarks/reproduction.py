@@ -120,9 +120,11 @@ def run_dir(work_dir: str, model: str, seed: int, epochs: int) -> str:
 def plan(models=None, seeds=None, epochs=None) -> list[tuple[str, int, int]]:
     """The ``(model, seed, epochs)`` runs to make: `STUDY`'s when none of the three is given, else
     every model and seed at ``epochs`` (defaults `MODELS`, seeds 0, 1, 2 and `BUDGET`), model by
-    model, each model's seeds in order."""
+    model, each model's seeds in order; each model by its `data_efficiency.variant_name` (ValueError
+    for a name `data_efficiency.parse_variant` refuses)."""
     parts = STUDY if models is None and seeds is None and epochs is None else \
-        ((MODELS if models is None else models, (0, 1, 2) if seeds is None else seeds,
+        ((MODELS if models is None else [data_efficiency.variant_name(model) for model in models],
+          (0, 1, 2) if seeds is None else seeds,
           BUDGET if epochs is None else epochs),)
     return [(model, seed, epochs_) for models_, seeds_, epochs_ in parts for model in models_ for seed in seeds_]
 
@@ -651,11 +653,11 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
     run's copy there is deleted once the run is recorded. A run another process is training or
     reading (it holds the model directory's lock, `_claimed`) is skipped, left to that process to
     record, so that several study processes can share one plan."""
-    runs_to_make = list(runs_to_make)
+    # ValueError naming the forms, before any run; one spelling, so that a run resumes under any
+    runs_to_make = [(data_efficiency.variant_name(model), seed, epochs) for model, seed, epochs in runs_to_make]
     if not runs_to_make:
         raise ValueError("The plan has no run: give at least one model and seed.")
     for model, _, epochs in runs_to_make:
-        data_efficiency.parse_variant(model)  # ValueError naming the forms, before any run
         if epochs < 1:
             raise ValueError(f"--epochs must be positive, got {epochs}.")
     if snapshot_every is not None and snapshot_every < 1:
@@ -988,7 +990,10 @@ def main():
         seeds = None if args.seeds is None else [int(s) for s in items(args.seeds)]
     except ValueError:
         parser.error(f"--seeds takes comma-separated integers, got {args.seeds!r}.")
-    runs_to_make = plan(None if args.models is None else items(args.models), seeds, args.epochs)
+    try:
+        runs_to_make = plan(None if args.models is None else items(args.models), seeds, args.epochs)
+    except ValueError as error:
+        parser.error(f"--models: {error}")
     if not runs_to_make:
         parser.error("The plan has no run: --models and --seeds each need at least one entry.")
     carry_dir = args.carry_dir or (CARRY_DIR if os.path.abspath(args.output) == os.path.abspath(

@@ -29,6 +29,23 @@ def test_variant_names_become_trainer_flags():
             de.parse_variant(bad)
 
 
+def test_each_variant_has_one_name():
+    # Two spellings of one variant must key one run, or a resumed study trains it again.
+    for spelling, name in (("content_plus_learned_bias", "content"), ("content", "content"),
+                           ("content_plus_learned_bias+mimetic", "content+mimetic"),
+                           ("learned+convolutional@0.10", "learned+convolutional@0.1"),
+                           ("quadratic+convolutional@1.0/2.00", "quadratic+convolutional@1/2"),
+                           ("quadratic+convolutional@0.00001", "quadratic+convolutional@0.00001"),
+                           ("quadratic_full", "quadratic_full"), ("resnet18", "resnet18")):
+        assert de.variant_name(spelling) == name
+        assert de.variant_name(name) == name
+        assert de.parse_variant(name) == de.parse_variant(spelling)
+    with pytest.raises(ValueError, match="are numbers"):
+        de.variant_name("learned+convolutional@0.1.2")
+    with pytest.raises(ValueError, match="ENCODING"):
+        de.variant_name("content_plus")
+
+
 def test_dataset_names():
     assert de.parse_dataset("shapes") == ("shapes", None)
     assert de.parse_dataset("cifar10-mini:30") == ("cifar10-mini", 0.3)

@@ -360,6 +360,9 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     assert {model for model, _, epochs in study if epochs == rp.BUDGET} >= set(rp.MODELS)
     assert rp.plan(epochs=30) == [(model, seed, 30) for model in rp.MODELS for seed in (0, 1, 2)]
     assert rp.plan(["gated"], [4]) == [("gated", 4, rp.BUDGET)]
+    # The encoding's full name finds the study's runs of the short one: it does not start another.
+    assert rp.plan(["content_plus_learned_bias", "learned+convolutional@0.10"], [1]) == [
+        ("content", 1, rp.BUDGET), ("learned+convolutional@0.1", 1, rp.BUDGET)]
     assert [rp.default_snapshot_every(e) for e in (4, 12, 13, 50, 60, 240)] == [1, 1, 2, 5, 5, 20]
     assert rp.describe_plan(study[:2], {rp.run_key(*study[0]): {}}, "/nonexistent") == [
         f"learned|seed=0|epochs={first}: recorded",
@@ -455,6 +458,7 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     (["--snapshot_every=3"], "--snapshot_every needs --epochs"),
     (["--seeds=1,x"], "--seeds takes comma-separated integers, got '1,x'"),
     (["--models=", "--dry_run"], "The plan has no run"),
+    (["--models=quadratik", "--dry_run"], "--models: Unknown variant 'quadratik'"),
     (["--carry", "--output=/tmp/another.json"], "--carry with another --output needs --carry_dir"),
 ])
 def test_flags_that_make_no_sense_stop_before_anything_runs(flags, error, tmp_path):
