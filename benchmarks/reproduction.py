@@ -519,8 +519,9 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     epochs left take on ``cpu`` (a `harness.cpu_class`): from its preset's recorded runs on ``cpu``
     (`estimated_minutes`), else from the median epoch of its preset's planned runs under way on
     ``cpu`` (`_epochs_under_way`), else from recorded runs on another class, said so; a run another
-    process is training also names that process (`_held_elsewhere`). Then the count and the hours
-    of training left."""
+    process is training also names that process (`_held_elsewhere`) and the minutes left at the pace
+    of its last epochs (`_recent_pace`). Then the count and the hours of training left, from the
+    estimates."""
     from trainers import run_files
 
     def furthest(model, seed, epochs):
@@ -548,6 +549,12 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
             state = f"{state} (timed by {_timed_by(key, timed_by)})"
         holder = _held_elsewhere(run_dir(work_dir, model, seed, epochs))
         under_way_in = f", under way in {holder}" if holder else ""
+        # The process training it keeps its cores and neighbours: its own last epochs say when it
+        # lands better than another run's speed (a run pinned to one core of two takes about twice).
+        pace = _recent_pace(histories[key], cpu) if holder else None
+        if pace:
+            last = "epoch's" if pace[1] == 1 else f"{pace[1]} epochs'"
+            under_way_in += f" (about {pace[0] * (epochs - done) / 60:.0f} min at its last {last} pace)"
         if minutes is None:
             untimed += 1
             lines.append(f"{key}: {state} (not timed yet){under_way_in}")
@@ -558,6 +565,24 @@ def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None =
     total = ([f"about {hours:.1f} h of training"] if todo > untimed else []) + \
         ([f"{untimed} not timed yet"] if untimed else [])
     return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]
+
+
+RECENT_EPOCHS = 10  # the epochs `_recent_pace` reads: the conditions a run trains under now
+
+
+def _recent_pace(history: list, cpu: str | None) -> tuple[float, int] | None:
+    """``(median seconds, epochs)`` of a run's last timed epochs in its ``history.json``, at most
+    `RECENT_EPOCHS`, those after its last epoch on another CPU class than ``cpu``; None before any.
+    The median leaves out the slow first epoch after a resume."""
+    recent = []
+    for record in reversed(history):
+        if cpu is not None and epoch_cpu(record, cpu) != cpu:
+            break
+        if epoch_seconds(record):
+            recent.append(epoch_seconds(record))
+        if len(recent) == RECENT_EPOCHS:
+            break
+    return (statistics.median(recent), len(recent)) if recent else None
 
 
 def _timed_by(key: str, timed_by: dict) -> str:

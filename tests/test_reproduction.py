@@ -446,6 +446,24 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
         with files.held(second, what="training into"):
             assert rp.describe_plan([("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[0].endswith(
                 f"min left, under way in process {os.getpid()}")
+            # Under way, it also says when it lands at its own recent pace: the median of its last
+            # epochs on this class (the resume's slow first one left out), 10 at most. Here the
+            # estimate, from a recorded run that had two cores, is half of that.
+            with open(os.path.join(second, "history.json"), "w") as f:
+                json.dump([{"epoch": 1, "epoch_seconds": 100.0, "cpu": "cpu B"}]
+                          + [{"epoch": e, "epoch_seconds": 60.0 if e < 8 else 120.0, "cpu": "cpu A"}
+                             for e in range(2, 20)] + [{"epoch": 20, "epoch_seconds": 500.0, "cpu": "cpu A"}], f)
+            two_cores = {"content|seed=0|epochs=60": {"median_epoch_seconds": 60.0, "cpu": "cpu A",
+                                                       "flags": {"model": "sa_content_plus_learned_bias_small"}}}
+            assert rp.describe_plan([("content", 1, 120)], two_cores, str(tmp_path), cpu="cpu A")[0] == (
+                f"content|seed=1|epochs=120: to resume after epoch 20 of 120, about 100 min left, under way in "
+                f"process {os.getpid()} (about 200 min at its last 10 epochs' pace)")
+            with open(os.path.join(second, "history.json"), "w") as f:
+                json.dump([{"epoch": 1, "epoch_seconds": 30.0, "cpu": "cpu A"},
+                           {"epoch": 2, "epoch_seconds": 90.0, "cpu": "cpu B"},
+                           {"epoch": 3, "epoch_seconds": 120.0, "cpu": "cpu A"}], f)
+            assert rp.describe_plan([("content", 1, 120)], two_cores, str(tmp_path), cpu="cpu A")[0].endswith(
+                "(about 234 min at its last epoch's pace)")
     with pytest.raises(ValueError, match="no run"):
         rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], []))
     with pytest.raises(ValueError, match="--epochs must be positive, got 0"):
