@@ -678,7 +678,8 @@ def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_ev
     run's copy there is deleted once the run is recorded. A run another process is training or
     reading (it holds the model directory's lock, `_claimed`) is skipped, left to that process to
     record, so that several study processes can share one plan."""
-    # ValueError naming the forms, before any run; one spelling, so that a run resumes under any
+    # One spelling per variant, so that a run resumes under any of its names; ValueError naming
+    # the forms before any run.
     runs_to_make = [(data_efficiency.variant_name(model), seed, epochs) for model, seed, epochs in runs_to_make]
     if not runs_to_make:
         raise ValueError("The plan has no run: give at least one model and seed.")
