@@ -351,6 +351,12 @@ def main():
     def items(text):
         return [item.strip() for item in text.split(",") if item.strip()]
 
+    for flag, parse in (("variants", variant_name), ("datasets", parse_dataset)):
+        for item in items(getattr(args, flag)):
+            try:
+                parse(item)
+            except ValueError as error:
+                parser.error(f"--{flag}: {error}")
     measure(args.output, harness.cifar10_dir(parser, args.data_dir), items(args.variants), items(args.datasets),
             [int(s) for s in items(args.seeds)], epochs=args.epochs, rerun=args.rerun, note=args.note)
 

@@ -46,6 +46,16 @@ def test_each_variant_has_one_name():
         de.variant_name("content_plus")
 
 
+@pytest.mark.parametrize("flag, error", [("--variants=quadratic,quadratik", "--variants: Unknown variant 'quadratik'"),
+                                         ("--datasets=cifar100", "--datasets: ")])
+def test_an_unknown_variant_or_dataset_is_a_usage_error(flag, error, tmp_path):
+    from benchmarks import harness
+
+    proc = harness.run_module("benchmarks.data_efficiency", [flag, f"--output={tmp_path / 'r.json'}"])
+    assert proc.returncode == 2 and error in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
 def test_dataset_names():
     assert de.parse_dataset("shapes") == ("shapes", None)
     assert de.parse_dataset("cifar10-mini:30") == ("cifar10-mini", 0.3)
