@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[cpu,all,openvino,test]'
+	$(PY) -m pip install --quiet -e '.[cpu,all,benchmarks,openvino,test]'
 	# TensorFlow Serving's protos (the export's warm-up records): its wheel asks for the full
 	# `tensorflow`, which tensorflow-cpu already is.
 	$(PY) -m pip install --quiet --no-deps tensorflow-serving-api==$$(sed -n 's/^TENSORFLOW_VERSION = "\(.*\)"/\1/p' setup.py)

@@ -19,6 +19,8 @@ SEARCH = [
     "scikit-learn",  # keras-tuner's Bayesian tuner
 ]
 PLOTS = ["matplotlib"]
+# The studies' summaries and the pages' tables (benchmarks/, tools/performance_tables.py).
+BENCHMARKS = ["pandas", "tabulate"]
 
 setup(
     name="sa-conv",
@@ -42,6 +44,7 @@ setup(
         "train": TRAIN,  # sa-conv-train, sa-conv-export, the data pipeline (with "cpu" or "gpu")
         "search": TRAIN + SEARCH,  # sa-conv-tune
         "plots": PLOTS,  # sa_conv.plotting, sa-conv-visualize
+        "benchmarks": TRAIN + SEARCH + PLOTS + BENCHMARKS,  # the studies and the pages made from them
         "onnx": ["tf2onnx", "onnxruntime"],
         # Running TFLite files (the export's check of them, the serving benchmark): LiteRT.
         "tflite": ["ai-edge-litert"],
@@ -58,6 +61,7 @@ setup(
         "console_scripts": [
             "sa-conv-train=programs.launch:train",
             "sa-conv-tune=programs.launch:tune",
+            "sa-conv-study=programs.launch:study",
             "sa-conv-export=programs.launch:export",
             "sa-conv-visualize=programs.launch:visualize",
             "sa-conv-import-reference=programs.launch:import_reference",

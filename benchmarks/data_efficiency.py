@@ -5,11 +5,11 @@ beside ResNet18, at equal epochs, over seeds.
         [--variants=quadratic,quadratic+convolutional@0.1,content,gated,resnet18] \\
         [--datasets=cifar10-mini:100,cifar10-mini:30,cifar10-mini:10,shapes] [--seeds=0,1,2] [--epochs=8]
 
-Every run is one ``sa-conv-train`` process (the trainer's defaults: SGD with momentum, cosine
-decay after warm-up, batch 100, its 10% validation split) on one variant, one dataset and one
-seed; its test accuracy, steps, images per second and wall time go to ``--output`` as soon as it
-ends, so an interrupted benchmark loses at most the run it was in, and a rerun skips the runs the
-report already has (``--rerun`` to measure them again).
+Every run is the trainer with its defaults (SGD with momentum, cosine decay after warm-up, batch
+100, its 10% validation split) on one variant, one dataset and one seed, made on the study engine
+(`trainers.study`: resumable, shareable by several processes); its test accuracy, steps, images
+per second and wall time go to ``--output`` as soon as it ends, and a rerun skips the runs the
+report already has.
 
 Variants (`parse_variant`): ``ENCODING[+INIT[@STRENGTH]]`` for the attention presets
 ``sa_ENCODING_small`` (``quadratic``, ``quadratic_full``, ``learned``, ``sinusoidal``, ``mlp``,
@@ -24,23 +24,17 @@ split; ``shapes``, a folder of PNG images of our making (`write_shapes_folder`: 
 outlined and filled shapes at random places, sizes and colours on cluttered backgrounds; 300
 training and 200 test images).
 
-The summary per variant and dataset has the mean, the sample standard deviation, the range and
-the seeds; `targets` checks the targets the benchmark was built for on it (gated against content
-and the other small presets, convolutional against random starts); ``tools/performance_tables.py``
-makes the tables of ``docs/attention_init.md`` (one per number of epochs, and the targets) and the
-plot from them. `measure` is the benchmark without its command line.
+The summary per variant and dataset (pandas) has the mean, the sample standard deviation, the
+range and the seeds; `targets` checks the targets the benchmark was built for on it (gated against
+content and the other small presets, convolutional against random starts);
+``tools/performance_tables.py`` makes the tables of ``docs/attention_init.md`` and the plot from them.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
-import statistics
 import sys
-import tempfile
-import time
 
 import numpy as np
 
@@ -200,23 +194,6 @@ def run_key(variant: str, dataset: str, seed: int, epochs: int) -> str:
     return f"{variant}|{dataset}|seed={seed}|epochs={epochs}"
 
 
-def train_once(flags: dict, model_dir: str) -> dict:
-    """One ``sa-conv-train`` run with ``flags``: what its ``results.json`` says, and wall time."""
-    from trainers import process
-
-    start = time.perf_counter()
-    proc = harness.run_module("trainers.train", [f"--{k}={v}" for k, v in {**flags, "model_dir": model_dir}.items()],
-                              env=process.child_environment())
-    if proc.returncode:
-        raise RuntimeError(f"sa-conv-train {flags} failed:\n{proc.stderr[-3000:]}")
-    from trainers import run_files
-
-    results = run_files.read_results(model_dir, required=True)
-    return {"test_accuracy": results["test_accuracy"], "best_val_accuracy": results["best_val_accuracy"],
-            "steps": results["steps"], "images_per_second": results["images_per_second"],
-            "wall_seconds": round(time.perf_counter() - start, 1)}
-
-
 def split_summary_key(key: str) -> tuple[str, str, int]:
     """``(variant, dataset, epochs)`` of a `summarize` key ``variant|dataset|epochs=E``."""
     variant, dataset, epochs = key.split("|")
@@ -226,18 +203,18 @@ def split_summary_key(key: str) -> tuple[str, str, int]:
 def summarize(runs: dict) -> dict:
     """Per ``variant|dataset|epochs``: the seeds, the mean test accuracy, its sample standard
     deviation (None for one seed) and range."""
-    groups: dict[str, list] = {}
+    import pandas as pd
+
+    rows = []
     for key, run in runs.items():
         variant, dataset, seed, epochs = key.split("|")
-        groups.setdefault(f"{variant}|{dataset}|{epochs}", []).append((int(seed.split("=")[1]), run["test_accuracy"]))
-    summary = {}
-    for group, values in sorted(groups.items()):
-        values.sort()
-        accuracies = [a for _, a in values]
-        summary[group] = {"seeds": [s for s, _ in values], "mean": statistics.fmean(accuracies),
-                          "std": statistics.stdev(accuracies) if len(accuracies) > 1 else None,
-                          "min": min(accuracies), "max": max(accuracies)}
-    return summary
+        rows.append((f"{variant}|{dataset}|{epochs}", int(seed.split("=")[1]), run["test_accuracy"]))
+    table = pd.DataFrame(rows, columns=["group", "seed", "accuracy"]).sort_values(["group", "seed"])
+    stats = table.groupby("group").agg(seeds=("seed", list), mean=("accuracy", "mean"), std=("accuracy", "std"),
+                                       min=("accuracy", "min"), max=("accuracy", "max"), n=("accuracy", "count"))
+    return {group: {"seeds": [int(s) for s in row.seeds], "mean": float(row["mean"]),
+                    "std": float(row["std"]) if row.n > 1 else None, "min": float(row["min"]), "max": float(row["max"])}
+            for group, row in stats.iterrows()}
 
 
 POSITION_ONLY = ("quadratic", "quadratic_full", "learned", "sinusoidal", "mlp")
@@ -287,64 +264,67 @@ def targets(summary: dict, sizes: dict | None = None) -> list[dict]:
                                        sizes.get(r["dataset"], 0), r["dataset"]))
 
 
-def read_report(path: str) -> dict:
-    if not os.path.exists(path):
-        return {"runs": {}}
-    with open(path) as f:
-        return json.load(f)
-
-
-def measure(output: str, data_dir: str, variants, datasets, seeds, epochs: int = 8, rerun: bool = False,
-            note: str | None = None, train=train_once) -> dict:
-    """Trains every (dataset, variant, seed) of the plan that the report at ``output`` does not
-    have yet (all of them with ``rerun``) through ``train(flags, model_dir)`` (`train_once`), and
-    writes the report after each run, with its summary; returns the report. ValueError before any
-    run for a variant or dataset that `parse_variant` or `parse_dataset` refuses. A run is keyed by
-    its variant's `variant_name`."""
-    variants = [variant_name(variant) for variant in variants]
+def prepare(datasets, data_dir: str, directory: str) -> tuple[dict, dict]:
+    """Writes each dataset of ``datasets`` once into ``directory`` (shared by a study's processes;
+    a folder is renamed into place whole): ``({dataset: its trainer flags}, {dataset: training
+    images})``."""
+    prepared, sizes = {}, {}
     for dataset in datasets:
-        parse_dataset(dataset)
-    report = read_report(output)
-    runs = report.setdefault("runs", {})
-    notes = report.setdefault("notes", [])
-    if note and note not in notes:
-        notes.append(note)
-    with tempfile.TemporaryDirectory() as work:
-        prepared = {}
-        for dataset in datasets:
-            kind, fraction = parse_dataset(dataset)
+        kind, fraction = parse_dataset(dataset)
+        target = os.path.join(directory, dataset.replace(":", "_"))
+        if not os.path.isdir(target):
+            partial = f"{target}.{os.getpid()}.partial"
             if kind == "shapes":
-                prepared[dataset] = {"dataset": "folder:" + write_shapes_folder(os.path.join(work, "shapes"))}
+                write_shapes_folder(partial)
             else:
-                path, count = write_cifar_subset(data_dir, fraction, os.path.join(work, dataset.replace(":", "_")))
-                prepared[dataset] = {"dataset": "cifar10", "data_dir": path}
-                report.setdefault("training_images", {})[dataset] = count
-        plan = [(d, v, s) for d in datasets for v in variants for s in seeds]
-        for index, (dataset, variant, seed) in enumerate(plan, 1):
-            key = run_key(variant, dataset, seed, epochs)
-            if key in runs and not rerun:
-                continue
-            flags = {**parse_variant(variant), **prepared[dataset], "epochs": epochs, "seed": seed}
-            print(f"[{index}/{len(plan)}] {key} ...", file=sys.stderr, flush=True)
-            run = train(flags, os.path.join(work, "run"))
-            run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
-            runs[key] = run
-            report["summary"] = summarize(runs)
-            harness.write_report(output, {k: v for k, v in report.items() if k not in ("date", "machine")})
-            print(f"    test accuracy {run['test_accuracy']:.4f} in {run['wall_seconds']:.0f} s", file=sys.stderr,
-                  flush=True)
-            shutil.rmtree(os.path.join(work, "run"), ignore_errors=True)
-    return report
+                write_cifar_subset(data_dir, fraction, partial)
+            os.makedirs(directory, exist_ok=True)
+            os.replace(partial, target)
+        if kind == "shapes":
+            prepared[dataset] = {"dataset": "folder:" + target}
+        else:
+            from trainers import data as data_lib
+
+            prepared[dataset] = {"dataset": "cifar10", "data_dir": os.path.join(target, "cifar-10-batches-py")}
+            sizes[dataset] = len(data_lib.load_cifar10_files(prepared[dataset]["data_dir"]).train)
+    return prepared, sizes
+
+
+def study_runs(variants, datasets, seeds, epochs: int, prepared: dict):
+    """The `trainers.study.Run` of every (dataset, variant, seed), keyed by `run_key` with the
+    variant's `variant_name`; ValueError for a variant `parse_variant` refuses."""
+    from trainers.study import Run
+
+    return [Run(run_key(variant_name(variant), dataset, seed, epochs),
+                {**parse_variant(variant), **prepared[dataset], "epochs": epochs, "seed": seed})
+            for dataset in datasets for variant in variants for seed in seeds]
+
+
+def read_run(model_dir: str, run) -> dict:
+    """The study's reader (`trainers.study`): what the trainer's results say of a run."""
+    from trainers import run_files
+
+    results = run_files.read_results(model_dir, required=True)
+    return {"test_accuracy": results["test_accuracy"], "steps": results["steps"],
+            "images_per_second": results["images_per_second"], "wall_seconds": round(results["wall_time_seconds"], 1)}
+
+
+def keep(reading: dict) -> dict:
+    """What the report keeps of a reading: no engine key, no machine's data path."""
+    return {**{k: v for k, v in reading.items() if k != "key"},
+            "flags": {k: v for k, v in reading["flags"].items() if k != "data_dir"}}
 
 
 def main():
     parser = harness.arguments(__doc__, "data_efficiency.json", merge=False)
     harness.add_data_dir(parser, help="the CIFAR-10 python-format files the cifar10-mini datasets are cut from")
+    parser.add_argument("--directory", default=os.path.join(harness.ROOT, "runs"),
+                        help="the study engine's directory (its project 'data_efficiency' holds a folder per run, "
+                             "its 'data_efficiency_data' the datasets)")
     parser.add_argument("--variants", default="quadratic,quadratic+convolutional@0.1,content,gated,resnet18")
     parser.add_argument("--datasets", default="cifar10-mini:100")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--rerun", action="store_true", help="measure runs the report already has again")
     parser.add_argument("--note", default=None, help="a note kept in the report (e.g. why fewer seeds)")
     args = harness.parse(parser)
 
@@ -357,8 +337,19 @@ def main():
                 parse(item)
             except ValueError as error:
                 parser.error(f"--{flag}: {error}")
-    measure(args.output, harness.cifar10_dir(parser, args.data_dir), items(args.variants), items(args.datasets),
-            [int(s) for s in items(args.seeds)], epochs=args.epochs, rerun=args.rerun, note=args.note)
+    from trainers import study
+
+    datasets = items(args.datasets)
+    prepared, sizes = prepare(datasets, harness.cifar10_dir(parser, args.data_dir),
+                              os.path.join(os.path.abspath(args.directory), "data_efficiency_data"))
+    report = study.Report(args.output, keep=keep, note=args.note,
+                          derive=lambda runs: {"training_images": {**report.read().get("training_images", {}), **sizes},
+                                               "summary": summarize(runs)})
+    recorded = report.read()["runs"]
+    runs = [run for run in study_runs(items(args.variants), datasets, [int(s) for s in items(args.seeds)], args.epochs,
+                                      prepared) if run.key not in recorded]
+    study.run_study("data_efficiency", runs, read_run, report.record, os.path.abspath(args.directory),
+                    log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 if __name__ == "__main__":

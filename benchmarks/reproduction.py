@@ -2,65 +2,35 @@
 
 Test accuracy and the attention heads' locality, over seeds, at a budget the same for every model.
 
-    .venv/bin/python -m benchmarks.reproduction --dry_run  # what it would train
+    .venv/bin/python -m benchmarks.reproduction --dry_run  # the plan, and where each run stands
     .venv/bin/python -m benchmarks.reproduction            # the study: every run docs/reproduction.md reports
-    .venv/bin/python -m benchmarks.reproduction --models=gated --seeds=1,2 --output=/tmp/more.json
-    .venv/bin/python -m benchmarks.reproduction --carry    # runs under way, kept for another machine
+    .venv/bin/python -m benchmarks.reproduction --models=gated --seeds=3,4 --output=/tmp/more.json
 
+The study is a plan run on the study engine (`trainers.study`: keras-tuner's oracle, one process
+or a chief and workers sharing the plan), a reader of each run and a summary of the recorded runs.
 With none of ``--models``, ``--seeds`` and ``--epochs`` the plan is `STUDY`, the runs
-``docs/reproduction.md`` reports (a run recorded in ``benchmarks/results/reproduction.json``
-belongs in `STUDY`, so that this command makes it again; a test checks); with any of them it is
-every model and seed at one budget (`plan`; defaults `MODELS`, seeds 0, 1, 2 and `BUDGET`
-epochs). Every run is one ``sa-conv-train`` process with the trainer's defaults (SGD with
-momentum, cosine decay after warm-up, batch 100, its 10% validation split) on the CIFAR-10 files
-of ``--data_dir``, keeping the model `SNAPSHOTS` times a run (`default_snapshot_every`;
-``--snapshot_every`` overrides it for a plan at one ``--epochs``; `trainers.train`). Models
-(`MODELS`): the small presets ``sa_ENCODING_small`` of the paper's encodings and ConViT's gated
-one (`benchmarks.data_efficiency.parse_variant`: ``learned``, ``quadratic``, ``content``,
-``gated``) and ``resnet18``; any other variant `parse_variant` names
-(``learned+convolutional@0.1``) runs as a comparison, asked the data-efficiency benchmark's
-questions at this budget (`efficiency_targets`) but not the paper's claims.
+``docs/reproduction.md`` reports; with any of them, every model and seed at one budget (`plan`).
+Every run is the trainer with its defaults (SGD with momentum, cosine decay after warm-up, batch
+100, its 10% validation split) on the CIFAR-10 files of ``--data_dir``, keeping the model
+`SNAPSHOTS` times a run. Models (`MODELS`): the small presets ``sa_ENCODING_small`` of the
+paper's encodings and ConViT's gated one (``learned``, ``quadratic``, ``content``, ``gated``) and
+``resnet18``; any other variant `benchmarks.data_efficiency.parse_variant` names
+(``learned+convolutional@0.1``) runs as a comparison.
 
-Each snapshot is then read (`analyse_snapshot`): its accuracy on the test split and, for attention
-models, per layer and head the locality metrics of `sa_conv.inspection` (mean attention distance,
-mass in the 3x3 around the most attended pixel, entropy, the most attended offset) averaged over
-``--locality_images`` test images and the interior query pixels, the quadratic heads' centers and
-the gated heads' gates. The last snapshot also keeps each head's attention map at the grid's center
-pixel, averaged over those images (the paper's Figure 5). That whole reading, with the run's
-per-epoch history, is written to `DETAIL` in the run's model directory; the report keeps what
-``docs/reproduction.md`` reads and each head's `HEAD_METRICS` (`compact_run`: per layer the heads'
-`layer_summary` and ``heads``, no history; the maps of one seed per model and budget, the figure's).
-
-Resumable at every level: a run's model directory lives in ``--work_dir`` (outside the
-repository), so an interrupted training resumes where it stopped (bit-identical to an
-uninterrupted one on the same CPU class); ``--carry`` copies the runs under way into
-``--carry_dir``, a folder of the repository, so that committed, they resume on a clean checkout
-on another machine too (`carry`, `resume_carried`). A run is written to ``--output`` as soon as
-it is read, and a rerun skips the runs the report has, but derives its summary, budget and claims
-from every recorded run again (`_derived`), rewriting the report when this version of the
-analysis reads them otherwise. Several study processes can share the work (one per core, say, or
-one per model with ``--models``): each skips a run another one is training or reading, and writes
-the report under a lock of its folder, keeping the runs the others recorded.
-`summarize` gives per model and budget the mean and spread over seeds of the final accuracy, of
-the learning curve and of the per-layer locality at every snapshot; `claims` checks the paper's
-claims on it. Budgets are searched upward: a run at another ``--epochs`` is kept beside the
-others, and the report's budget is the one at which the most models have run (`main_budget`;
-`BUDGET` once `STUDY` has run). ``tools/performance_tables.py`` makes
-``docs/reproduction.md``'s tables and figures from the report.
+Each run's snapshots are read (`read_run`): test accuracy and, for attention models, per layer and
+head the locality metrics of `sa_conv.inspection`, the quadratic heads' centers and the gated
+heads' gates; the whole reading goes to `DETAIL` in the run's directory, the report keeps
+`compact_run`'s part (seed 0's attention maps only). `summarize` gives per model and budget the
+mean and spread over seeds (pandas), `claims` checks the paper's claims on it;
+``tools/performance_tables.py`` makes ``docs/reproduction.md``'s tables and figures from the report.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import copy
-import json
 import os
-import re
-import shutil
 import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -69,24 +39,11 @@ from benchmarks import data_efficiency, harness
 MODELS = ("learned", "quadratic", "resnet18", "content", "gated")
 BUDGET = 240  # epochs: the budget the search settled on (docs/reproduction.md, "Choosing the budget")
 FIRST_BUDGET = 120  # epochs: the study's budget before the search doubled it
-# Where `carry` keeps the runs under way for a study on another machine: committed, a clean
-# checkout resumes them where they stood (`resume_carried`), as a work directory outside the
-# repository does not outlive its machine.
-CARRY_DIR = os.path.join(harness.ROOT, "benchmarks", "carried_runs")
-SNAPSHOTS = 12  # snapshots a run besides its initialization, as the study's runs were made
-# The runs docs/reproduction.md reports, (models, seeds, epochs) in the order they run: every model
-# at the first budget, three seeds where the CPU time allowed (the content and gated models one),
-# the comparison variant of docs/attention_init.md (its three runs, each a fraction of a content or
-# gated run, before the gated model's: a study stopped every few hours records them sooner); the
-# search for the budget: twice it for the model that climbed most from 60 to 120 (it left the
-# budget at 120) and for the learned model (its last quarter at 120 moved it more than its seeds'
-# unusually narrow spread there; doubling moved it beyond that spread and made 240 the budget),
-# and 60 epochs, where the attention models' curves still climbed; then every model at the budget:
-# three seeds, the content and gated models two each (the fewest whose spread tells whether a
-# curve flattened: their attention logits depend on the pixels, and their runs take several times
-# the position-only models', as long as ResNet18's or longer), the comparison variant's runs first
-# and every model's first seed before a second. A run the committed report records belongs here, so that the
-# program's default plan makes it again.
+SNAPSHOTS = 12  # snapshots a run besides its initialization
+# The runs docs/reproduction.md reports, (models, seeds, epochs), in the order they run: every model at
+# the first budget; the search for the budget (twice it, then 60 epochs); every model at the budget,
+# three seeds, the content and gated models two (their runs take several times a position-only
+# model's); the comparison variant of docs/attention_init.md. Why each was added: the report's notes.
 STUDY = ((("learned", "quadratic", "resnet18"), (0, 1, 2), FIRST_BUDGET),
          (("quadratic",), (0, 1, 2), BUDGET),
          (("content",), (0,), FIRST_BUDGET),
@@ -99,7 +56,8 @@ STUDY = ((("learned", "quadratic", "resnet18"), (0, 1, 2), FIRST_BUDGET),
          (("learned", "quadratic"), (0, 1, 2), 60),
          (("resnet18",), (0,), 60))
 MAP_DECIMALS = 4  # probabilities of 256 keys: 1e-4 is below what a figure shows
-DETAIL = "analysis.json"  # a run's whole reading (`analyse_run`), in its model directory
+DETAIL = "analysis.json"  # a run's whole reading (`read_run`), in its directory
+MAP_SEED = 0  # the seed whose attention maps the report keeps (the figures'); the others', in `DETAIL`
 
 
 def run_key(model: str, seed: int, epochs: int) -> str:
@@ -112,16 +70,11 @@ def split_key(key: str) -> tuple[str, int, int]:
     return model, int(seed.split("=")[1]), int(epochs.split("=")[1])
 
 
-def run_dir(work_dir: str, model: str, seed: int, epochs: int) -> str:
-    """The model directory of one run; a variant's ``@0.1/2`` (strength/distance) nests none."""
-    return os.path.join(work_dir, f"{model.replace('/', '-')}_seed{seed}_epochs{epochs}")
-
-
 def plan(models=None, seeds=None, epochs=None) -> list[tuple[str, int, int]]:
     """The ``(model, seed, epochs)`` runs to make: `STUDY`'s when none of the three is given, else
     every model and seed at ``epochs`` (defaults `MODELS`, seeds 0, 1, 2 and `BUDGET`), model by
-    model, each model's seeds in order; each model by its `data_efficiency.variant_name` (ValueError
-    for a name `data_efficiency.parse_variant` refuses)."""
+    model; each model by its `data_efficiency.variant_name` (ValueError for a name
+    `data_efficiency.parse_variant` refuses)."""
     parts = STUDY if models is None and seeds is None and epochs is None else \
         ((MODELS if models is None else [data_efficiency.variant_name(model) for model in models],
           (0, 1, 2) if seeds is None else seeds,
@@ -146,22 +99,15 @@ def split_summary_key(key: str) -> tuple[str, int]:
     return model, int(epochs.split("=")[1])
 
 
-def train_flags(model: str, seed: int, epochs: int, snapshot_every: int, data_dir: str) -> dict:
-    """The trainer flags of one run: only what the study fixes; the rest is the trainer's default."""
-    return {**data_efficiency.parse_variant(model), "dataset": "cifar10", "data_dir": data_dir, "epochs": epochs,
-            "seed": seed, "snapshot_every": snapshot_every}
+def study_runs(runs_to_make, data_dir: str, snapshot_every: int | None = None):
+    """The `trainers.study.Run` of each ``(model, seed, epochs)``: only what the study fixes;
+    the rest is the trainer's default."""
+    from trainers.study import Run
 
-
-def train(flags: dict, model_dir: str) -> None:
-    """Runs ``sa-conv-train`` with ``flags`` into ``model_dir`` (resuming what is there), its
-    per-epoch lines passed through to this process's output; RuntimeError when it fails."""
-    from trainers import process
-
-    args = [f"--{k}={v}" for k, v in {**flags, "model_dir": model_dir}.items()]
-    proc = harness.run_module("trainers.train", args, env=process.child_environment(), capture=False)
-    if proc.returncode:
-        raise RuntimeError(f"sa-conv-train {' '.join(args)} failed (exit {proc.returncode}); its output is above. "
-                           f"Rerun the benchmark to resume it.")
+    return [Run(run_key(model, seed, epochs),
+                {**data_efficiency.parse_variant(model), "dataset": "cifar10", "data_dir": data_dir,
+                 "epochs": epochs, "seed": seed, "snapshot_every": snapshot_every or default_snapshot_every(epochs)})
+            for model, seed, epochs in runs_to_make]
 
 
 def _rounded(value, decimals: int = 5):
@@ -248,22 +194,25 @@ def training_minutes(run: dict, epochs: int) -> float:
     return run["median_epoch_seconds"] * epochs / 60
 
 
-def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) -> dict:
-    """The run in ``model_dir`` as read: its results, history and every snapshot's
-    `analyse_snapshot` (maps at the last), and its `run_timing` read on this machine's CPU class;
-    the report keeps its `compact_run`."""
+def read_run(model_dir: str, run, locality_images: int = 32, prune_snapshots: bool = False, log=print) -> dict:
+    """The study's reader (`trainers.study`): the run in ``model_dir`` as the report keeps it
+    (`compact_run`): its results, `run_timing` and every snapshot's `analyse_snapshot` (maps at
+    the last). The whole reading, with the per-epoch history and every head's metrics, goes to
+    `DETAIL` beside it. Then its checkpoints are deleted and, with ``prune_snapshots``, its
+    snapshots but the first and last (ResNet18's are 45 MB each)."""
+    import shutil
+
     import keras
 
     from trainers import data as data_lib
-    from trainers import run_files
+    from trainers import files, run_files
 
     results = run_files.read_results(model_dir, required=True)
     history = run_files.read_history(model_dir)
-    test = data_lib.load_cifar10_files(data_dir).test
+    test = data_lib.load_cifar10_files(run.flags["data_dir"]).test
     epochs = run_files.snapshot_epochs(model_dir)
     if not epochs or not history:
-        raise RuntimeError(f"{model_dir} has no snapshots or no history: train it with --snapshot_every "
-                           f"(delete the directory to train it again).")
+        raise RuntimeError(f"{model_dir} has no snapshots or no history: train it with --snapshot_every.")
     snapshots = []
     for epoch in epochs:
         log(f"    reading the snapshot at epoch {epoch} ...")
@@ -271,39 +220,35 @@ def analyse_run(model_dir: str, data_dir: str, locality_images: int, log=print) 
         snapshots.append({"epoch": epoch, **analyse_snapshot(model, test, locality_images,
                                                               maps=epoch == epochs[-1])})
         keras.backend.clear_session()
-    return {
-        "test_accuracy": results["test_accuracy"],
-        "best_val_accuracy": results["best_val_accuracy"],
-        # Where validation peaked and how far the last epoch fits its training images: whether a
-        # model overfits, beside its test accuracy.
-        "best_epoch": results["best_epoch"],
-        "train_accuracy": results["train_accuracy"],
-        "parameters": results["parameters"],
-        # The epochs' optimizer steps, timed as they ran (validation and snapshots are outside
-        # them, a pause of the process during them inside); the median epoch is robust to pauses
-        # and to epochs slowed by other work on the machine (a run beside the test suite).
+    whole = {
+        **{name: results[name] for name in ("test_accuracy", "best_val_accuracy", "best_epoch", "train_accuracy",
+                                            "parameters", "images_per_second", "weights_sha256")},
+        # The epochs' optimizer steps as they ran; the median epoch is robust to pauses and to
+        # epochs slowed by other work on the machine.
         "train_seconds": round(sum(h.get("train_seconds", 0.0) for h in history), 1),
         **run_timing(history, harness.cpu_class()),
         "locality_images": locality_images,
-        "images_per_second": results["images_per_second"],
-        "weights_sha256": results["weights_sha256"],
+        "flags": {k: v for k, v in run.flags.items() if k != "data_dir"},
         "history": [{k: (round(h[k], 5) if isinstance(h[k], float) else h[k])
                      for k in ("epoch", "train_seconds", "epoch_seconds", "cpu", "train_loss", "train_accuracy",
-                               "val_accuracy") if k in h}
-                    for h in history],
+                               "val_accuracy") if k in h} for h in history],
         "snapshots": snapshots,
     }
+    files.write_json(os.path.join(model_dir, DETAIL), whole, inline_numbers=True)
+    shutil.rmtree(os.path.join(model_dir, run_files.CHECKPOINTS), ignore_errors=True)
+    if prune_snapshots:
+        for epoch in set(epochs) - {min(epochs), max(epochs)}:
+            os.remove(run_files.snapshot_path(model_dir, epoch))
+    return compact_run(whole)
 
 
-def _spread(values):
-    """Mean, sample std (None for one value), range and count of ``values``, to 6 decimals (the
-    page shows 3)."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"mean": round(statistics.fmean(values), 6),
-            "std": round(statistics.stdev(values), 6) if len(values) > 1 else None,
-            "min": min(values), "max": max(values), "n": len(values)}
+def keep(reading: dict) -> dict:
+    """What the report keeps of a run's reading: without the engine's copy of its key and with
+    the attention maps of `MAP_SEED` only."""
+    run = {k: v for k, v in reading.items() if k != "key"}
+    if run["flags"]["seed"] != MAP_SEED:
+        run["snapshots"] = [{k: v for k, v in s.items() if k not in ("maps", "query")} for s in run["snapshots"]]
+    return run
 
 
 LAYER_METRICS = ("mean_distance", "mass_3x3", "entropy")
@@ -338,56 +283,83 @@ def compact_run(run: dict) -> dict:
             "snapshots": [_compact_snapshot(s) for s in run["snapshots"]]}
 
 
-def is_compact(run: dict) -> bool:
-    return "history" not in run and not any("layers" in s for s in run["snapshots"])
+def spread(values) -> dict | None:
+    """Mean, sample std (None for one value), range and count, as `summarize` gives them."""
+    import pandas as pd
+
+    values = [v for v in values if v is not None]
+    return _spreads(pd.DataFrame({"group": 0, "value": values}), ["group"])[0] if values else None
+
+
+def _spreads(frame, by) -> dict:
+    """``{group: spread}`` of ``frame``'s ``value`` over the rows of each ``by`` group: mean and
+    sample std to 6 decimals (the pages show 3; no std for one row), min, max and count."""
+    stats = frame.groupby(by, sort=False)["value"].agg(["mean", "std", "min", "max", "count"])
+    return {group: {"mean": round(float(row["mean"]), 6),
+                    "std": round(float(row["std"]), 6) if row["count"] > 1 else None,
+                    "min": float(row["min"]), "max": float(row["max"]), "n": int(row["count"])}
+            for group, row in stats.iterrows()}
+
+
+def frame(runs: dict):
+    """The recorded runs as one long pandas table: a row per run, snapshot (``-1``: the final
+    model), layer (``-1``: the whole model) and metric (``test_accuracy``, or a `layer_summary`
+    name), its ``value``."""
+    import pandas as pd
+
+    rows = []
+    for key, run in runs.items():
+        model, seed, epochs = split_key(key)
+        rows.append((model, epochs, seed, -1, -1, "test_accuracy", run["test_accuracy"]))
+        for snapshot in run["snapshots"]:
+            rows.append((model, epochs, seed, snapshot["epoch"], -1, "test_accuracy", snapshot["test_accuracy"]))
+            rows += [(model, epochs, seed, snapshot["epoch"], layer, name, value)
+                     for layer, values in enumerate(snapshot.get("locality", ())) for name, value in values.items()]
+    return pd.DataFrame(rows, columns=["model", "epochs", "seed", "snapshot", "layer", "metric", "value"])
 
 
 def summarize(runs: dict) -> dict:
-    """Per ``model|epochs=E``, over its seeds (``runs`` as read or as the report keeps them):
-    ``seeds``; ``test_accuracy`` (`_spread`: mean, sample std, range, n); ``curve`` (per snapshot
-    epoch, the test accuracy's spread); ``last_quarter_change`` (per seed, the test accuracy at the
-    end minus at the last snapshot at or before three quarters of the epochs; its spread) and
+    """Per ``model|epochs=E``, over its seeds: ``seeds``; ``test_accuracy`` (mean, sample std,
+    range, n); ``curve`` (per snapshot epoch every seed has, the test accuracy's spread);
+    ``last_quarter_change`` (per seed, the test accuracy at the end minus at the last shared
+    snapshot at or before three quarters of the epochs, and not before half; its spread) and
     ``flattened`` (whether its mean magnitude is below the final accuracy's std; None with one
-    seed, seeds that end at the same accuracy (no spread to measure a change against), or without
-    a last quarter); and for attention models ``locality`` (per snapshot epoch, per layer, each
-    `layer_summary` value's spread); ``against_shorter``: None at a model's shortest budget, else
-    the model's next shorter budget (``epochs``), the change of the mean test accuracy from it
-    (``change``) and ``within_spread``: whether that change is at most the larger of the two
-    budgets' stds (None when neither has a std)."""
-    groups: dict[str, list] = {}
-    for key, run in sorted(runs.items()):
-        model, seed, epochs = split_key(key)
-        groups.setdefault(summary_key(model, epochs), []).append((seed, run))
+    seed, seeds that end at the same accuracy, or no last quarter); for attention models
+    ``locality`` (per snapshot epoch, per layer, each `layer_summary` value's spread);
+    ``against_shorter``: None at a model's shortest budget, else the next shorter budget
+    (``epochs``), the change of the mean test accuracy from it and ``within_spread`` (at most the
+    larger of the two stds; None without one)."""
+    table = frame(runs)
+    spreads = _spreads(table, ["model", "epochs", "snapshot", "layer", "metric"])
+    seeds = table.groupby(["model", "epochs"], sort=False)["seed"].unique()
     summary = {}
-    for group, members in groups.items():
-        epochs = split_summary_key(group)[1]
-        runs_ = [compact_run(run) for _, run in members]
-        final = _spread([r["test_accuracy"] for r in runs_])
-        snapshot_sets = [{s["epoch"]: s for s in r["snapshots"]} for r in runs_]
-        common = sorted(set.intersection(*(set(s) for s in snapshot_sets)))
-        curve = {str(e): _spread([s[e]["test_accuracy"] for s in snapshot_sets]) for e in common}
-        # The last snapshot at or before three quarters of training; none when the snapshots are
-        # too sparse to tell a last quarter from the whole run.
+    for (model, epochs), members in sorted(seeds.items(), key=lambda item: summary_key(*item[0])):
+        members = sorted(int(s) for s in members)
+        at = table[(table.model == model) & (table.epochs == epochs)]
+        accuracy = at[(at.layer == -1) & (at.snapshot >= 0)]
+        counts = accuracy.groupby("snapshot")["seed"].nunique()
+        common = sorted(int(e) for e, n in counts.items() if n == len(members))
+        final = spreads[model, epochs, -1, -1, "test_accuracy"]
         quarter = max((e for e in common if e <= 0.75 * epochs), default=None)
-        quarter = quarter if quarter is not None and quarter >= epochs / 2 else None
-        changes = [s[common[-1]]["test_accuracy"] - s[quarter]["test_accuracy"] for s in snapshot_sets] \
-            if quarter is not None and common and quarter != common[-1] else []
-        change = _spread(changes)
-        entry = {"seeds": [seed for seed, _ in members], "test_accuracy": final,
-                 "curve": curve,
+        quarter = quarter if quarter is not None and quarter >= epochs / 2 and quarter != common[-1] else None
+        change = None
+        if quarter is not None:
+            by_seed = accuracy.pivot(index="seed", columns="snapshot", values="value")
+            change = spread((by_seed[common[-1]] - by_seed[quarter]).tolist())
+        entry = {"seeds": members, "test_accuracy": final,
+                 "curve": {str(e): spreads[model, epochs, e, -1, "test_accuracy"] for e in common},
                  "quarter_epoch": quarter, "last_quarter_change": change,
-                 "flattened": (None if _noise(final) is None or change is None
-                               else abs(change["mean"]) < _noise(final))}
-        if all("locality" in s[e] for s in snapshot_sets for e in common):
-            entry["locality"] = {
-                str(e): [{name: _spread([s[e]["locality"][layer][name] for s in snapshot_sets])
-                          for name in (*LAYER_METRICS, "most_local_distance", "most_local_mass")}
-                         for layer in range(len(snapshot_sets[0][e]["locality"]))]
-                for e in common}
-        summary[group] = entry
+                 "flattened": None if _noise(final) is None or change is None else abs(change["mean"]) < _noise(final)}
+        layers = at[at.layer >= 0].groupby("snapshot")["layer"].max()
+        if common and all(e in layers.index and at[(at.snapshot == e) & (at.layer == 0)].seed.nunique() == len(members)
+                          for e in common):
+            names = (*LAYER_METRICS, "most_local_distance", "most_local_mass")
+            entry["locality"] = {str(e): [{name: spreads[model, epochs, e, layer, name] for name in names}
+                                          for layer in range(int(layers[e]) + 1)] for e in common}
+        summary[summary_key(model, epochs)] = entry
     budgets: dict[str, list[int]] = {}
-    for group in summary:
-        model, epochs = split_summary_key(group)
+    for key in summary:
+        model, epochs = split_summary_key(key)
         budgets.setdefault(model, []).append(epochs)
     for model, epochs_ in budgets.items():
         epochs_.sort()
@@ -504,128 +476,6 @@ def efficiency_targets(summary: dict) -> list[dict]:
     return data_efficiency.targets(as_efficiency)
 
 
-def read_report(path: str) -> dict:
-    if not os.path.exists(path):
-        return {"runs": {}}
-    with open(path) as f:
-        return json.load(f)
-
-
-def describe_plan(runs_to_make, recorded: dict, work_dir: str, cpu: str | None = None,
-                  carry_dir: str | None = None) -> list[str]:
-    """One line per planned run: its key and whether the report has it (``recorded``), it has a
-    model directory in ``work_dir`` or a copy in ``carry_dir`` (`carry`) to resume (at the epoch
-    the further along one's ``history.json`` reached), or it is still to train, with the minutes its
-    epochs left take on ``cpu`` (a `harness.cpu_class`): from its preset's recorded runs on ``cpu``
-    (`estimated_minutes`), else from the median epoch of its preset's planned runs under way on
-    ``cpu`` (`_epochs_under_way`), else from recorded runs on another class, said so; a run another
-    process is training also names that process (`_held_elsewhere`) and the minutes left at the pace
-    of its last epochs (`_recent_pace`). Then the count and the hours of training left, from the
-    estimates."""
-    from trainers import run_files
-
-    def furthest(model, seed, epochs):
-        folders = [run_dir(folder, model, seed, epochs) for folder in (work_dir, carry_dir) if folder]
-        return max(folders, key=run_files.checkpointed_epoch)
-
-    histories = {run_key(model, seed, epochs): run_files.read_history(furthest(model, seed, epochs))
-                 for model, seed, epochs in runs_to_make if run_key(model, seed, epochs) not in recorded}
-    under_way = _epochs_under_way(histories, cpu)
-    lines, hours, todo, untimed = [], 0.0, 0, 0
-    for model, seed, epochs in runs_to_make:
-        key = run_key(model, seed, epochs)
-        if key not in histories:
-            lines.append(f"{key}: recorded")
-            continue
-        todo += 1
-        done = min(run_files.last_epoch(histories[key]), epochs)
-        state = f"to resume after epoch {done} of {epochs}" if done else "to train"
-        minutes, timed_on = estimated_minutes(recorded, model, epochs - done, cpu)
-        timing = under_way.get(data_efficiency.parse_variant(model)["model"])
-        # Epochs under way on this CPU class tell more than a recorded run on another class.
-        if timing and (minutes is None or (cpu is not None and timed_on != cpu)):
-            seconds, timed_by = timing
-            minutes, timed_on = seconds * (epochs - done) / 60, cpu
-            state = f"{state} (timed by {_timed_by(key, timed_by)})"
-        holder = _held_elsewhere(run_dir(work_dir, model, seed, epochs))
-        under_way_in = f", under way in {holder}" if holder else ""
-        # The process training it keeps its cores and neighbours: its own last epochs say when it
-        # lands better than another run's speed (a run pinned to one core of two takes about twice).
-        pace = _recent_pace(histories[key], cpu) if holder else None
-        if pace:
-            last = "epoch's" if pace[1] == 1 else f"{pace[1]} epochs'"
-            under_way_in += f" (about {pace[0] * (epochs - done) / 60:.0f} min at its last {last} pace)"
-        if minutes is None:
-            untimed += 1
-            lines.append(f"{key}: {state} (not timed yet){under_way_in}")
-            continue
-        hours += minutes / 60
-        lines.append(f"{key}: {state}, about {minutes:.0f} min" + (" left" if done else "")
-                     + ("" if timed_on == cpu else f" on an {timed_on}") + under_way_in)
-    total = ([f"about {hours:.1f} h of training"] if todo > untimed else []) + \
-        ([f"{untimed} not timed yet"] if untimed else [])
-    return lines + [f"{todo} of {len(lines)} runs to make" + (f": {' and '.join(total)}" if todo else "")]
-
-
-RECENT_EPOCHS = 10  # the epochs `_recent_pace` reads: the conditions a run trains under now
-
-
-def _recent_pace(history: list, cpu: str | None) -> tuple[float, int] | None:
-    """``(median seconds, epochs)`` of a run's last timed epochs in its ``history.json``, at most
-    `RECENT_EPOCHS`, those after its last epoch on another CPU class than ``cpu``; None before any.
-    The median leaves out the slow first epoch after a resume."""
-    recent = []
-    for record in reversed(history):
-        if cpu is not None and epoch_cpu(record, cpu) != cpu:
-            break
-        if epoch_seconds(record):
-            recent.append(epoch_seconds(record))
-        if len(recent) == RECENT_EPOCHS:
-            break
-    return (statistics.median(recent), len(recent)) if recent else None
-
-
-def _timed_by(key: str, timed_by: dict) -> str:
-    """Which runs under way time run ``key``: ``timed_by`` is ``{run key: epochs timed}``."""
-    def epochs(n):
-        return f"{n} epoch{'s' * (n != 1)}"
-
-    if list(timed_by) == [key]:
-        return f"its own {epochs(timed_by[key])}"
-    return ", ".join(f"{epochs(n)} of {k}" for k, n in timed_by.items())
-
-
-def _epochs_under_way(histories: dict, cpu: str | None = None) -> dict:
-    """``{preset: (median epoch seconds, {run key: epochs timed})}`` over the timed epochs on ``cpu``
-    (`epoch_cpu`; any class when None) of ``histories`` (``{run key: its history.json}``, the
-    planned runs the report does not have yet), per preset: what times a preset before any of its
-    runs is recorded. The first epoch of a run, slowed by the start, is one of many once a run is
-    under way for a while, and the median leaves it out."""
-    seconds, timed_by = {}, {}
-    for key, history in histories.items():
-        own = [s for s in (epoch_seconds(record) for record in history
-                           if cpu is None or epoch_cpu(record, cpu) == cpu) if s]
-        if own:
-            preset = data_efficiency.parse_variant(split_key(key)[0])["model"]
-            seconds.setdefault(preset, []).extend(own)
-            timed_by.setdefault(preset, {})[key] = len(own)
-    return {preset: (statistics.median(seconds[preset]), timed_by[preset]) for preset in seconds}
-
-
-def estimated_minutes(recorded: dict, model: str, epochs: int, cpu: str | None) -> tuple[float | None, str | None]:
-    """``(minutes, CPU class)`` ``epochs`` of a ``model`` run take, from the recorded runs of
-    its preset (any budget or initialization, per epoch): the fastest median epoch on ``cpu`` (the
-    least disturbed run, `least_disturbed_runs`), else on any CPU class; ``(None, None)`` when
-    the preset has no timed run."""
-    preset = data_efficiency.parse_variant(model)["model"]
-    fastest = least_disturbed_runs(
-        run for run in recorded.values() if run.get("flags", {}).get("model") == preset)
-    if not fastest:
-        return None, None
-    timed_on = cpu if cpu in fastest else min(fastest, key=lambda c: fastest[c]["median_epoch_seconds"])
-    return training_minutes(fastest[timed_on], epochs), timed_on
-
-
 def least_disturbed_runs(runs) -> dict:
     """``{CPU class: run}``: per CPU class among ``runs`` (read runs, each with its ``cpu``), the
     timed run of the fastest median epoch, the least disturbed by other work on the machine."""
@@ -654,364 +504,47 @@ def gate_summary(runs) -> list[dict] | None:
     layers = [layer for layer in range(len(gated[0][1])) if all(end[layer] is not None for _, end in gated)] \
         if gated else []
     return [{"layer": layer, "heads": len(gated[0][1][layer]), "seeds": len(gated),
-             "start": _spread(statistics.fmean(start[layer]) for start, _ in gated),
-             "end": _spread(statistics.fmean(end[layer]) for _, end in gated),
-             "lowest": _spread(min(end[layer]) for _, end in gated),
+             "start": spread(statistics.fmean(start[layer]) for start, _ in gated),
+             "end": spread(statistics.fmean(end[layer]) for _, end in gated),
+             "lowest": spread(min(end[layer]) for _, end in gated),
              "content_heads": [sum(g < CONTENT_GATE for g in end[layer]) for _, end in gated]}
             for layer in layers] or None
 
 
-def measure(output: str, data_dir: str, work_dir: str, runs_to_make, snapshot_every: int | None = None,
-            locality_images: int = 32, prune_snapshots: bool = False, note: str | None = None,
-            carry_dir: str | None = None, train=train, log=print) -> dict:
-    """Trains and reads every ``(model, seed, epochs)`` of ``runs_to_make`` (a `plan`) that the report
-    at ``output`` does not have (`train(flags, model_dir)`, resuming a run ``work_dir`` holds; a
-    snapshot every ``snapshot_every`` epochs, `default_snapshot_every` when None), writes each run's
-    whole reading to `DETAIL` in its model directory and the report after each run, with the runs as
-    `_keep_what_the_page_reads` keeps them and what it derives from them (`_derived`: summary,
-    budget, claims), and returns it; with nothing to train, rewrites it only where the current
-    analysis (or ``note``, or ``data_dir``'s image counts, or runs another study process recorded
-    since) reads otherwise than the recorded report. Once a run is read, its checkpoints are deleted
-    and, with ``prune_snapshots``, its snapshots but the first and last (ResNet18's are 45 MB each;
-    kept, they let a later version of the analysis read the run again). With ``carry_dir``, a run
-    that folder holds further along than ``work_dir`` resumes from it (`resume_carried`), and a
-    run's copy there is deleted once the run is recorded. A run another process is training or
-    reading (it holds the model directory's lock, `_claimed`) is skipped, left to that process to
-    record, so that several study processes can share one plan."""
-    # One spelling per variant, so that a run resumes under any of its names; ValueError naming
-    # the forms before any run.
-    runs_to_make = [(data_efficiency.variant_name(model), seed, epochs) for model, seed, epochs in runs_to_make]
-    if not runs_to_make:
-        raise ValueError("The plan has no run: give at least one model and seed.")
-    for model, _, epochs in runs_to_make:
-        if epochs < 1:
-            raise ValueError(f"--epochs must be positive, got {epochs}.")
-    if snapshot_every is not None and snapshot_every < 1:
-        raise ValueError(f"--snapshot_every must be positive, got {snapshot_every}.")
-    from trainers import data as data_lib
-    from trainers import run_files
-
-    data = data_lib.load_cifar10_files(data_dir)  # fails here, before any run, on a wrong --data_dir
-    report = read_report(output)
-    runs = report.setdefault("runs", {})
-    notes = report.setdefault("notes", [])
-    if note and note not in notes:
-        notes.append(note)
-    report["data"] = {"training_images": len(data.train), "test_images": len(data.test)}
-    if carry_dir:
-        resume_carried(runs_to_make, runs, work_dir, carry_dir, log)
-    for index, (model, seed, epochs) in enumerate(runs_to_make, 1):
-        key = run_key(model, seed, epochs)
-        _add_recorded_since(report, output)
-        if key in runs:
-            continue
-        model_dir = run_dir(work_dir, model, seed, epochs)
-        flags = train_flags(model, seed, epochs, snapshot_every or default_snapshot_every(epochs), data_dir)
-        start = time.perf_counter()
-
-        def train_run():
-            log(f"[{index}/{len(runs_to_make)}] {key}: training in {model_dir} ...")
-            train(flags, model_dir)
-
-        with _claimed(model_dir, train_run) as holder:
-            if holder:
-                # Another study process (one per core, say) has it, and records it.
-                log(f"[{index}/{len(runs_to_make)}] {key}: skipped, left to {holder}, which holds its "
-                    f"folder's lock")
-                continue
-            _add_recorded_since(report, output)
-            if key in runs:  # another process read it between this one's look and its lock
-                continue
-            log(f"[{index}/{len(runs_to_make)}] {key}: reading its snapshots ...")
-            run = analyse_run(model_dir, data_dir, locality_images, log=log)
-            run["flags"] = {k: v for k, v in flags.items() if k != "data_dir"}
-            run["session_seconds"] = round(time.perf_counter() - start, 1)
-            _write_detail(os.path.join(model_dir, DETAIL), run)
-            with _report_lock(output):
-                _add_recorded_since(report, output)
-                runs[key] = compact_run(run)
-                _keep_what_the_page_reads(runs, work_dir)
-                report.update(_derived(runs))
-                _write(output, report)
-            log(f"[{index}/{len(runs_to_make)}] {key}: test accuracy {run['test_accuracy']:.4f} "
-                f"({training_minutes(run, epochs):.0f} min of training at the median epoch's speed)")
-            shutil.rmtree(os.path.join(model_dir, run_files.CHECKPOINTS), ignore_errors=True)
-            if carry_dir:
-                shutil.rmtree(run_dir(carry_dir, model, seed, epochs), ignore_errors=True)
-            if prune_snapshots:
-                taken = run_files.snapshot_epochs(model_dir)
-                for epoch in set(taken) - {min(taken), max(taken)}:
-                    os.remove(run_files.snapshot_path(model_dir, epoch))
-    with _report_lock(output):
-        recorded = _add_recorded_since(report, output)
-        if runs:
-            _keep_what_the_page_reads(runs, work_dir)
-            report.update(_derived(runs))
-            if _content(report) != _content(recorded):
-                # An earlier version of the analysis may have derived them otherwise, or another
-                # study process recorded runs since this one's last write; the runs stay as measured.
-                _write(output, report)
-                log(f"{output}: rewritten, its {len(runs)} runs read again by the current analysis")
-    return report
-
-
-def carry(runs_to_make, recorded: dict, work_dir: str, carry_dir: str, log=print) -> list[str]:
-    """Copies into ``carry_dir`` each run of ``runs_to_make`` that ``work_dir`` holds under way (with
-    a checkpoint, and not among ``recorded``, the report's runs) as far as resuming it needs: its
-    config, history, best model and snapshots and its newest complete checkpoint, not its
-    TensorBoard logs nor older checkpoints. A copy replaces the run's earlier one whole, and only
-    once it is complete; the copies of runs ``recorded`` has are deleted. Kept where the work
-    directory is not (a folder of the repository, committed), they let a study on another machine
-    resume those runs where they stood (`resume_carried`) instead of at their first epoch. A run
-    can be carried while it trains. Returns the keys of the runs copied."""
-    from trainers import run_files
-
-    os.makedirs(carry_dir, exist_ok=True)
-    copied = []
-    for model, seed, epochs in runs_to_make:
-        key = run_key(model, seed, epochs)
-        carried = run_dir(carry_dir, model, seed, epochs)
-        if key in recorded:
-            shutil.rmtree(carried, ignore_errors=True)
-            continue
-        source, partial = run_dir(work_dir, model, seed, epochs), f"{carried}.partial"
-        for attempt in range(3):
-            epoch = run_files.checkpointed_epoch(source)
-            if epoch <= run_files.checkpointed_epoch(carried):
-                break
-            shutil.rmtree(partial, ignore_errors=True)
-            try:
-                _copy_resumable(source, partial, epoch)
-            except BaseException as error:
-                shutil.rmtree(partial, ignore_errors=True)
-                # FileNotFoundError: the trainer deleted that checkpoint meanwhile, having written newer ones.
-                if isinstance(error, FileNotFoundError) and attempt < 2:
-                    continue
-                raise
-            shutil.rmtree(carried, ignore_errors=True)
-            os.replace(partial, carried)
-            copied.append(key)
-            log(f"{key}: carried after epoch {epoch} into {carried}")
-            break
-    return copied
-
-
-def resume_carried(runs_to_make, recorded: dict, work_dir: str, carry_dir: str, log=print) -> list[str]:
-    """Puts back into ``work_dir`` each run of ``runs_to_make`` that ``carry_dir`` holds (`carry`)
-    further along than ``work_dir``'s copy of it, by their newest checkpoints, unless ``recorded``
-    has it or ``work_dir``'s copy is finished or in use by a trainer (`trainers.files.held`): the
-    trainer then resumes it after the carried checkpoint's epoch. Returns their keys."""
-    from trainers import files, run_files
-
-    resumed = []
-    for model, seed, epochs in runs_to_make:
-        key = run_key(model, seed, epochs)
-        carried, target = run_dir(carry_dir, model, seed, epochs), run_dir(work_dir, model, seed, epochs)
-        if key in recorded or run_files.finished(target) or \
-                run_files.checkpointed_epoch(carried) <= run_files.checkpointed_epoch(target):
-            continue
-        try:
-            with files.held(target, wait=False, what="training in"):
-                # The carried state file names only the carried checkpoint: the older ones would be
-                # left behind, never restored nor deleted.
-                shutil.rmtree(os.path.join(target, run_files.CHECKPOINTS), ignore_errors=True)
-                shutil.copytree(carried, target, dirs_exist_ok=True)
-        except files.Busy as busy:
-            log(f"{key}: not resumed from {carried}: {busy}")
-            continue
-        resumed.append(key)
-        log(f"{key}: resumes after epoch {run_files.checkpointed_epoch(target)}, carried in {carried}")
-    return resumed
-
-
-def _copy_resumable(source: str, target: str, epoch: int) -> None:
-    """Copies what resuming the run in model directory ``source`` after ``epoch`` needs into a new
-    folder ``target`` (`carry`): FileNotFoundError when that checkpoint has gone meanwhile."""
-    from trainers import files, run_files
-
-    os.makedirs(os.path.join(target, run_files.CHECKPOINTS))
-    checkpoint = os.path.join(source, run_files.CHECKPOINTS, f"ckpt-{epoch}")
-    written = os.path.getmtime(f"{checkpoint}.index")
-    for name in (run_files.CONFIG, run_files.HISTORY, run_files.BEST_MODEL):
-        path = os.path.join(source, name)
-        # A best model saved after the checkpoint is of an epoch the resumed run trains again, which
-        # saves one when it beats the history's best; nothing the study reads needs it.
-        if os.path.exists(path) and (name != run_files.BEST_MODEL or os.path.getmtime(path) <= written):
-            shutil.copy2(path, os.path.join(target, name))
-    for snapshot in run_files.snapshot_epochs(source):
-        if snapshot <= epoch:
-            os.makedirs(os.path.dirname(run_files.snapshot_path(target, snapshot)), exist_ok=True)
-            shutil.copy2(run_files.snapshot_path(source, snapshot), run_files.snapshot_path(target, snapshot))
-    for name in os.listdir(os.path.dirname(checkpoint)):
-        if name.startswith(f"ckpt-{epoch}."):
-            shutil.copy2(os.path.join(os.path.dirname(checkpoint), name), os.path.join(target, run_files.CHECKPOINTS, name))
-    if not os.path.exists(f"{checkpoint}.index"):
-        raise FileNotFoundError(f"{checkpoint}.index")
-    # Last, so that a folder with a state file is a whole copy. The manager lists only the
-    # checkpoints written after its last preserved time, hence the two times.
-    files.write_text(os.path.join(target, run_files.CHECKPOINTS, run_files.CHECKPOINT_STATE),
-                     f'model_checkpoint_path: "ckpt-{epoch}"\nall_model_checkpoint_paths: "ckpt-{epoch}"\n'
-                     f"all_model_checkpoint_timestamps: {written}\nlast_preserved_timestamp: {written - 1}\n")
-
-
-def _keep_what_the_page_reads(runs: dict, work_dir: str) -> None:
-    """Makes ``runs`` what the report keeps: every run `compact_run` (one an earlier version of
-    the study recorded whole first has its reading written to `DETAIL` in its model directory in
-    ``work_dir``, unless that holds one already), and the last snapshot's maps only in the
-    lowest seed's run of each model and budget (at the report's budget, the page's figures after
-    the paper's Figure 5)."""
-    lowest: dict[tuple[str, int], int] = {}
-    for key in runs:
-        model, seed, epochs = split_key(key)
-        lowest[model, epochs] = min(seed, lowest.get((model, epochs), seed))
-    for key, run in runs.items():
-        model, seed, epochs = split_key(key)
-        if not is_compact(run):
-            detail = os.path.join(run_dir(work_dir, model, seed, epochs), DETAIL)
-            if not os.path.exists(detail):
-                _write_detail(detail, run)
-            run = runs[key] = compact_run(run)
-        if seed != lowest[model, epochs]:
-            for snapshot in run["snapshots"]:
-                snapshot.pop("maps", None)
-                snapshot.pop("query", None)
-
-
-@contextlib.contextmanager
-def _claimed(model_dir: str, train_run):
-    """The run in ``model_dir`` for this study process to read: trains it first with ``train_run()``
-    (`train`) unless finished, then yields None holding its lock (`trainers.files.held`) so that no
-    other study process reads it too, nor the snapshots this one prunes; yields the holder
-    (`_held_elsewhere`) instead when another process trains or reads it, including when this one's
-    trainer failed because another's, started at the same moment, took the lock first."""
-    from trainers import files, run_files
-
-    holder = _held_elsewhere(model_dir)
-    if not holder and not run_files.finished(model_dir):
-        try:
-            train_run()
-        except RuntimeError:
-            holder = _held_elsewhere(model_dir, try_lock=True)
-            if not holder:
-                raise
-    with contextlib.ExitStack() as stack:
-        if not holder:
-            try:
-                stack.enter_context(files.held(model_dir, wait=False, what="reading"))
-            except files.Busy:
-                holder = _held_elsewhere(model_dir) or "another process"
-        yield holder
-
-
-def _held_elsewhere(model_dir: str, try_lock: bool = False) -> str | None:
-    """Which process holds ``model_dir``'s lock (`trainers.files.held`: a trainer training there,
-    or a study process reading the finished run), as ``"process N"``, or ``"another process"``;
-    None when none does. Read from ``/proc/locks`` where the system has it, taking no lock that a
-    trainer starting at that moment would find taken; by trying the lock where it has none, or with
-    ``try_lock`` where ``/proc/locks`` names nobody (it does not show a lock of another PID
-    namespace, nor, on some file systems, match the folder's device)."""
-    from trainers import files
-
-    holder = files.lock_holder(model_dir)
-    if holder is not None:
-        return f"process {holder}"
-    if (os.path.exists("/proc/locks") and not try_lock) or not os.path.isdir(model_dir):
-        return None
-    try:
-        with files.held(model_dir, wait=False):
-            return None
-    except files.Busy:
-        return "another process"
-
-
-def _write_detail(path: str, run: dict) -> None:
-    from trainers import files
-
-    files.write_json(path, run, inline_numbers=True)
-
-
-def _report_lock(output: str):
-    """The report's folder lock, held while a study process reads, merges and writes the report,
-    so that two processes' writes cannot cross (`trainers.files.held`)."""
-    from trainers import files
-
-    return files.held(os.path.dirname(os.path.abspath(output)))
-
-
-def _add_recorded_since(report: dict, output: str) -> dict:
-    """Adds to ``report`` the runs and notes the report at ``output`` holds and ``report`` lacks:
-    those another study process recorded since this one read it (each writes all it knows after
-    each run, which would otherwise drop them). A run in both stays as this process has it: runs
-    are written once, as measured. Returns the report read from ``output``."""
-    recorded = read_report(output)
-    for key, run in recorded.get("runs", {}).items():
-        # A copy: the runs are then kept as the report keeps them (`_keep_what_the_page_reads`),
-        # and ``recorded`` must stay as read to tell whether that changed anything.
-        report["runs"].setdefault(key, copy.deepcopy(run))
-    report["notes"] += [note for note in recorded.get("notes", []) if note not in report["notes"]]
-    return recorded
-
-
-def _content(report: dict) -> dict:
-    """A copy of ``report`` without the date and machine record that every write stamps."""
-    return copy.deepcopy({k: v for k, v in report.items() if k not in ("date", "machine")})
-
-
-def _derived(runs: dict) -> dict:
+def derive(runs: dict) -> dict:
     """What the report derives from its runs: `summarize`, `main_budget` and `claims`."""
     summary, budget = summarize(runs), main_budget(runs)
     return {"summary": summary, "budget": budget, "claims": claims(summary, budget)}
 
 
-def _write(output: str, report: dict) -> None:
-    """Writes ``report`` without the date and machine record of its last write (`_content`):
-    `harness.write_report` stamps those of this write, which may only have read the runs again;
-    each run keeps its own CPU class."""
-    harness.write_report(output, _content(report), inline_numbers=True)
-
-
 def main():
     parser = harness.arguments(__doc__, "reproduction.json", merge=False)
     harness.add_data_dir(parser)
-    parser.add_argument("--work_dir", default=os.path.join(harness.ROOT, "runs", "reproduction"),
-                        help="the runs' model directories: an interrupted run resumes from here")
-    parser.add_argument("--carry_dir", default=None,
-                        help="where --carry copies the runs under way, and where a study resumes a run from "
-                             "when this folder has it further along than --work_dir; a folder of the "
-                             "repository: committed, it carries the runs to a clean checkout on another machine "
-                             "(default: benchmarks/carried_runs with the default --output, none with another)")
-    parser.add_argument("--carry", action="store_true",
-                        help="copy the plan's runs under way in --work_dir into --carry_dir (config, history, "
-                             "best model, snapshots, newest checkpoint), delete the copies of the runs --output "
-                             "records, and train nothing; a study may be training them meanwhile")
+    parser.add_argument("--directory", default=os.path.join(harness.ROOT, "runs"),
+                        help="the study engine's directory (its project 'reproduction' holds a folder per run); "
+                             "shared by every process of a distributed study")
     parser.add_argument("--models", default=None,
                         help=f"comma-separated, e.g. {','.join(MODELS)}; other data-efficiency variants "
                              f"(learned+convolutional@0.1) run as comparisons. With none of --models, --seeds "
-                             f"and --epochs: every run docs/reproduction.md reports (see --dry_run); with any of "
-                             f"them, every model and seed at one budget, the others' defaults {','.join(MODELS)}, "
-                             f"0,1,2 and {BUDGET}")
+                             f"and --epochs: every run docs/reproduction.md reports (see --dry_run)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
-    parser.add_argument("--epochs", type=int, default=None, help=f"the budget, the same for every model "
-                                                                  f"(default {BUDGET})")
+    parser.add_argument("--epochs", type=int, default=None, help=f"the budget (default {BUDGET})")
     parser.add_argument("--snapshot_every", type=int, default=None,
-                        help=f"epochs between snapshots, with --epochs (default: epochs / {SNAPSHOTS}, "
-                             f"rounded up)")
-    parser.add_argument("--locality_images", type=int, default=32,
-                        help="test images the locality metrics average over")
-    parser.add_argument("--dry_run", action="store_true",
-                        help="list the plan's runs, which the report has and how long the others take "
-                             "on this CPU class (from the recorded runs, or for a model no recorded run timed, "
-                             "its runs under way), and train nothing")
-    parser.add_argument("--prune_snapshots", action="store_true",
-                        help="delete a read run's snapshots but its first and last")
+                        help=f"epochs between snapshots, with --epochs (default: epochs / {SNAPSHOTS}, rounded up)")
+    parser.add_argument("--locality_images", type=int, default=32, help="test images the locality metrics average over")
+    parser.add_argument("--dry_run", action="store_true", help="list the plan's runs and where each stands")
+    parser.add_argument("--prune_snapshots", action="store_true", help="delete a read run's snapshots but its first "
+                                                                       "and last")
     parser.add_argument("--note", default=None, help="a note kept in the report (e.g. why fewer seeds)")
     args = harness.parse(parser)
 
     def items(text):
         return [item.strip() for item in text.split(",") if item.strip()]
 
-    if args.snapshot_every is not None and args.epochs is None:
-        parser.error("--snapshot_every needs --epochs: the study's budgets each keep their own spacing.")
+    if args.snapshot_every is not None and (args.epochs is None or args.snapshot_every < 1):
+        parser.error("--snapshot_every needs --epochs and is positive: the study's budgets keep their own spacing.")
+    if args.epochs is not None and args.epochs < 1:
+        parser.error(f"--epochs must be positive, got {args.epochs}.")
     try:
         seeds = None if args.seeds is None else [int(s) for s in items(args.seeds)]
     except ValueError:
@@ -1022,25 +555,22 @@ def main():
         parser.error(f"--models: {error}")
     if not runs_to_make:
         parser.error("The plan has no run: --models and --seeds each need at least one entry.")
-    carry_dir = args.carry_dir or (CARRY_DIR if os.path.abspath(args.output) == os.path.abspath(
-        parser.get_default("output")) else None)
-    if args.carry:
-        if carry_dir is None:
-            parser.error("--carry with another --output needs --carry_dir: the committed folder carries the "
-                         "runs of the committed report.")
-        if not carry(runs_to_make, read_report(args.output).get("runs", {}), os.path.abspath(args.work_dir),
-                     os.path.abspath(carry_dir)):
-            print(f"No run under way in {args.work_dir} is further along than its copy in {carry_dir}.")
-        return
+    from trainers import study
+
+    report = study.Report(args.output, derive=derive, keep=keep, note=args.note)
+    recorded = report.read()["runs"]
+    runs = study_runs([r for r in runs_to_make if run_key(*r) not in recorded],
+                      os.path.abspath(harness.cifar10_dir(parser, args.data_dir)), args.snapshot_every)
     if args.dry_run:
-        for line in describe_plan(runs_to_make, read_report(args.output).get("runs", {}), args.work_dir,
-                                  harness.cpu_class(), carry_dir):
-            print(line)
+        states = study.status("reproduction", runs, args.directory)
+        for model, seed, epochs in runs_to_make:
+            key = run_key(model, seed, epochs)
+            print(f"{key}: {'recorded' if key in recorded else states[key]}")
         return
-    measure(args.output, harness.cifar10_dir(parser, args.data_dir), os.path.abspath(args.work_dir), runs_to_make,
-            args.snapshot_every, args.locality_images, args.prune_snapshots, args.note,
-            carry_dir and os.path.abspath(carry_dir),
-            log=lambda line: print(line, file=sys.stderr, flush=True))
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    study.run_study("reproduction", runs,
+                    lambda model_dir, run: read_run(model_dir, run, args.locality_images, args.prune_snapshots, log),
+                    report.record, os.path.abspath(args.directory), log=log)
 
 
 if __name__ == "__main__":

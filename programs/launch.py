@@ -1,4 +1,4 @@
-"""The console scripts (``sa-conv-train``, ``-tune``, ``-export``, ``-visualize``,
+"""The console scripts (``sa-conv-train``, ``-tune``, ``-study``, ``-export``, ``-visualize``,
 ``-import-reference``): each configures the process (`trainers.process.configure`) before its
 program, and with it TensorFlow, is imported. They live above every program they start."""
 
@@ -15,6 +15,13 @@ def train():
 def tune():
     process.configure()
     from trainers import tune as program
+
+    program.run()
+
+
+def study():
+    process.configure()
+    from trainers import study as program
 
     program.run()
 

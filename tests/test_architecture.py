@@ -287,7 +287,8 @@ def test_console_scripts_configure_the_process_before_importing_their_program(mo
 
     setup = (PROJECT_ROOT / "setup.py").read_text()
     scripts = dict(re.findall(r'"(sa-conv-[a-z-]+)=([\w.:]+)"', setup))
-    programs = {"sa-conv-train": "trainers.train", "sa-conv-tune": "trainers.tune", "sa-conv-export": "export.export",
+    programs = {"sa-conv-train": "trainers.train", "sa-conv-tune": "trainers.tune", "sa-conv-study": "trainers.study",
+                "sa-conv-export": "export.export",
                 "sa-conv-visualize": "programs.visualize", "sa-conv-import-reference": "programs.import_reference"}
     assert set(scripts) == set(programs)
     seen = []

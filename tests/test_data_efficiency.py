@@ -163,53 +163,40 @@ def test_targets_compare_only_within_a_dataset_and_budget():
     assert [r["dataset"] for r in ordered if r["target"].startswith("gated >= content")] == ["b", "a"]
 
 
-def _fake_train(accuracy_of, calls, fail_at=None):
-    """A train function for `measure`: the accuracy a flag set is given, its calls recorded; the
-    ``fail_at``-th call raises, as an interrupted run would."""
-    def train(flags, model_dir):
-        calls.append(dict(flags))
-        if len(calls) == fail_at:
-            raise KeyboardInterrupt
-        return {"test_accuracy": accuracy_of(flags), "best_val_accuracy": 0.0, "steps": 1,
-                "images_per_second": 1.0, "wall_seconds": 0.0}
-    return train
+def test_a_study_prepares_each_dataset_once_and_records_its_runs(tiny_cifar, tmp_path):
+    from trainers import study
 
-
-def test_measure_writes_each_run_keeps_it_when_interrupted_and_skips_it_next_time(tiny_cifar, tmp_path):
     path, generated = tiny_cifar
-    output = str(tmp_path / "report.json")
-    accuracy = lambda flags: 0.1 * (flags["seed"] + 1) + (0.05 if "attention_init" in flags else 0.0)
-    plan = dict(variants=["quadratic", "quadratic+convolutional@0.1"], datasets=["cifar10-mini:30"], seeds=[0, 1])
-    calls = []
-    with pytest.raises(KeyboardInterrupt):
-        de.measure(output, path, **plan, train=_fake_train(accuracy, calls, fail_at=3))
-    with open(output) as f:
-        kept = json.load(f)
-    assert sorted(kept["runs"]) == ["quadratic|cifar10-mini:30|seed=0|epochs=8", "quadratic|cifar10-mini:30|seed=1|epochs=8"]
-    assert kept["training_images"]["cifar10-mini:30"] == len(de.stratified_subset(generated.train.labels, 0.3))
-    assert kept["summary"]["quadratic|cifar10-mini:30|epochs=8"]["mean"] == pytest.approx(0.15)
-    assert calls[0]["model"] == "sa_quadratic_small" and calls[0]["dataset"] == "cifar10" and calls[0]["epochs"] == 8
+    prepared, sizes = de.prepare(["cifar10-mini:30", "shapes"], path, str(tmp_path / "data"))
+    assert sizes == {"cifar10-mini:30": len(de.stratified_subset(generated.train.labels, 0.3))}
+    assert prepared["shapes"] == {"dataset": "folder:" + str(tmp_path / "data" / "shapes")}
+    stamp = os.path.getmtime(prepared["cifar10-mini:30"]["data_dir"])
+    assert de.prepare(["cifar10-mini:30"], path, str(tmp_path / "data")) == (
+        {"cifar10-mini:30": prepared["cifar10-mini:30"]}, sizes)
+    assert os.path.getmtime(prepared["cifar10-mini:30"]["data_dir"]) == stamp  # written once
+    runs = de.study_runs(["quadratic", "quadratic+convolutional@0.10"], ["cifar10-mini:30"], [0], 2, prepared)
+    assert [run.key for run in runs] == ["quadratic|cifar10-mini:30|seed=0|epochs=2",
+                                         "quadratic+convolutional@0.1|cifar10-mini:30|seed=0|epochs=2"]
+    assert runs[1].flags == {"model": "sa_quadratic_small", "attention_init": "convolutional", "locality_strength": 0.1,
+                             "dataset": "cifar10", "data_dir": prepared["cifar10-mini:30"]["data_dir"], "epochs": 2,
+                             "seed": 0}
+    tiny = [study.Run(run.key, {**run.flags, "num_layers": 1, "global_batch_size": 25, "eval_batch_size": 25,
+                                "strategy": "one_device"}) for run in runs]
+    report = study.Report(str(tmp_path / "r.json"), keep=de.keep,
+                          derive=lambda runs: {"training_images": sizes, "summary": de.summarize(runs)})
+    study.run_study("data_efficiency", tiny, de.read_run, report.record, str(tmp_path / "study"), log=lambda s: None)
+    written = report.read()
+    assert sorted(written["runs"]) == sorted(run.key for run in runs) and written["training_images"] == sizes
+    run = written["runs"][runs[0].key]
+    with open(tmp_path / "study" / "data_efficiency" / "trial_0000" / "results.json") as f:
+        results = json.load(f)
+    assert (run["test_accuracy"], run["steps"]) == (results["test_accuracy"], results["steps"])
+    assert "data_dir" not in run["flags"] and run["precision"] == "float32"
+    assert written["summary"]["quadratic|cifar10-mini:30|epochs=2"]["mean"] == pytest.approx(run["test_accuracy"])
 
-    calls.clear()
-    report = de.measure(output, path, **plan, note="why", train=_fake_train(accuracy, calls))
-    assert [(c.get("attention_init"), c["seed"]) for c in calls] == [("convolutional", 0), ("convolutional", 1)]
-    assert calls[0]["locality_strength"] == 0.1
-    assert report["notes"] == ["why"] and len(report["runs"]) == 4
-    assert "data_dir" not in report["runs"]["quadratic|cifar10-mini:30|seed=0|epochs=8"]["flags"]
-    with open(output) as f:
-        assert json.load(f)["summary"]["quadratic+convolutional@0.1|cifar10-mini:30|epochs=8"]["mean"] == pytest.approx(0.2)
 
-    calls.clear()
-    de.measure(output, path, **plan, rerun=True, train=_fake_train(accuracy, calls))
-    assert len(calls) == 4
-
-
-def test_measure_refuses_a_bad_plan_before_training(tmp_path):
-    calls = []
+def test_a_bad_plan_is_refused_before_anything_trains(tmp_path):
     with pytest.raises(ValueError, match="Unknown variant"):
-        de.measure(str(tmp_path / "r.json"), "unused", ["quadratic", "quadratik"], ["shapes"], [0],
-                   train=_fake_train(lambda f: 0.0, calls))
+        de.study_runs(["quadratic", "quadratik"], ["shapes"], [0], 2, {"shapes": {}})
     with pytest.raises(ValueError, match="Unknown dataset"):
-        de.measure(str(tmp_path / "r.json"), "unused", ["quadratic"], ["shapes", "cifar100"], [0],
-                   train=_fake_train(lambda f: 0.0, calls))
-    assert calls == [] and not (tmp_path / "r.json").exists()
+        de.prepare(["shapes", "cifar100"], "unused", str(tmp_path / "data"))

@@ -43,6 +43,7 @@ def test_training_search_and_plots_are_extras():
     assert {"tensorflow-datasets", "absl-py", "pyyaml"} <= extras["train"]
     assert {"keras-tuner", "tensorboard", "scipy", "scikit-learn"} <= extras["search"]
     assert extras["plots"] == {"matplotlib"}
+    assert {"pandas", "tabulate"} <= extras["benchmarks"] and not {"pandas", "tabulate"} & extras["all"]
     assert DISTRIBUTIONS <= extras["all"]  # what `make` installs, with cpu and test
     assert not any("tensorflow" == n or n.startswith("tensorflow-cpu") for n in extras["all"])  # cpu or gpu decides
 

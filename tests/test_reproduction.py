@@ -1,475 +1,146 @@
-"""The reproduction study (`benchmarks.reproduction`): what a run's snapshots are read into, that
-an interrupted study resumes without training again, and the summary and claims over seeds."""
+"""The reproduction study (`benchmarks.reproduction`): its plan on the study engine, what a run's
+snapshots are read into, the committed report's runs and summary, and the summary and claims over
+seeds."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
+import subprocess
 
 import numpy as np
 import pytest
 
 from benchmarks import reproduction as rp
+from tests.conftest import PROJECT_ROOT
 from tools import performance_tables
-from trainers import files, run_files
-from trainers import train as train_lib
+from trainers import files, study
 from trainers.config import make_config
 
-
-def _tiny_train(trained, log=lambda s: None):
-    """A `reproduction.train` that runs the trainer in this process on a one-block model with
-    small batches (the study's flags otherwise), recording each model it trains in ``trained`` and
-    passing the trainer's lines to ``log``."""
-
-    def train(flags, model_dir):
-        trained.append(flags["model"])
-        overrides = dict(flags, model_dir=model_dir, num_layers=1, global_batch_size=50, eval_batch_size=50,
-                         strategy="one_device")
-        train_lib.train(make_config(overrides=overrides), log=log)
-
-    return train
+TINY = dict(num_layers=1, global_batch_size=50, eval_batch_size=50, strategy="one_device")
 
 
-def test_a_run_is_read_from_its_snapshots_and_an_interrupted_study_resumes(tiny_cifar, tmp_path):
+def test_runs_are_read_into_the_report_and_a_study_stopped_by_a_failure_resumes(tiny_cifar, tmp_path):
+    """Two runs through the engine; reading the second fails and stops the study, as a kill would;
+    started again, it reads that run without training it again, and the report holds both."""
     data_dir, _ = tiny_cifar
-    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
-    trained = []
+    runs = [study.Run(run.key, {**run.flags, **TINY})
+            for run in rp.study_runs(rp.plan(["learned", "quadratic"], [0], 2), data_dir, snapshot_every=1)]
+    report = study.Report(str(tmp_path / "reproduction.json"), derive=rp.derive, keep=rp.keep)
+    logged, failing = [], ["quadratic|seed=0|epochs=2"]
 
-    def fails_on_quadratic(flags, model_dir):
-        if flags["model"] == "sa_quadratic_small":
-            raise RuntimeError("killed")
-        _tiny_train(trained)(flags, model_dir)
+    def read(model_dir, run):
+        if run.key in failing:
+            failing.clear()
+            raise RuntimeError("killed while reading")
+        return rp.read_run(model_dir, run, locality_images=4, prune_snapshots=run.key.startswith("learned"),
+                           log=logged.append)
 
-    with pytest.raises(RuntimeError, match="killed"):
-        rp.measure(output, data_dir, work, rp.plan(["learned", "quadratic"], [0], 2), snapshot_every=1,
-                   locality_images=4, prune_snapshots=True, train=fails_on_quadratic, log=lambda s: None)
-    with open(output) as f:
-        report = json.load(f)
-    assert list(report["runs"]) == ["learned|seed=0|epochs=2"] and trained == ["sa_learned_small"]
-    run = report["runs"]["learned|seed=0|epochs=2"]
-    # Only what the study fixes is passed; the rest is the trainer's default.
+    directory = str(tmp_path / "study")
+    with pytest.raises(Exception, match="killed while reading"):
+        study.run_study("reproduction", runs, read, report.record, directory, log=logged.append)
+    assert list(report.read()["runs"]) == ["learned|seed=0|epochs=2"]
+    assert study.status("reproduction", runs, directory) == {"learned|seed=0|epochs=2": "read",
+                                                             "quadratic|seed=0|epochs=2": "under way after epoch 2"}
+    logged.clear()
+    study.run_study("reproduction", runs, read, report.record, directory, log=logged.append)
+    assert not any("training in" in line for line in logged)  # finished before the failure: read only
+    written = report.read()
+    run = written["runs"]["learned|seed=0|epochs=2"]
+    # Only what the study fixes (here with the tiny model's settings), no machine's data path.
     assert run["flags"] == {"model": "sa_learned_small", "dataset": "cifar10", "epochs": 2, "seed": 0,
-                            "snapshot_every": 1}
-    assert [s["epoch"] for s in run["snapshots"]] == [0, 1, 2]
-    with open(os.path.join(work, "learned_seed0_epochs2", "results.json")) as f:
+                            "snapshot_every": 1, **TINY}
+    assert run["precision"] == "float32" and [s["epoch"] for s in run["snapshots"]] == [0, 1, 2]
+    trial = os.path.join(directory, "reproduction", "trial_0000")
+    with open(os.path.join(trial, "results.json")) as f:
         results = json.load(f)
     # The last snapshot is the trained model, read as the trainer evaluated it.
     assert run["snapshots"][-1]["test_accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-9)
-    assert (run["best_epoch"], run["train_accuracy"]) == (results["best_epoch"], results["train_accuracy"])
-    assert run["best_epoch"] in (1, 2) and 0 <= run["train_accuracy"] <= 1
+    assert (run["best_epoch"], run["weights_sha256"]) == (results["best_epoch"], results["weights_sha256"])
     # The whole reading is in the run's directory; the report keeps each layer's summary of it.
-    with open(os.path.join(work, "learned_seed0_epochs2", rp.DETAIL)) as f:
+    with open(os.path.join(trial, rp.DETAIL)) as f:
         detail = json.load(f)
-    assert rp.compact_run(detail) == run and "history" not in run
     assert [len(s["layers"]) for s in detail["snapshots"]] == [1] * 3 and len(detail["snapshots"][-1]["layers"][0]) == 9
-    assert detail["snapshots"][0]["layers"] != detail["snapshots"][-1]["layers"]
-    last = run["snapshots"][-1]
-    heads = detail["snapshots"][-1]["layers"][0]
+    last, heads = run["snapshots"][-1], detail["snapshots"][-1]["layers"][0]
     assert last["locality"][0]["mass_3x3"] == pytest.approx(np.mean([h["mass_3x3"] for h in heads]), abs=1e-5)
     assert last["locality"][0]["most_local_distance"] == min(h["mean_distance"] for h in heads)
-    # And each head's metrics at every snapshot, as read.
     assert [s["heads"] for s in run["snapshots"]] == [
-        [{k: [h[k] for h in layer] for k in ("mean_distance", "mass_3x3", "entropy", "peak_offset")}
-         for layer in s["layers"]] for s in detail["snapshots"]]
-    assert len(last["heads"][0]["entropy"]) == 9 and last["heads"][0]["peak_offset"][0] == heads[0]["peak_offset"]
+        [{k: [h[k] for h in layer] for k in rp.HEAD_METRICS} for layer in s["layers"]] for s in detail["snapshots"]]
     maps = np.array(last["maps"])
     assert maps.shape == (1, 9, 16, 16) and last["query"] == [8, 8]
     # Probabilities rounded to 4 decimals: each map sums to 1 within 256 roundings.
     np.testing.assert_allclose(maps.sum((-1, -2)), 1.0, atol=256 * 0.5e-4)
-    assert "maps" not in run["snapshots"][0] and "centers" not in last
-    # Pruned: the read snapshots other than the first and last are gone, as are the checkpoints.
-    assert sorted(os.listdir(os.path.join(work, "learned_seed0_epochs2", "snapshots"))) == \
-        ["epoch_000.keras", "epoch_002.keras"]
-    assert not os.path.exists(os.path.join(work, "learned_seed0_epochs2", "checkpoints"))
-    assert [h["epoch"] for h in detail["history"]] == [1, 2]
-    # An epoch as a user waits for it: its steps, validation and snapshots; its steps alone in a
-    # history written before the trainer timed whole epochs.
+    # Pruned: the snapshots but the first and last are gone, and the checkpoints.
+    assert sorted(os.listdir(os.path.join(trial, "snapshots"))) == ["epoch_000.keras", "epoch_002.keras"]
+    assert not os.path.exists(os.path.join(trial, "checkpoints"))
     assert all(h["epoch_seconds"] > h["train_seconds"] > 0 for h in detail["history"])
-    assert rp.epoch_seconds({"train_seconds": 3.0, "epoch_seconds": 4.0}) == 4.0
-    assert rp.epoch_seconds({"train_seconds": 3.0}) == 3.0
     assert run["median_epoch_seconds"] == pytest.approx(np.median([h["epoch_seconds"] for h in detail["history"]]),
                                                         abs=0.01)
-
-    trained.clear()
-    report = rp.measure(output, data_dir, work, rp.plan(["learned", "quadratic"], [0], 2), snapshot_every=1,
-                        locality_images=4, train=_tiny_train(trained), log=lambda s: None)
-    assert trained == ["sa_quadratic_small"]  # the learned run was not trained again
-    assert len(os.listdir(os.path.join(work, "quadratic_seed0_epochs2", "snapshots"))) == 3  # kept by default
-    quadratic = report["runs"]["quadratic|seed=0|epochs=2"]["snapshots"]
-    assert np.array(quadratic[-1]["centers"]).shape == (1, 9, 2)
-    assert quadratic[0]["centers"] != quadratic[-1]["centers"]  # the centers moved in training
-    assert set(report["summary"]) == {"learned|epochs=2", "quadratic|epochs=2"}
-    with pytest.raises(ValueError, match="Unknown variant 'vit'"):
-        rp.measure(output, data_dir, work, rp.plan(["vit"], [0], 2))
+    quadratic = written["runs"]["quadratic|seed=0|epochs=2"]["snapshots"]
+    assert np.array(quadratic[-1]["centers"]).shape == (1, 9, 2) and quadratic[0]["centers"] != quadratic[-1]["centers"]
+    assert set(written["summary"]) == {"learned|epochs=2", "quadratic|epochs=2"} and written["budget"] == 2
+    # Another seed's maps stay in its run's directory only.
+    assert "maps" not in rp.keep({"key": "k", "flags": {"seed": 1}, "snapshots": [last]})["snapshots"][-1]
 
 
-def test_a_run_carried_from_a_machine_that_stopped_resumes_on_a_clean_one_as_if_never_stopped(tiny_cifar, tmp_path):
-    data_dir, _ = tiny_cifar
-    study = rp.plan(["learned"], [0], 4)
-    key, lines = "learned|seed=0|epochs=4", []
+def test_the_committed_report_kept_every_run_and_summary_number_when_it_moved_to_the_engine():
+    """The report before the study ran on the engine (its last commit in the old form) and now:
+    every run, seed, snapshot and head metric the same, and the summary made now by pandas equal
+    number by number to the one the former code made; claims and budget too."""
+    old = subprocess.run(["git", "show", "4348b98:benchmarks/results/reproduction.json"], cwd=PROJECT_ROOT,
+                         capture_output=True, text=True)
+    if old.returncode:
+        pytest.skip("needs the repository's history (a clone, not an export)")
+    old = json.loads(old.stdout)
+    with open(PROJECT_ROOT / "benchmarks" / "results" / "reproduction.json") as f:
+        new = json.load(f)
+    assert set(new["runs"]) == set(old["runs"]) and len(new["runs"]) == 37
+    for key, run in old["runs"].items():
+        assert new["runs"][key] == {**{k: v for k, v in run.items() if k != "session_seconds"}, "precision": "float32"}
 
-    def train(stop_after=None):
-        def log(line):
-            lines.append(line)
-            if stop_after and line.startswith(f"epoch {stop_after}/"):
-                raise RuntimeError("the machine stopped")
-        return _tiny_train([], log)
+    def same(a, b, where=""):
+        if isinstance(a, dict):
+            assert set(a) == set(b), where
+            for k in a:
+                same(a[k], b[k], f"{where}/{k}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), where
+            for i, (x, y) in enumerate(zip(a, b)):
+                same(x, y, f"{where}[{i}]")
+        else:
+            assert a == b or (isinstance(a, float) and a == pytest.approx(b, rel=0, abs=1e-12)), (where, a, b)
 
-    def measure(work, carry_dir, stop_after=None):
-        return rp.measure(str(work / "reproduction.json"), data_dir, str(work / "runs"), study, snapshot_every=1,
-                          locality_images=4, carry_dir=carry_dir, train=train(stop_after), log=lambda s: None)
-
-    whole = measure(tmp_path / "whole", None)["runs"][key]
-    carried = str(tmp_path / "repository" / "carried")
-    first, second = tmp_path / "first", tmp_path / "second"
-    with pytest.raises(RuntimeError, match="stopped"):
-        measure(first, carried, stop_after=1)
-    assert rp.carry(study, {}, str(first / "runs"), carried, log=lines.append) == [key]
-    copy = os.path.join(carried, "learned_seed0_epochs4")
-    # What resuming needs, the newest checkpoint only, no TensorBoard logs.
-    assert sorted(os.listdir(copy)) == ["best_model.keras", "checkpoints", "config.json", "history.json", "snapshots"]
-    assert sorted(os.listdir(os.path.join(copy, "checkpoints"))) == \
-        ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
-    assert sorted(os.listdir(os.path.join(copy, "snapshots"))) == ["epoch_000.keras", "epoch_001.keras"]
-    assert rp.carry(study, {}, str(first / "runs"), carried) == []  # nothing further along
-    # A clean checkout on another machine: a new work directory, the carried folder committed.
-    assert rp.describe_plan(study, {}, str(second / "runs"), None, carried)[0].startswith(
-        f"{key}: to resume after epoch 1 of 4")
-    lines.clear()
-    report = measure(second, carried)
-    assert any(line.startswith("Resuming from") and "1 epoch(s)" in line for line in lines), "\n".join(lines)
-    assert [line.split("/")[0] for line in lines if line.startswith("epoch ")] == ["epoch 2", "epoch 3", "epoch 4"]
-    resumed = report["runs"][key]
-    assert resumed["weights_sha256"] == whole["weights_sha256"]
-    assert resumed["test_accuracy"] == whole["test_accuracy"] and resumed["snapshots"] == whole["snapshots"]
-    assert not os.path.exists(copy)  # recorded: its copy is deleted
-    assert rp.carry(study, report["runs"], str(first / "runs"), carried) == []  # recorded: not carried again
+    same(old["summary"], rp.summarize(new["runs"]))
+    same(old["summary"], new["summary"])
+    assert new["claims"] == old["claims"] and new["budget"] == old["budget"] == rp.BUDGET
 
 
-def _fake_run(folder, checkpoint_state=None, checkpoints=(), snapshots=(), finished=False):
-    """A model directory with empty checkpoint and snapshot files, its state file naming
-    ``checkpoint_state`` (none when None): what `carry` and `resume_carried` read of a run."""
-    os.makedirs(os.path.join(folder, "checkpoints"), exist_ok=True)
-    for epoch in checkpoints:
-        for suffix in ("index", "data-00000-of-00001"):
-            with open(os.path.join(folder, "checkpoints", f"ckpt-{epoch}.{suffix}"), "w") as f:
-                f.write(str(epoch))
-    if checkpoint_state is not None:
-        with open(os.path.join(folder, "checkpoints", "checkpoint"), "w") as f:
-            f.write(f'model_checkpoint_path: "{folder}/checkpoints/ckpt-{checkpoint_state}"\n')
-    for epoch in snapshots:
-        os.makedirs(os.path.join(folder, "snapshots"), exist_ok=True)
-        with open(os.path.join(folder, "snapshots", f"epoch_{epoch:03d}.keras"), "w") as f:
-            f.write(str(epoch))
-    for name in ("config.json", "history.json") + (("results.json",) if finished else ()):
-        with open(os.path.join(folder, name), "w") as f:
-            f.write("{}")
-
-
-def test_a_carried_run_replaces_only_a_run_less_far_along_and_not_in_use(tmp_path):
-    study = rp.plan(["learned", "quadratic", "gated", "content"], [0], 9)
-    work, carried = str(tmp_path / "work"), str(tmp_path / "carried")
-    for model in ("learned", "quadratic", "gated", "content"):
-        _fake_run(os.path.join(carried, f"{model}_seed0_epochs9"), 5, [5])
-    _fake_run(os.path.join(work, "learned_seed0_epochs9"), 4, [3, 4])  # less far along
-    _fake_run(os.path.join(work, "quadratic_seed0_epochs9"), 5, [4, 5])  # as far along
-    _fake_run(os.path.join(work, "gated_seed0_epochs9"), finished=True)  # finished: its checkpoints deleted
-    with files.held(os.path.join(work, "content_seed0_epochs9")):  # a trainer at work in it
-        logged = []
-        assert rp.resume_carried(study, {}, work, carried, log=logged.append) == ["learned|seed=0|epochs=9"]
-    assert any("content|seed=0|epochs=9: not resumed" in line and "training in" in line for line in logged)
-    # The older checkpoints go: the carried state file does not name them.
-    assert sorted(os.listdir(os.path.join(work, "learned_seed0_epochs9", "checkpoints"))) == \
-        ["checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index"]
-    assert run_files.checkpointed_epoch(os.path.join(work, "learned_seed0_epochs9")) == 5
-    assert not os.path.exists(os.path.join(work, "gated_seed0_epochs9", "checkpoints", "ckpt-5.index"))
-    # A recorded run is not resumed from its copy.
-    shutil.rmtree(work)
-    assert rp.resume_carried(study, {"learned|seed=0|epochs=9": {}}, work, carried) == \
-        ["quadratic|seed=0|epochs=9", "gated|seed=0|epochs=9", "content|seed=0|epochs=9"]
-
-
-def test_carrying_a_run_as_it_trains_copies_its_newest_whole_checkpoint_and_nothing_later(tmp_path):
-    study, work, carried = rp.plan(["learned"], [0], 9), str(tmp_path / "work"), str(tmp_path / "carried")
-    run, copy = os.path.join(work, "learned_seed0_epochs9"), os.path.join(carried, "learned_seed0_epochs9")
-    # Checkpoint 6 is being written: the state file names 5. Snapshot 6 and the best model were
-    # written after checkpoint 5, in epoch 6.
-    _fake_run(run, 5, [4, 5, 6], snapshots=[0, 3, 6])
-    with open(os.path.join(run, "best_model.keras"), "w") as f:
-        f.write("epoch 6")
-    index = os.path.getmtime(os.path.join(run, "checkpoints", "ckpt-5.index"))
-    os.utime(os.path.join(run, "best_model.keras"), (index + 10, index + 10))
-    assert rp.carry(study, {}, work, carried, log=lambda s: None) == ["learned|seed=0|epochs=9"]
-    assert sorted(os.listdir(os.path.join(copy, "checkpoints"))) == \
-        ["checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index"]
-    assert sorted(os.listdir(os.path.join(copy, "snapshots"))) == ["epoch_000.keras", "epoch_003.keras"]
-    assert not os.path.exists(os.path.join(copy, "best_model.keras"))
-    # The state file names a checkpoint deleted meanwhile: the earlier copy stays whole, no partial one.
-    with open(os.path.join(run, "checkpoints", "checkpoint"), "w") as f:
-        f.write('model_checkpoint_path: "ckpt-7"\n')
-    with pytest.raises(FileNotFoundError, match="ckpt-7"):
-        rp.carry(study, {}, work, carried)
-    assert sorted(os.listdir(carried)) == ["learned_seed0_epochs9"]
-    assert run_files.checkpointed_epoch(copy) == 5
-
-
-def test_runs_another_study_process_recorded_meanwhile_are_kept(tiny_cifar, tmp_path):
-    """Two study processes writing one report (say, one model each): each read it at its start,
-    and each write keeps the runs and notes the other recorded since, whether they came while
-    this one trained (its landing keeps them) or after its last landing (its last rewrite does)."""
-    data_dir, _ = tiny_cifar
-    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
-
-    def record_another_run(seed, note):
-        report = rp.read_report(output)
-        report.setdefault("runs", {})[f"learned|seed={seed}|epochs=2"] = {
-            **_run({0: 0.1, 2: 0.3}), "flags": {"model": "sa_learned_small"}}
-        report.setdefault("notes", []).append(note)
-        with open(output, "w") as f:
-            json.dump(report, f)
-
-    def train_while_another_process_records(flags, model_dir):
-        _tiny_train([])(flags, model_dir)
-        record_another_run(5, "from the other process")
-
-    landed = []
-
-    def log_after_landing(line):
-        if "test accuracy" in line:
-            landed.append(sorted(rp.read_report(output)["runs"]))
-            record_another_run(6, "from a third process")
-
-    report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1, locality_images=4,
-                        note="this one's", train=train_while_another_process_records, log=log_after_landing)
-    assert landed == [["learned|seed=0|epochs=2", "learned|seed=5|epochs=2"]]
-    with open(output) as f:
-        written = json.load(f)
-    assert set(written["runs"]) == set(report["runs"]) == {f"learned|seed={s}|epochs=2" for s in (0, 5, 6)}
-    assert written["runs"]["learned|seed=5|epochs=2"]["test_accuracy"] == 0.3
-    assert written["summary"]["learned|epochs=2"]["seeds"] == [0, 5, 6]
-    assert set(written["notes"]) == {"this one's", "from the other process", "from a third process"}
-
-
-def test_a_report_recorded_whole_keeps_what_the_page_reads_and_each_run_directory_the_rest(tiny_cifar, tmp_path):
-    """A report an earlier version of the study wrote with every run's whole reading (history,
-    each head's metrics, every seed's maps) is rewritten as the page reads it, and nothing is
-    lost: each reading goes to its run's directory, unless that already holds one."""
-    data_dir, _ = tiny_cifar
-    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
-
-    def whole(shift):
-        run = _run({0: 0.1, 8: 0.5 + shift}, {0: [6.0, 6.0], 8: [2.0 + shift, 5.0]}, {0: [0.1, 0.1], 8: [0.5, 0.2]},
-                   compact=False)
-        run["snapshots"][-1].update(query=[8, 8], maps=[[[[shift]]]])
-        return run
-
-    runs = {"learned|seed=0|epochs=8": whole(0.0), "learned|seed=1|epochs=8": whole(0.2),
-            "quadratic|seed=1|epochs=8": whole(0.4)}
-    files.write_json(output, {"runs": runs})
-    earlier = os.path.join(rp.run_dir(work, "learned", 1, 8), rp.DETAIL)
-    files.write_json(earlier, {"measured": "before"})
-
-    def refuses(flags, model_dir):
-        raise AssertionError(f"{flags['model']} was trained again")
-
-    report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 8), train=refuses, log=lambda s: None)
-    with open(output) as f:
-        written = json.load(f)
-    assert written["runs"] == report["runs"] and set(written["runs"]) == set(runs)
-    assert all(rp.is_compact(run) for run in written["runs"].values())
-    assert not any(rp.is_compact(run) for run in runs.values())
-    # Layer 0 at the end: heads at 2.0 + shift and 2.1 + shift, the first the most local.
-    end = written["runs"]["learned|seed=1|epochs=8"]["snapshots"][-1]
-    assert end["locality"][0]["mean_distance"] == pytest.approx(2.25)
-    assert end["locality"][0]["most_local_distance"] == pytest.approx(2.2)
-    assert end["locality"][1]["mass_3x3"] == pytest.approx(0.2)
-    assert written["summary"]["learned|epochs=8"]["locality"]["8"][0]["mean_distance"]["mean"] == pytest.approx(2.15)
-    # One map set per model and budget, its lowest seed's (the figure's); every seed's in its directory.
-    assert [key for key, run in written["runs"].items() if "maps" in run["snapshots"][-1]] == \
-        ["learned|seed=0|epochs=8", "quadratic|seed=1|epochs=8"]
-    assert "query" not in end
-    for key in ("learned|seed=0|epochs=8", "quadratic|seed=1|epochs=8"):
-        with open(os.path.join(rp.run_dir(work, *rp.split_key(key)), rp.DETAIL)) as f:
-            assert json.load(f) == runs[key]
-    with open(earlier) as f:
-        assert json.load(f) == {"measured": "before"}
-
-
-def test_the_committed_report_keeps_what_the_page_reads():
-    with open(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "reproduction.json")) as f:
-        runs = json.load(f)["runs"]
-    assert all(rp.is_compact(run) for run in runs.values())
-    with_maps = {rp.split_key(key) for key, run in runs.items() if "maps" in run["snapshots"][-1]}
-    lowest = {}
-    for model, seed, epochs in map(rp.split_key, runs):
-        if any(len(s.get("locality", [])) for s in runs[rp.run_key(model, seed, epochs)]["snapshots"]):
-            lowest[model, epochs] = min(seed, lowest.get((model, epochs), seed))
-    assert with_maps == {(model, seed, epochs) for (model, epochs), seed in lowest.items()}
-
-
-def test_maps_another_process_recorded_after_the_last_landing_are_kept_only_for_the_lowest_seed(tiny_cifar,
-                                                                                                 tmp_path):
-    data_dir, _ = tiny_cifar
-    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
-
-    def record_a_run_with_maps(line):
-        if "test accuracy" in line:
-            report = rp.read_report(output)
-            run = _run({0: 0.1, 2: 0.3}, {0: [6.0], 2: [5.0]}, {0: [0.1], 2: [0.2]})
-            run["snapshots"][-1].update(query=[8, 8], maps=[[[[1.0]]]])
-            report["runs"]["learned|seed=6|epochs=2"] = run
-            # Derived as this process derives it: only the maps tell the two reports apart.
-            summary, budget = rp.summarize(report["runs"]), rp.main_budget(report["runs"])
-            report.update(summary=summary, budget=budget, claims=rp.claims(summary, budget))
-            files.write_json(output, report)
-
-    rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1, locality_images=4,
-               train=_tiny_train([]), log=record_a_run_with_maps)
-    with open(output) as f:
-        written = json.load(f)["runs"]
-    assert "maps" in written["learned|seed=0|epochs=2"]["snapshots"][-1]
-    assert "maps" not in written["learned|seed=6|epochs=2"]["snapshots"][-1]
-
-
-def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_made(tmp_path):
-    """One command reproduces the page: the default plan has every run the committed report holds,
-    each with the snapshots it was made with; flags give every model and seed at one budget."""
-    study = rp.plan()
-    assert len(set(study)) == len(study)
+def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_made():
+    plan = rp.plan()
+    assert len(set(plan)) == len(plan)
     first = rp.FIRST_BUDGET
-    assert study[:3] == [("learned", 0, first), ("learned", 1, first), ("learned", 2, first)]
-    # The comparison variant's three runs come before the gated model's first, long one.
-    assert study.index(("learned+convolutional@0.1", 2, first)) < study.index(("gated", 0, first))
-    # The search doubled the first budget for the quadratic and learned models, and the budget is
-    # that: every model at it, three seeds, the content and gated models two; the comparison
-    # variant's runs before ResNet18's and every first seed before a second.
+    assert plan[:3] == [("learned", 0, first), ("learned", 1, first), ("learned", 2, first)]
     assert rp.BUDGET == 2 * first
-    at_budget = [(model, seed) for model, seed, epochs in study if epochs == rp.BUDGET]
+    at_budget = [(model, seed) for model, seed, epochs in plan if epochs == rp.BUDGET]
     assert set(at_budget) == {(model, seed) for model in (*rp.MODELS, "learned+convolutional@0.1")
                               for seed in ((0, 1) if model in ("content", "gated") else (0, 1, 2))}
-    assert at_budget.index(("learned+convolutional@0.1", 2)) < at_budget.index(("resnet18", 0))
-    assert max(at_budget.index((model, 0)) for model in rp.MODELS) < min(
-        at_budget.index((model, 1)) for model in ("content", "gated"))
-    with open(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "reproduction.json")) as f:
+    with open(PROJECT_ROOT / "benchmarks" / "results" / "reproduction.json") as f:
         recorded = json.load(f)["runs"]
-    assert set(recorded) <= {rp.run_key(*run) for run in study}
+    made = {run.key: run.flags for run in rp.study_runs(plan, "/data")}
+    assert set(recorded) == set(made)
     for key, run in recorded.items():
-        assert run["flags"]["snapshot_every"] == rp.default_snapshot_every(rp.split_key(key)[2]), key
-    assert {model for model, _, epochs in study if epochs == rp.BUDGET} >= set(rp.MODELS)
+        assert run["flags"] == {k: v for k, v in made[key].items() if k != "data_dir"}, key
+        assert ("maps" in run["snapshots"][-1]) == (rp.split_key(key)[1] == rp.MAP_SEED and "locality" in
+                                                    run["snapshots"][-1]), key
     assert rp.plan(epochs=30) == [(model, seed, 30) for model in rp.MODELS for seed in (0, 1, 2)]
-    assert rp.plan(["gated"], [4]) == [("gated", 4, rp.BUDGET)]
     # The encoding's full name finds the study's runs of the short one: it does not start another.
     assert rp.plan(["content_plus_learned_bias", "learned+convolutional@0.10"], [1]) == [
         ("content", 1, rp.BUDGET), ("learned+convolutional@0.1", 1, rp.BUDGET)]
     assert [rp.default_snapshot_every(e) for e in (4, 12, 13, 50, 60, 240)] == [1, 1, 2, 5, 5, 20]
-    assert rp.describe_plan(study[:2], {rp.run_key(*study[0]): {}}, "/nonexistent") == [
-        f"learned|seed=0|epochs={first}: recorded",
-        f"learned|seed=1|epochs={first}: to train (not timed yet)", "1 of 2 runs to make: 1 not timed yet"]
-    # What a run will take: its preset's fastest median epoch on this CPU class (any budget or
-    # initialization), else on another class, said so.
-    def timed_run(seconds, cpu, preset):
-        return {"median_epoch_seconds": seconds, "cpu": cpu, "flags": {"model": preset}}
-
-    timed = {"learned|seed=0|epochs=120": timed_run(20.0, "cpu A", "sa_learned_small"),
-             "learned|seed=0|epochs=60": timed_run(30.0, "cpu A", "sa_learned_small"),
-             "quadratic|seed=0|epochs=60": timed_run(10.0, "cpu B", "sa_quadratic_small")}
-    # A run interrupted after 90 of 120 epochs is a quarter of a run away.
-    interrupted = rp.run_dir(str(tmp_path), "learned", 2, 120)
-    os.makedirs(interrupted)
-    with open(os.path.join(interrupted, "history.json"), "w") as f:
-        json.dump([{"epoch": epoch} for epoch in range(1, 91)], f)
-    # A preset no recorded run timed, interrupted after 4 epochs: its own median epoch (the first,
-    # slowed by the start, left out by the median) times the 116 epochs left, and the 120 of its
-    # other seed.
-    untimed = rp.run_dir(str(tmp_path), "content", 0, 120)
-    os.makedirs(untimed)
-    with open(os.path.join(untimed, "history.json"), "w") as f:
-        json.dump([{"epoch": e, "epoch_seconds": s} for e, s in ((1, 240.0), (2, 120.0), (3, 130.0), (4, 126.0))], f)
-    assert rp.describe_plan([("learned", 1, 120), ("learned+convolutional@0.1", 0, 60), ("quadratic", 1, 240),
-                             ("gated", 0, 120), ("learned", 0, 60), ("learned", 2, 120), ("content", 0, 120),
-                             ("content", 1, 120)],
-                            timed, str(tmp_path), cpu="cpu A") == [
-        "learned|seed=1|epochs=120: to train, about 40 min",
-        "learned+convolutional@0.1|seed=0|epochs=60: to train, about 20 min",
-        "quadratic|seed=1|epochs=240: to train, about 40 min on an cpu B",
-        "gated|seed=0|epochs=120: to train (not timed yet)",
-        "learned|seed=0|epochs=60: recorded",
-        "learned|seed=2|epochs=120: to resume after epoch 90 of 120, about 10 min left",
-        "content|seed=0|epochs=120: to resume after epoch 4 of 120 (timed by its own 4 epochs), about 247 min left",
-        "content|seed=1|epochs=120: to train (timed by 4 epochs of content|seed=0|epochs=120), about 256 min",
-        "7 of 8 runs to make: about 10.2 h of training and 1 not timed yet"]
-    # A recorded run of the preset, untimed, times nothing, and its directory's epochs neither;
-    # a history without epoch times neither.
-    with open(os.path.join(untimed, "history.json"), "w") as f:
-        json.dump([{"epoch": 1, "epoch_seconds": 60.0}], f)
-    assert rp.describe_plan([("content", 0, 120), ("content", 1, 120)],
-                            {"content|seed=0|epochs=120": {"median_epoch_seconds": None,
-                                                           "flags": {"model": "sa_content_plus_learned_bias_small"}}},
-                            str(tmp_path), cpu="cpu A")[1] == "content|seed=1|epochs=120: to train (not timed yet)"
-    with open(os.path.join(untimed, "history.json"), "w") as f:
-        json.dump([{"epoch": 1}, {"epoch": 2}], f)
-    assert rp.describe_plan([("content", 0, 120)], {}, str(tmp_path), cpu="cpu A")[0] == (
-        "content|seed=0|epochs=120: to resume after epoch 2 of 120 (not timed yet)")
-    with open(os.path.join(untimed, "history.json"), "w") as f:
-        json.dump([{"epoch": 1, "epoch_seconds": 120.0}], f)
-    assert rp.describe_plan([("content", 0, 120)], {}, str(tmp_path), cpu="cpu A")[0] == (
-        "content|seed=0|epochs=120: to resume after epoch 1 of 120 (timed by its own 1 epoch), about 238 min left")
-    with open(os.path.join(untimed, "history.json"), "w") as f:
-        json.dump([{"epoch": e, "epoch_seconds": s} for e, s in ((1, 240.0), (2, 120.0), (3, 130.0), (4, 126.0))], f)
-    # Two runs of the preset under way time it together, each named.
-    second = rp.run_dir(str(tmp_path), "content", 1, 120)
-    os.makedirs(second)
-    with open(os.path.join(second, "history.json"), "w") as f:
-        json.dump([{"epoch": 1, "epoch_seconds": 100.0}], f)
-    assert rp.describe_plan([("content", 0, 120), ("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[1] == (
-        "content|seed=1|epochs=120: to resume after epoch 1 of 120 (timed by 4 epochs of content|seed=0|epochs=120, "
-        "1 epoch of content|seed=1|epochs=120), about 250 min left")
-    # A recorded run of the preset on another class times less well than epochs under way on this one.
-    other = {"content|seed=0|epochs=60": {"median_epoch_seconds": 300.0, "cpu": "cpu B",
-                                           "flags": {"model": "sa_content_plus_learned_bias_small"}}}
-    assert rp.describe_plan([("content", 1, 120)], other, str(tmp_path), cpu="cpu A")[0] == (
-        "content|seed=1|epochs=120: to resume after epoch 1 of 120 (timed by its own 1 epoch), about 198 min left")
-    assert rp.describe_plan([("content", 1, 120)], other, str(tmp_path / "none"), cpu="cpu A")[0] == (
-        "content|seed=1|epochs=120: to train, about 600 min on an cpu B")
-    # Epochs that name another CPU class time nothing on this one.
-    with open(os.path.join(second, "history.json"), "w") as f:
-        json.dump([{"epoch": 1, "epoch_seconds": 100.0, "cpu": "cpu A"},
-                   {"epoch": 2, "epoch_seconds": 900.0, "cpu": "cpu B"},
-                   {"epoch": 3, "epoch_seconds": 900.0, "cpu": "cpu B"}],
-                  f)
-    assert rp.describe_plan([("content", 0, 120), ("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[1] == (
-        "content|seed=1|epochs=120: to resume after epoch 3 of 120 (timed by 4 epochs of content|seed=0|epochs=120, "
-        "1 epoch of content|seed=1|epochs=120), about 246 min left")
-    if os.path.exists("/proc/locks"):  # a study process training it names itself
-        with files.held(second, what="training into"):
-            assert rp.describe_plan([("content", 1, 120)], {}, str(tmp_path), cpu="cpu A")[0].endswith(
-                f"min left, under way in process {os.getpid()}")
-            # Under way, it also says when it lands at its own recent pace: the median of its last
-            # epochs on this class (the resume's slow first one left out), 10 at most. Here the
-            # estimate, from a recorded run that had two cores, is half of that.
-            with open(os.path.join(second, "history.json"), "w") as f:
-                json.dump([{"epoch": 1, "epoch_seconds": 100.0, "cpu": "cpu B"}]
-                          + [{"epoch": e, "epoch_seconds": 60.0 if e < 8 else 120.0, "cpu": "cpu A"}
-                             for e in range(2, 20)] + [{"epoch": 20, "epoch_seconds": 500.0, "cpu": "cpu A"}], f)
-            two_cores = {"content|seed=0|epochs=60": {"median_epoch_seconds": 60.0, "cpu": "cpu A",
-                                                       "flags": {"model": "sa_content_plus_learned_bias_small"}}}
-            assert rp.describe_plan([("content", 1, 120)], two_cores, str(tmp_path), cpu="cpu A")[0] == (
-                f"content|seed=1|epochs=120: to resume after epoch 20 of 120, about 100 min left, under way in "
-                f"process {os.getpid()} (about 200 min at its last 10 epochs' pace)")
-            with open(os.path.join(second, "history.json"), "w") as f:
-                json.dump([{"epoch": 1, "epoch_seconds": 30.0, "cpu": "cpu A"},
-                           {"epoch": 2, "epoch_seconds": 90.0, "cpu": "cpu B"},
-                           {"epoch": 3, "epoch_seconds": 120.0, "cpu": "cpu A"}], f)
-            assert rp.describe_plan([("content", 1, 120)], two_cores, str(tmp_path), cpu="cpu A")[0].endswith(
-                "(about 234 min at its last epoch's pace)")
-    with pytest.raises(ValueError, match="no run"):
-        rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], []))
-    with pytest.raises(ValueError, match="--epochs must be positive, got 0"):
-        rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], [0], 0))
-    with pytest.raises(ValueError, match="--snapshot_every must be positive, got 0"):
-        rp.measure("unused.json", "unused", "unused", rp.plan(["learned"], [0], 2), snapshot_every=0)
+    with pytest.raises(ValueError, match="Unknown initialization 'convlutional'.*random, convolutional"):
+        rp.plan(["learned+convlutional"], [0], 2)
+    for flags in (made[key] for key in made):  # every run's settings are the trainer's
+        make_config(overrides=flags)
 
 
 @pytest.mark.parametrize("flags, error", [
@@ -477,119 +148,13 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     (["--seeds=1,x"], "--seeds takes comma-separated integers, got '1,x'"),
     (["--models=", "--dry_run"], "The plan has no run"),
     (["--models=quadratik", "--dry_run"], "--models: Unknown variant 'quadratik'"),
-    (["--carry", "--output=/tmp/another.json"], "--carry with another --output needs --carry_dir"),
+    (["--epochs=0"], "--epochs must be positive, got 0"),
 ])
 def test_flags_that_make_no_sense_stop_before_anything_runs(flags, error, tmp_path):
     from benchmarks import harness
 
-    proc = harness.run_module("benchmarks.reproduction", [f"--work_dir={tmp_path}", *flags])
+    proc = harness.run_module("benchmarks.reproduction", [f"--directory={tmp_path}", *flags])
     assert proc.returncode == 2 and error in proc.stderr and not os.listdir(tmp_path)
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's lock table")
-def test_a_run_another_process_is_training_or_reading_is_left_to_it(tiny_cifar, tmp_path):
-    """Two study processes on one plan (one per core, say): a run whose model directory another
-    process holds (`trainers.files.held`: its trainer training there, or its study reading the
-    finished run) is skipped, neither trained nor read a second time, and the log names that
-    process; the plan's other runs train and land. Released, a finished run is read, not trained."""
-    data_dir, _ = tiny_cifar
-    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
-    trained, lines = [], []
-    busy_dir = rp.run_dir(work, "learned", 0, 2)
-    os.makedirs(busy_dir)
-    with files.held(busy_dir, what="training into"):  # the other process's trainer
-        report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0, 1], 2), snapshot_every=1,
-                            locality_images=4, train=_tiny_train(trained), log=lines.append)
-    assert trained == ["sa_learned_small"]
-    assert list(report["runs"]) == list(rp.read_report(output)["runs"]) == ["learned|seed=1|epochs=2"]
-    skipped = [line for line in lines if "learned|seed=0|epochs=2" in line]
-    assert len(skipped) == 1 and f"skipped, left to process {os.getpid()}" in skipped[0], lines
-
-    # The finished run of seed 1, for a report that does not have it yet.
-    other_output, lines[:] = str(tmp_path / "other.json"), []
-    with files.held(rp.run_dir(work, "learned", 1, 2), what="reading"):
-        report = rp.measure(other_output, data_dir, work, rp.plan(["learned"], [1], 2), snapshot_every=1,
-                            locality_images=4, train=_tiny_train(trained), log=lines.append)
-    assert report["runs"] == {} and any("skipped" in line for line in lines), lines
-    holders = []
-
-    def log_holder(line):  # while it reads the run, the lock is this process's, for another to find
-        if "reading its snapshots" in line:
-            holders.append(files.lock_holder(rp.run_dir(work, "learned", 1, 2)))
-
-    report = rp.measure(other_output, data_dir, work, rp.plan(["learned"], [1], 2), snapshot_every=1,
-                        locality_images=4, train=_tiny_train(trained), log=log_holder)
-    assert list(report["runs"]) == ["learned|seed=1|epochs=2"] and trained == ["sa_learned_small"]
-    assert holders == [os.getpid()]
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's lock table")
-def test_a_run_another_process_started_training_at_the_same_moment_is_left_to_it(tiny_cifar, tmp_path):
-    """Two study processes started together both find a run's directory free; the trainer that takes
-    its lock second fails (`sa-conv-train` exits with an error): that process skips the run, left to
-    the other one, rather than stop. A trainer failing with nobody holding the lock still stops it."""
-    data_dir, _ = tiny_cifar
-    output, work = str(tmp_path / "reproduction.json"), str(tmp_path / "work")
-    lines, others = [], contextlib.ExitStack()
-
-    def loses_the_race(flags, model_dir):
-        others.enter_context(files.held(model_dir, what="training into"))  # the other trainer, first
-        raise RuntimeError("sa-conv-train ... failed (exit 1)")
-
-    with others:
-        report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1,
-                            locality_images=4, train=loses_the_race, log=lines.append)
-        assert report["runs"] == {} and any(f"left to process {os.getpid()}" in line for line in lines), lines
-
-    # Where /proc/locks does not show the lock (a holder in another PID namespace, some file
-    # systems), the lock is tried once the trainer has failed.
-    with contextlib.ExitStack() as others, pytest.MonkeyPatch.context() as patch:
-        patch.setattr(files, "lock_holder", lambda folder: None)
-        report = rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1,
-                            locality_images=4, train=loses_the_race, log=lines.append)
-        assert report["runs"] == {} and "skipped, left to another process" in lines[-1], lines
-
-    def fails(flags, model_dir):
-        raise RuntimeError("sa-conv-train ... failed (exit 1)")
-
-    with pytest.raises(RuntimeError, match="failed"):
-        rp.measure(output, data_dir, work, rp.plan(["learned"], [0], 2), snapshot_every=1, locality_images=4,
-                   train=fails, log=lines.append)
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's lock table")
-def test_a_study_process_waits_for_anothers_write_before_it_writes(tiny_cifar, tmp_path):
-    """Each study process reads, merges and writes the report under an exclusive flock of its
-    folder. While this test holds that lock, another process's last rewrite waits for it (the
-    kernel lists the process as blocked on the lock) and the report stays as it was; released,
-    the rewrite lands."""
-    import subprocess
-    import sys
-    import time
-
-    data_dir, _ = tiny_cifar
-    folder = tmp_path / "results"
-    folder.mkdir()
-    output = str(folder / "reproduction.json")
-    # A recorded run and nothing derived yet: the other process trains nothing, only rewrites.
-    with open(output, "w") as f:
-        json.dump({"runs": {"learned|seed=0|epochs=2": {**_run({0: 0.1, 2: 0.3}), "flags": {}}}}, f)
-    with files.held(str(folder)):
-        other = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from benchmarks import reproduction as rp; "
-             "rp.measure(sys.argv[1], sys.argv[2], sys.argv[3], rp.plan(['learned'], [0], 2))",
-             output, data_dir, str(tmp_path / "work")],
-            cwd=os.path.join(os.path.dirname(__file__), ".."), stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        while other.poll() is None and time.monotonic() < deadline:
-            with open("/proc/locks") as f:
-                if any(line.split()[1] == "->" and line.split()[5] == str(other.pid) for line in f):
-                    break
-            time.sleep(0.1)
-        assert other.poll() is None, f"the other process did not wait for the lock: {other.stderr.read()[-2000:]}"
-        assert "summary" not in rp.read_report(output)
-    assert other.wait(timeout=120) == 0, other.stderr.read()[-2000:]
-    assert rp.read_report(output)["summary"]["learned|epochs=2"]["seeds"] == [0]
 
 
 def _run(accuracies, distances=None, masses=None, compact=True):
@@ -668,9 +233,6 @@ def test_one_seed_has_no_spread_and_no_flattening_verdict():
                                                              {0: [0.1], 3: [0.2], 4: [0.3]})})
     entry = summary["learned|epochs=4"]
     assert entry["test_accuracy"]["std"] is None and entry["flattened"] is None
-    # Runs as read (each head's metrics) summarize as the report's compact ones do.
-    assert rp.summarize({"learned|seed=0|epochs=4": _run({0: 0.1, 3: 0.3, 4: 0.31}, {0: [5.0], 3: [4.0], 4: [3.0]},
-                                                         {0: [0.1], 3: [0.2], 4: [0.3]}, compact=False)}) == summary
     # Moved the right way, but with one seed nothing is beyond a spread: partly; one layer has
     # no depth to compare.
     assert [(row["claim"], row["verdict"]) for row in rp.claims(summary, 4)] == \
@@ -716,41 +278,6 @@ def test_each_budget_is_compared_with_the_next_shorter_one_within_the_seeds_spre
     assert against["quadratic|epochs=16"]["change"] == pytest.approx(0.05)
     assert against["quadratic|epochs=16"]["within_spread"] is False
     assert against["quadratic|epochs=32"]["within_spread"] is None
-
-
-def test_a_rerun_reads_the_recorded_runs_again_with_the_current_analysis(tiny_cifar, tmp_path, monkeypatch):
-    data_dir, _ = tiny_cifar
-    writes, write_report = [], rp.harness.write_report
-
-    def counted(path, *args, **kwargs):
-        writes.append(path)
-        return write_report(path, *args, **kwargs)
-
-    monkeypatch.setattr(rp.harness, "write_report", counted)
-    report = _report()
-    stale = dict(report, summary={}, budget=4, claims=[])  # as an earlier version of the analysis wrote it
-    output = str(tmp_path / "reproduction.json")
-    files.write_json(output, stale)
-    logged = []
-
-    def refuses(flags, model_dir):
-        raise AssertionError(f"{flags['model']} was trained again")
-
-    rp.measure(output, data_dir, str(tmp_path / "work"), rp.plan(["learned"], [0], 4), snapshot_every=1,
-               train=refuses, log=logged.append)
-    with open(output) as f:
-        written = json.load(f)
-    assert written["summary"] == report["summary"] and written["budget"] == 8
-    assert written["claims"] == rp.claims(report["summary"], 8) != []
-    assert written["runs"] == report["runs"] and len(logged) == 1 and "read again" in logged[0]
-    assert writes == [output]
-    rp.measure(output, data_dir, str(tmp_path / "work"), rp.plan(["learned"], [0], 4), snapshot_every=1,
-               train=refuses, log=logged.append)
-    assert len(logged) == 1 and writes == [output]  # nothing read otherwise: not written again
-    rp.measure(output, data_dir, str(tmp_path / "work"), rp.plan(["learned"], [0], 4), snapshot_every=1,
-               note="why fewer seeds", train=refuses, log=logged.append)
-    with open(output) as f:
-        assert writes == [output] * 2 and json.load(f)["notes"] == ["why fewer seeds"]
 
 
 def test_json_number_lists_are_written_on_one_line_and_read_back_equal(tmp_path):
@@ -810,15 +337,6 @@ def test_comparison_variants_answer_the_data_efficiency_targets_but_not_the_clai
     assert convolutional["difference"] == pytest.approx(-0.02) and not convolutional["met"]
     # The paper's claims are asked of the study's models only.
     assert {row["model"] for row in rp.claims(summary, 8)} == {"content", "gated", "learned"}
-
-
-def test_a_comparison_variant_neither_chooses_the_budget_nor_nests_directories():
-    runs = {f"learned+convolutional@0.1/2|seed={s}|epochs=30": None for s in range(3)}
-    runs.update({f"learned|seed={s}|epochs=60": None for s in range(2)})
-    assert rp.main_budget(runs) == 60
-    assert rp.run_dir("/w", "quadratic+convolutional@0.1/2", 1, 60) == "/w/quadratic+convolutional@0.1-2_seed1_epochs60"
-    with pytest.raises(ValueError, match="Unknown initialization 'convlutional'.*random, convolutional"):
-        rp.measure("unused.json", "unused", "unused", rp.plan(["learned+convlutional"], [0], 2))
 
 
 def _report():

@@ -224,18 +224,27 @@ def test_an_unreadable_search_file_stops_the_resume_with_its_name(tmp_path):
 
 
 def test_tuner_files_are_written_atomically(tmp_path, monkeypatch):
+    """The oracles' state files go through `write_json_atomically` (subclasses, keras-tuner's own
+    writer left as it is), which replaces a file whole or not at all."""
+    import keras_tuner as kt
     from keras_tuner.src import utils as tuner_utils
 
-    from trainers import files
-
-    monkeypatch.setattr(tuner_utils, "save_json", tuner_utils.save_json)  # restored after the test
-    tune_lib.write_tuner_files_atomically()
     target = tmp_path / "oracle.json"
     target.write_text('{"old": 1}')
-    writes = []
-    monkeypatch.setattr(files, "write_text", lambda path, text: writes.append((path, text)))
-    assert tuner_utils.save_json(str(target), {"new": 2}) == '{"new": 2}'
-    assert writes == [(str(target), '{"new": 2}')] and json.loads(target.read_text()) == {"old": 1}
+    monkeypatch.setattr(tune_lib.tf_gfile(), "rename", lambda *args, **kwargs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        tune_lib.write_json_atomically(str(target), {"new": 2})
+    assert json.loads(target.read_text()) == {"old": 1}
+    monkeypatch.undo()
+    tune_lib.write_json_atomically(str(target), {"new": 2})
+    assert json.loads(target.read_text()) == {"new": 2}
+
+    original, writes = tuner_utils.save_json, []
+    monkeypatch.setattr(tune_lib, "write_json_atomically", lambda path, value: writes.append(os.path.basename(path)))
+    oracle = tune_lib.RandomOracle(kt.Objective("val_accuracy", "max"), max_trials=1)
+    oracle._set_project_dir(str(tmp_path), "p")
+    oracle.create_trial("tuner0")
+    assert writes == ["trial.json", "oracle.json"] and tuner_utils.save_json is original
 
 
 @pytest.mark.parametrize("entry,message", [

@@ -453,8 +453,7 @@ def data_efficiency():
     """Test accuracy per variant and dataset at the report's main epochs: mean, spread and seeds."""
     data = _load("data_efficiency")
     epochs, groups = _efficiency_groups(data)
-    caption = (f"{data['date']}, {epochs} epochs, test accuracy: mean ± sample standard deviation "
-               f"(seeds).\n\n")
+    caption = f"{epochs} epochs, test accuracy: mean ± sample standard deviation (seeds).\n\n"
     return caption + _efficiency_table(data, groups[epochs])
 
 
@@ -533,7 +532,7 @@ def plot_data_efficiency(path):
     axis.set_xscale("log")
     axis.set_xlabel("training images (cifar10-mini subsets)")
     axis.set_ylabel("test accuracy")
-    axis.set_title(f"Data efficiency, {epochs} epochs ({data['date']})")
+    axis.set_title(f"Data efficiency, {epochs} epochs")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     _save(figure, path)

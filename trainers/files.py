@@ -68,9 +68,8 @@ class Busy(RuntimeError):
 def held(folder: str, wait: bool = True, what: str = "writing into"):
     """Holds an exclusive lock on ``folder`` (``flock`` on the folder itself: released on exit,
     or by the system however the process ends). Another process waits for it, or with ``wait``
-    False raises `Busy` at once, naming the holder's process ID where ``/proc/locks`` shows it and
-    ``what`` that process is doing. Without ``fcntl`` (Windows) nothing is locked, nor (with a
-    warning) on a file system that cannot lock a folder."""
+    False raises `Busy` at once, saying what the holder is doing (``what``). Without ``fcntl``
+    (Windows) nothing is locked, nor (with a warning) on a file system that cannot lock a folder."""
     try:
         import fcntl
     except ImportError:
@@ -82,47 +81,14 @@ def held(folder: str, wait: bool = True, what: str = "writing into"):
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            holder = _lock_holder(descriptor)
-            raise Busy(f"{'Process ' + str(holder) if holder else 'Another process'} is {what} {folder} "
-                       f"(it holds the folder's lock): wait for it to end or stop it, or use another "
-                       f"folder.") from None
+            raise Busy(f"Another process is {what} {folder} (it holds the folder's lock): wait for it to end "
+                       f"or stop it, or use another folder.") from None
         except OSError as error:  # a file system without flock on folders (NFS, some FUSE mounts)
             warnings.warn(f"{folder} cannot be locked here ({error}): nothing stops a second process "
                           f"from writing into it at the same time.", stacklevel=3)
         yield
     finally:
         os.close(descriptor)
-
-
-def lock_holder(folder: str) -> int | None:
-    """The ID of the process holding `held`'s lock on ``folder``, read from ``/proc/locks`` without
-    taking the lock (a process trying it meanwhile finds it free); None when no process holds it,
-    ``folder`` does not exist, or ``/proc/locks`` cannot show it (no such file; a holder in another
-    PID namespace; a file system whose device numbers it shows otherwise)."""
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return _lock_holder(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _lock_holder(descriptor: int) -> int | None:
-    """The process ID holding a ``flock`` on ``descriptor``'s file, from ``/proc/locks``."""
-    status = os.fstat(descriptor)
-    inode = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
-    try:
-        with open("/proc/locks") as f:
-            for line in f:
-                fields = line.split()
-                # "1: FLOCK  ADVISORY  WRITE 3331 00:2a:1234 0 EOF"; a waiter's line has "->".
-                if "->" not in fields and len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode:
-                    return int(fields[4])
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 # A list of numbers as json.dumps lays it out with an indent: one number a line. JSON strings hold

@@ -330,9 +330,62 @@ def _read_record(trial_dir) -> dict:
         return json.load(f)
 
 
-class _Tuner:
+def tf_gfile():
+    """TensorFlow's file system module: local paths and ``gs://...`` alike."""
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def write_json_atomically(path: str, value) -> None:
+    """Writes ``value`` as JSON to a temporary file beside ``path``, then renames it into place,
+    on any file system TensorFlow reads (``gs://...`` included, where the rename is a copy)."""
+    gfile, tmp = tf_gfile(), f"{path}.tmp"
+    with gfile.GFile(tmp, "w") as f:
+        f.write(json.dumps(value))
+    gfile.rename(tmp, path, overwrite=True)
+
+
+class OracleFiles:
+    """Mixed in before a keras-tuner Oracle: ``oracle.json`` and each ``trial.json`` written by
+    `write_json_atomically` (keras-tuner truncates then writes: a search killed in between would
+    leave a file its rerun cannot read)."""
+
+    def save(self):
+        write_json_atomically(self._get_oracle_fname(), self.get_state())
+
+    def _save_trial(self, trial):
+        write_json_atomically(os.path.join(self._get_trial_dir(trial.trial_id), "trial.json"), trial.get_state())
+
+
+class TunerFiles:
+    """Mixed in before a keras-tuner tuner: its own state file written by `write_json_atomically`."""
+
+    def save(self):
+        if not self._is_worker():
+            self.oracle.save()
+        write_json_atomically(self._get_tuner_fname(), self.get_state())
+
+
+class HyperbandOracle(OracleFiles, kt.oracles.HyperbandOracle):
+    pass
+
+
+class BayesianOracle(OracleFiles, kt.oracles.BayesianOptimizationOracle):
+    pass
+
+
+class RandomOracle(OracleFiles, kt.oracles.RandomSearchOracle):
+    pass
+
+
+class _Tuner(TunerFiles):
     """Adds the trial directory to ``fit``'s arguments and records who ran each trial how often
-    (``tuner_id``, ``attempts`` in ``sa_conv_trial.json``)."""
+    (``tuner_id``, ``attempts`` in ``sa_conv_trial.json``). Built on the oracle given, one of the
+    `OracleFiles` oracles (keras-tuner's tuner classes would make their own)."""
+
+    def __init__(self, hypermodel, oracle, **kwargs):
+        kt.Tuner.__init__(self, oracle=oracle, hypermodel=hypermodel, **kwargs)
 
     def run_trial(self, trial, *args, **kwargs):
         trial_dir = self.get_trial_dir(trial.trial_id)
@@ -361,16 +414,14 @@ class RandomTuner(_Tuner, kt.RandomSearch):
 
 
 def make_tuner(config: TuneConfig, hypermodel, strategy):
-    direction = "max" if config.objective == "val_accuracy" else "min"
-    common = dict(
-        objective=kt.Objective(config.objective, direction), executions_per_trial=config.executions_per_trial,
-        directory=config.directory, project_name=config.project_name, overwrite=config.overwrite,
-        distribution_strategy=strategy,
-    )
+    objective = kt.Objective(config.objective, "max" if config.objective == "val_accuracy" else "min")
+    common = dict(directory=config.directory, project_name=config.project_name, overwrite=config.overwrite,
+                  executions_per_trial=config.executions_per_trial, distribution_strategy=strategy)
     if config.tuner == "hyperband":
-        return HyperbandTuner(hypermodel, max_epochs=config.max_epochs, factor=3, **common)
-    cls = BayesianTuner if config.tuner == "bayesian" else RandomTuner
-    return cls(hypermodel, max_trials=config.max_trials, **common)
+        return HyperbandTuner(hypermodel, HyperbandOracle(objective, max_epochs=config.max_epochs, factor=3), **common)
+    if config.tuner == "bayesian":
+        return BayesianTuner(hypermodel, BayesianOracle(objective, max_trials=config.max_trials), **common)
+    return RandomTuner(hypermodel, RandomOracle(objective, max_trials=config.max_trials), **common)
 
 
 # ------------------------------------------------------------------------------ reports
@@ -417,25 +468,6 @@ def format_table(rows: list[dict]) -> str:
     lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(cell, widths)) for cell in cells]
     return "\n".join(lines)
-
-
-def write_tuner_files_atomically() -> None:
-    """Makes keras-tuner write its JSON files (``oracle.json``, each ``trial.json``) atomically,
-    a temporary file then a rename (`trainers.files.write_text`): keras-tuner truncates then
-    writes, so a search killed in between leaves an empty ``oracle.json`` that the rerun cannot
-    read. Changes keras-tuner for the whole process: the program calls it in its entry point."""
-    from keras_tuner.src import utils as tuner_utils
-
-    original = tuner_utils.save_json
-
-    def save_json(path, obj):
-        if "://" in str(path):  # a remote filesystem (gs://...): keras-tuner's own writer
-            return original(path, obj)
-        text = json.dumps(obj)
-        files.write_text(str(path), text)
-        return text
-
-    tuner_utils.save_json = save_json
 
 
 def check_resumable(project_dir: str) -> None:
@@ -497,7 +529,6 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
 
 
 def main():
-    write_tuner_files_atomically()
     base = make_config(cli.settings(TrainConfig, TrainConfig, TuneConfig), {})
     distribute.configure_cpu_devices(base.cpu_devices)
     tune(cli.make(TuneConfig, cli.settings(TuneConfig, TrainConfig, TuneConfig)), base)

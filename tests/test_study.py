@@ -1,0 +1,121 @@
+"""The study engine (`trainers.study`): a fixed plan of runs as a keras-tuner search, shared by
+workers in keras-tuner's chief/worker mode, each run resumed after a kill."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT, read_until, reserved_port
+from trainers import study
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"}
+TINY = {"model": "sa_quadratic_small", "dataset": "synthetic", "global_batch_size": 50, "strategy": "one_device",
+        "num_layers": 1, "hidden_size": 16}
+
+
+def write_plan(path, seeds=(0, 1, 2, 3), epochs=3):
+    plan = [{"key": f"seed={seed}", "flags": {**TINY, "seed": seed, "epochs": epochs}} for seed in seeds]
+    path.write_text(json.dumps(plan))
+    return str(path)
+
+
+def command(plan, directory, name="s"):
+    return [sys.executable, "-m", "trainers.study", f"--plan={plan}", f"--directory={directory}", f"--name={name}"]
+
+
+def trained(log_text):
+    """The keys a process started training, in order."""
+    return [line.split(":", 1)[0] for line in log_text.splitlines() if ": training in " in line]
+
+
+@pytest.mark.slow
+def test_two_workers_share_a_plan_and_a_killed_worker_resumes_its_run(tmp_path):
+    """A chief and two workers on one machine make a four-run plan: every run once, on both
+    workers; one worker, killed with SIGKILL after its run's first epoch and started again with
+    its id, resumes that run (not from the start) and ends with the weights of the same plan made
+    by one uninterrupted process."""
+    plan = write_plan(tmp_path / "plan.json")
+    alone = subprocess.run(command(plan, tmp_path / "alone"), cwd=PROJECT_ROOT, env=ENV, capture_output=True,
+                           text=True, timeout=600)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert trained(alone.stdout) == ["seed=0", "seed=1", "seed=2", "seed=3"]
+    expected = {key: run["weights_sha256"] for key, run in json.loads((tmp_path / "alone" / "s.json").read_text())["runs"].items()}
+    assert len(set(expected.values())) == 4
+
+    port = reserved_port()
+    logs = {}
+
+    def start(tuner_id, watch=False):
+        env = {**ENV, "KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": str(port),
+               "KERASTUNER_TUNER_ID": tuner_id}
+        logs[tuner_id] = tmp_path / f"{tuner_id}.log"
+        log = open(logs[tuner_id], "a")
+        return subprocess.Popen(command(plan, tmp_path / "shared"), cwd=PROJECT_ROOT, env=env, stderr=log,
+                                stdout=subprocess.PIPE if watch else log, text=True)
+
+    chief = start("chief")
+    workers = {"tuner0": start("tuner0"), "tuner1": start("tuner1", watch=True)}
+    try:
+        try:
+            lines = read_until(workers["tuner1"], "epoch 1/3", timeout=300)
+        finally:
+            os.kill(workers["tuner1"].pid, signal.SIGKILL)
+            workers["tuner1"].wait()
+        victim = trained("".join(lines))[-1]
+        with open(logs["tuner1"], "a") as f:
+            f.writelines(lines)
+        workers["tuner1"] = start("tuner1")
+        for name, proc in workers.items():
+            assert proc.wait(timeout=600) == 0, logs[name].read_text()[-3000:]
+        assert chief.wait(timeout=120) == 0, logs["chief"].read_text()[-3000:]
+    finally:
+        for proc in (chief, *workers.values()):
+            if proc.poll() is None:
+                proc.kill()
+    texts = {name: path.read_text() for name, path in logs.items()}
+    assert "Resuming from" in texts["tuner1"].split(f"{victim}: training in")[-1]
+    runs = trained(texts["tuner0"]) + trained(texts["tuner1"])
+    assert sorted(runs) == sorted([*expected, victim])  # each once, the victim started twice
+    assert trained(texts["tuner0"]) and trained(texts["tuner1"])  # both shared the plan
+    assert not trained(texts["chief"])
+    report = json.loads((tmp_path / "shared" / "s.json").read_text())
+    assert {key: run["weights_sha256"] for key, run in report["runs"].items()} == expected
+
+
+def test_the_oracle_hands_out_the_plan_in_order_once_and_then_stops(tmp_path):
+    import keras_tuner as kt
+
+    oracle = study.PlanOracle(["a", "b", "c"], record=lambda key, trial_dir: None)
+    oracle._set_project_dir(str(tmp_path), "p")
+    first, second = oracle.create_trial("w0"), oracle.create_trial("w1")
+    assert [first.hyperparameters.values["run"], second.hyperparameters.values["run"]] == ["a", "b"]
+    assert oracle.create_trial("w0") is first  # a restarted worker gets its run back
+    reloaded = study.PlanOracle(["a", "b", "c"], record=lambda key, trial_dir: None)
+    reloaded._set_project_dir(str(tmp_path), "p")
+    reloaded.reload()  # a restarted chief: each run under way stays with its worker
+    assert reloaded.create_trial("w5").hyperparameters.values["run"] == "c"
+    assert reloaded.create_trial("w1").hyperparameters.values["run"] == "b"
+    assert reloaded.create_trial("w6").status == kt.engine.trial.TrialStatus.STOPPED
+
+
+def test_a_plan_naming_a_run_twice_or_an_unknown_setting_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="names a run twice"):
+        study.StudyTuner([study.Run("a", TINY), study.Run("a", TINY)], study.read_results, None,
+                         directory=str(tmp_path), project_name="p")
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps([{"key": "a", "flags": {**TINY, "learning_rat": 0.1}}]))
+    with pytest.raises(study.ConfigError, match="learning_rat"):
+        study.load_plan(str(bad))
+
+
+def test_the_report_keeps_every_run_and_what_it_derives(tmp_path):
+    report = study.Report(str(tmp_path / "r.json"), derive=lambda runs: {"count": len(runs)},
+                          keep=lambda reading: {"acc": reading["acc"]}, note="why")
+    report.record("a", {"acc": 0.5, "big": [1] * 10})
+    written = report.record("b", {"acc": 0.7})
+    assert written == json.loads((tmp_path / "r.json").read_text())
+    assert written == {"runs": {"a": {"acc": 0.5}, "b": {"acc": 0.7}}, "notes": ["why"], "count": 2}
