@@ -1,6 +1,7 @@
-"""The README is the page a user reads first (at most 250 lines, linking a docs/ page per
-topic), and every performance table in it and in docs/ is what tools/performance_tables.py
-makes from the committed benchmark JSON."""
+"""The README is the page a user reads first (at most 150 lines, linking a docs/ page per
+topic); the pages are short enough to read in minutes (at most 15,000 words together, prose lines
+of at most 120 characters, no line outside a table over 400); and every performance table in them
+is what tools/performance_tables.py makes from the committed benchmark JSON."""
 
 import re
 
@@ -10,11 +11,58 @@ from tests.conftest import PROJECT_ROOT
 from tools import performance_tables
 
 README = PROJECT_ROOT / "README.md"
+PAGES = [README, *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+README_LINES, WORDS, PROSE_CHARACTERS, LINE_CHARACTERS = 150, 15_000, 120, 400
 
 
-def test_the_readme_is_short_and_links_every_docs_page():
+def _page_id(path):
+    return str(path.relative_to(PROJECT_ROOT))
+
+
+def _prose(text):
+    """``(line number, line)`` of the prose lines of a Markdown page: not a table row, not inside a
+    ``` fence, not inside a generated table block (its markers included: its captions are held to
+    `LINE_CHARACTERS` only), not a URL alone."""
+    fenced = generated = False
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fenced = not fenced
+            continue
+        if stripped.startswith("<!-- table:"):
+            generated = True
+        if not (fenced or generated or stripped.startswith("|") or re.fullmatch(r"<?https?://\S+>?", stripped)):
+            yield number, line
+        if stripped.startswith("<!-- end table:"):
+            generated = False
+
+
+def test_the_readme_is_at_most_150_lines():
+    assert len(README.read_text().splitlines()) <= README_LINES
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_no_line_outside_a_table_is_over_400_characters(page):
+    """Generated captions included: a caption is a sentence or two, the data is in the JSON."""
+    long = [number for number, line in enumerate(page.read_text().splitlines(), 1)
+            if not line.lstrip().startswith("|") and len(line) > LINE_CHARACTERS]
+    assert not long, f"{_page_id(page)}: lines {long} are over {LINE_CHARACTERS} characters"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_prose_lines_are_at_most_120_characters(page):
+    long = [number for number, line in _prose(page.read_text()) if len(line) > PROSE_CHARACTERS]
+    assert not long, f"{_page_id(page)}: prose lines {long} are over {PROSE_CHARACTERS} characters"
+
+
+def test_the_pages_are_at_most_15000_words():
+    """As `wc -w README.md docs/*.md` counts them, generated tables included."""
+    words = {_page_id(page): len(page.read_text().split()) for page in PAGES}
+    assert sum(words.values()) <= WORDS, words
+
+
+def test_the_readme_links_every_docs_page():
     text = README.read_text()
-    assert len(text.splitlines()) <= 250
     linked = set(re.findall(r"\]\((docs/[\w-]+\.md)\)", text))
     pages = {f"docs/{p.name}" for p in (PROJECT_ROOT / "docs").glob("*.md")}
     assert linked == pages and len(pages) >= 6

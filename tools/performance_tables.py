@@ -104,26 +104,32 @@ def vs_reference_summary():
 
 
 def vs_reference_full():
+    """Every side of every case: training images/s and peak RSS, and the ratios to the reference
+    (each side's inference images/s, date and rounds are in the JSON)."""
     data = _load("vs_reference")
-    rows = []
+    rows, dates = [], set()
     for case, sides in data["cases"].items():
         ratios = sides.get("ratios", {})
         for side, run in sides.items():
             if side == "ratios":
                 continue
+            dates.add(run.get("date", data["date"]))
             r = ratios.get(side, {})
-            speed = " / ".join(_ratio(r.get(k)) for k in ("train_speed", "inference_speed_batch1",
-                                                           "inference_speed_batch100")) if r else "-"
-            rows.append([_preset(case), _side_label(side, run), run.get("date", data["date"]),
-                         _num(run.get("train_images_per_second")),
-                         f"{_num(run.get('inference_images_per_second_batch1'))} / "
-                         f"{_num(run.get('inference_images_per_second_batch100'))}",
-                         _gib(run.get("peak_rss_mb")), speed, _ratio(r.get("peak_rss"))])
-    return _table(["case", "side", "date", "train img/s", "infer img/s (b=1 / b=100)", "training peak RSS",
-                   "speed vs reference (train / b=1 / b=100)", "RSS vs reference"], rows)
+            speed = "/".join(_ratio(r.get(k)) for k in ("train_speed", "inference_speed_batch1",
+                                                         "inference_speed_batch100")) if r else "-"
+            rss = run.get("peak_rss_mb")
+            rows.append([_preset(case), _side_label(side, run), _num(run.get("train_images_per_second")),
+                         "-" if rss is None else f"{rss / 1024:.2f}", speed, _ratio(r.get("peak_rss"))])
+    days = sorted(dates)
+    caption = (f"Batch {data['batch']}; sides timed {days[0]} to {days[-1]} (each side's day in the JSON), "
+               "so speed ratios across days are indicative; memory ratios do not depend on the day.\n\n")
+    return caption + _table(["case", "side", "train img/s", "training peak RSS (GiB)",
+                             "speed vs reference (train/b=1/b=100)", "RSS vs reference"], rows)
 
 
-def throughput(name="throughput"):
+def _throughput_full(name):
+    """Every column of a throughput report, one row per case (docs/attention_init.md's
+    ``throughput_gated``)."""
     data = _load(name)
     rows = [[f"`{PRESET_ALIASES.get(r['case'], r['case'])}`", r.get("train_batch", "-"),
              {True: "yes", False: "no"}.get(r.get("xla"), "-"), _num(r.get("train_images_per_second")),
@@ -137,6 +143,32 @@ def throughput(name="throughput"):
                              "fraction of matmul peak", "peak RSS"], rows)
 
 
+def throughput(name="throughput"):
+    """Per case: training and inference images/s, the training step's fraction of the matmul peak
+    and peak RSS; a case's batch and XLA are named where they differ from the rest (FLOPs per image
+    are in the JSON). ``throughput_gated`` keeps every column (`_throughput_full`)."""
+    if name == "throughput_gated":
+        return _throughput_full(name)
+    data = _load(name)
+    results = [r for r in data["results"] if "train_images_per_second" in r]
+    batches = [r.get("train_batch") for r in results]
+    batch = max(set(batches), key=batches.count)
+
+    def case(r):
+        name = PRESET_ALIASES.get(r["case"], r["case"])
+        notes = [f"batch {r.get('train_batch')}"] * (r.get("train_batch") != batch)
+        notes += ["XLA"] * bool(r.get("xla") and "xla" not in name)
+        return f"`{name}`" + (f" ({', '.join(notes)})" if notes else "")
+
+    rows = [[case(r), _num(r.get("train_images_per_second")),
+             f"{_num(r.get('inference_images_per_second_batch1'))}/{_num(r.get('inference_images_per_second_batch100'))}",
+             _ratio(r.get("train_fraction_of_matmul_peak")),
+             "-" if r.get("peak_rss_mb") is None else f"{r['peak_rss_mb'] / 1024:.2f}"] for r in results]
+    caption = f"{data['date']}, batch {batch}, matmul peak {_num(_machine(data)[2])} GFLOP/s in that run.\n\n"
+    return caption + _table(["case", "train img/s", "infer img/s b=1/b=100", "train fraction of matmul peak",
+                             "peak RSS (GiB)"], rows)
+
+
 def throughput_ratios():
     data = _load("throughput")
     return _table(["ratio (same run)", "measured"], [[f"`{k}`", _ratio(v)] for k, v in data["ratios"].items()])
@@ -147,9 +179,10 @@ def remat():
     rows = []
     for preset, entry in data["presets"].items():
         for variant, r in entry["ratios"].items():
-            rows.append([_preset(preset), variant, entry["date"], _ratio(r["speed_over_no_remat"]),
-                         _ratio(r["peak_rss_over_no_remat"])])
-    return _table(["preset", "variant", "date", "speed / no remat", "peak RSS / no remat"], rows)
+            rows.append([_preset(preset), variant, _ratio(r["speed_over_no_remat"]), _ratio(r["peak_rss_over_no_remat"])])
+    dates = sorted({entry["date"] for entry in data["presets"].values()})
+    return f"{', '.join(dates)}, batch {data['batch']}, the trainer's step.\n\n" + _table(
+        ["preset", "variant", "speed / no remat", "peak RSS / no remat"], rows)
 
 
 def malloc():
@@ -179,17 +212,17 @@ def iterator_deletion():
     """Seconds to delete an epoch's data iterator after epochs of several lengths, per input path
     (`benchmarks.iterator_deletion`)."""
     data = _load("iterator_deletion")
-    names = {"tf_defaults": "model on, tf.distribute's per-device iterator (TensorFlow's defaults)",
+    names = {"tf_defaults": "model on, tf.distribute's iterator (TensorFlow's defaults)",
              "model_itself": "model on, the dataset itself",
-             "distributed": "model off in the pipeline, tf.distribute's per-device iterator",
-             "trainer": "model off, the dataset itself (the trainer on one CPU replica)"}
+             "distributed": "model off, tf.distribute's iterator",
+             "trainer": "model off, the dataset itself (the trainer, one CPU replica)"}
     lengths = list(next(iter(data["runs"].values())))
     rows = [[names[side]] + [f"{s[length]['mean']:.1f} ({s[length]['max']:.1f}), {s[length]['waited']} waited"
                              for length in lengths] for side, s in data["summary"].items()]
-    caption = (f"{data['date']}, {data['cpu_class']}, OneDeviceStrategy on the CPU, the trainer's cifar10-mini "
-               f"pipeline ({data['batches']} batches an epoch), tf.data's autotuning model on or off, "
-               f"{data['repeats']} epochs a side and length: mean (max) seconds of the deletion, and how many of "
-               f"the {data['repeats']} deletions waited (over {data['waited_seconds']:g} s).\n\n")
+    caption = (f"{data['date']}, {data['cpu_class']}, OneDeviceStrategy, the trainer's cifar10-mini pipeline "
+               f"({data['batches']} batches an epoch), tf.data's autotuning model on or off: mean (max) seconds of "
+               f"deleting the iterator over {data['repeats']} epochs, and how many waited over "
+               f"{data['waited_seconds']:g} s.\n\n")
     return caption + _table(["input path"] + [f"epoch of {length} s" for length in lengths], rows)
 
 
@@ -204,115 +237,97 @@ def training_accuracy(name="vs_reference_training"):
                              "sa-conv, Keras momentum"], rows)
 
 
-SERVING_SIDES = {"in_process_live": "in-process, as trained", "in_process": "in-process, frozen",
-                 "saved_model": "SavedModel", "saved_model_bfloat16": "SavedModel, bfloat16",
-                 "tflite": "TFLite (LiteRT, XNNPACK)", "tflite_int8": "TFLite int8 (LiteRT, XNNPACK)",
-                 "onnx": "ONNX (ONNX Runtime)",
-                 "onnx_int8": "ONNX int8 (ONNX Runtime)", "openvino": "OpenVINO IR (OpenVINO)",
-                 "openvino_int8": "OpenVINO int8 IR (OpenVINO)", "reference": "reference (PyTorch)"}
-
-
-def _side_name(side: str, result: dict) -> str:
-    """How the tables name a side; the ``openvino`` side read the ONNX file until it recorded the
-    file it reads (the export's OpenVINO IR, ``.xml``)."""
-    if side == "openvino" and not result.get("file", "").endswith(".xml"):
-        return "ONNX (OpenVINO)"
-    return SERVING_SIDES.get(side, side)
-
-
 def _serving_runs():
     """``[(CPU class, run)]`` of the serving report (one run per `harness.cpu_class`: the
     ``section`` of `harness.write_report`), by date."""
     return sorted(_load("serving")["runs"].items(), key=lambda item: item[1]["date"])
 
 
-def _run_dates(run) -> str:
-    """The days a run's sides were timed (a run merged with ``--sides`` keeps earlier sides)."""
-    days = sorted({side.get("date") or entry.get("date") or run["date"] for entry in run["presets"].values()
-                   for side in entry["sides"].values()})
-    return days[0] if len(days) == 1 else f"{', '.join(days[:-1])} and {days[-1]} (each side's day in the JSON)"
-
-
-def _serving_table(run):
-    rows = []
-    for preset, entry in run["presets"].items():
-        for side, result in entry["sides"].items():
-            if "skipped" in result:
-                rows.append([_preset(preset), _side_name(side, result), f"skipped: {result['skipped']}", "", "", ""])
-                continue
-            rows.append([_preset(preset), _side_name(side, result), _num(result["images_per_second_batch1"]),
-                         _num(result["images_per_second_batch100"]), _ratio(result["fraction_of_matmul_peak_batch1"]),
-                         _ratio(result["fraction_of_matmul_peak_batch100"])])
-    peaks = next(e["sides"]["in_process"] for e in run["presets"].values() if "in_process" in e["sides"])["matmul_gflops"]
-    caption = (f"each side in its own process; TensorFlow's matmul peak about {_num(peaks['float32'])} GFLOP/s "
-               f"float32 and {_num(peaks['bfloat16'])} bfloat16 (each side's own measurement, and the ONNX Runtime "
-               f"and LiteRT int8 peaks the int8 sides are a fraction of, are in the JSON).\n\n")
-    return caption + _table(["preset", "side", "img/s, batch 1", "img/s, batch 100", "fraction of peak, b=1",
-                             "fraction of peak, b=100"], rows)
-
-
-def serving():
-    """One table per CPU class, oldest first."""
-    return "\n\n".join(f"**{cpu}**, {_run_dates(run)}: " + _serving_table(run) for cpu, run in _serving_runs())
-
-
-SERVING_RATIOS = {"saved_model_over_in_process": "SavedModel / in-process", "in_process_over_live": "frozen / as trained",
-                  "bfloat16_over_float32_export": "bfloat16 / float32 export",
-                  "tflite_over_saved_model": "TFLite / SavedModel", "onnx_over_saved_model": "ONNX / SavedModel",
-                  "onnx_int8_over_saved_model": "int8 ONNX / SavedModel",
-                  "tflite_int8_over_saved_model": "int8 TFLite / SavedModel",
-                  "openvino_over_saved_model": "OpenVINO / SavedModel",
-                  "openvino_int8_over_saved_model": "int8 OpenVINO / SavedModel",
-                  "openvino_int8_over_openvino": "int8 OpenVINO / OpenVINO",
-                  "in_process_over_reference": "in-process / reference",
-                  "saved_model_over_reference": "SavedModel / reference",
-                  "saved_model_bfloat16_over_reference": "bfloat16 SavedModel / reference"}
-
-
-def serving_ratios():
-    """Ratios of images/s, ``batch 1 / batch 100``, one table per CPU class."""
-    tables = []
-    for cpu, run in _serving_runs():
-        presets = run["presets"]
-        names = [n for n in SERVING_RATIOS if all(n in e["ratios"] for e in presets.values())]
-        rows = [[_preset(preset)] + [f"{_ratio(e['ratios'][n]['batch1'])} / {_ratio(e['ratios'][n]['batch100'])}"
-                                     for n in names]
-                for preset, e in presets.items()]
-        tables.append(f"**{cpu}**, {_run_dates(run)}; each cell: batch 1 / batch 100, of two sides timed in one "
-                      "run (where a side was timed again later, its images/s above are the later run's).\n\n"
-                      + _table(["preset"] + [SERVING_RATIOS[n] for n in names], rows))
-    return "\n\n".join(tables)
-
-
-# The exported forms a server loads, with the runtime that serves each (the in-process sides and
-# the reference are not served).
+SERVED_NAMES = {"saved_model": "SavedModel", "saved_model_bfloat16": "bfloat16 SavedModel", "tflite": "TFLite",
+                "tflite_int8": "TFLite int8", "onnx": "ONNX", "onnx_int8": "ONNX int8", "openvino": "OpenVINO",
+                "openvino_int8": "OpenVINO int8"}
 # {side: the ratio of its images/s over the float32 SavedModel's, timed in the same run}.
 SERVED_SIDES = {"saved_model": None, "saved_model_bfloat16": "bfloat16_over_float32_export",
                 "tflite": "tflite_over_saved_model", "tflite_int8": "tflite_int8_over_saved_model",
                 "onnx": "onnx_over_saved_model", "onnx_int8": "onnx_int8_over_saved_model",
                 "openvino": "openvino_over_saved_model", "openvino_int8": "openvino_int8_over_saved_model"}
+RUNTIMES = "TFLite in LiteRT (XNNPACK), ONNX in ONNX Runtime, OpenVINO's IR in OpenVINO"
+
+
+def _cpu_short(cpu: str) -> str:
+    """A CPU class without its vendor's model (``AMD EPYC, AVX2`` -> ``AVX2``)."""
+    return cpu.split(", ", 1)[-1]
+
+
+def _serving_presets(runs):
+    return sorted({preset for _, run in runs for preset in run["presets"]})
+
+
+def _pair(ratio):
+    """``batch 1/batch 100`` of a report's ratio; ``-`` when it was not measured."""
+    return "-" if ratio is None else f"{_ratio(ratio['batch1'])}/{_ratio(ratio['batch100'])}"
+
+
+def serving():
+    """Per preset and exported form, its images/s over the float32 SavedModel's timed in the same
+    run, batch 1/batch 100, one column per CPU class; each preset's first row is its float32
+    SavedModel's images/s. Every side's images/s, fraction of peak and day are in the JSON."""
+    runs = _serving_runs()
+    rows = []
+    for preset in _serving_presets(runs):
+        entries = [run["presets"].get(preset) for _, run in runs]
+        saved = [e and e["sides"].get("saved_model") for e in entries]
+        rows.append([_preset(preset), "SavedModel, img/s"] + [
+            "-" if s is None else f"{_num(s['images_per_second_batch1'])}/{_num(s['images_per_second_batch100'])}"
+            for s in saved])
+        for side, name in SERVED_SIDES.items():
+            cells = [_pair(e and e["ratios"].get(name)) for e in entries] if name else []
+            if any(c != "-" for c in cells):
+                rows.append(["", SERVED_NAMES[side]] + cells)
+    caption = ("Images/s over the float32 SavedModel's, timed in the same run, batch 1/batch 100 (each preset's "
+               f"first row: the SavedModel's own images/s); {RUNTIMES}; - not timed on that CPU.\n\n")
+    return caption + _table(["preset", "form"] + [cpu for cpu, _ in runs], rows)
+
+
+def serving_ratios():
+    """The serving copy (`sa_conv.freeze_for_inference`) over the model as trained, per preset and
+    CPU class, batch 1/batch 100, both timed in one run (the SavedModel over the same copy in
+    process is in the JSON: ``saved_model_over_in_process``)."""
+    runs = _serving_runs()
+    rows = [[_preset(preset)] + [_pair(run["presets"].get(preset, {}).get("ratios", {}).get("in_process_over_live"))
+                                 for _, run in runs]
+            for preset in _serving_presets(runs)]
+    return ("Images/s of the serving copy over the model as trained, in process, batch 1/batch 100.\n\n"
+            + _table(["preset"] + [cpu for cpu, _ in runs], rows))
 
 
 def serving_choice():
-    """Which exported form to serve with on which CPU: per CPU class and preset, the fastest
-    served side at each batch size, its images/s over the float32 SavedModel's timed in the same
-    run (the report's ratios), and the sides compared."""
-    rows = []
-    for cpu, run in _serving_runs():
-        for preset, entry in run["presets"].items():
-            if "saved_model" not in entry["sides"]:
+    """Which exported form to serve with on which CPU: per preset and CPU class, the fastest
+    served form at batch 1 and at batch 100, as its images/s over the float32 SavedModel's timed in
+    the same run (the report's ratios)."""
+    runs = _serving_runs()
+    timed, rows = {}, []
+    for preset in _serving_presets(runs):
+        cells = []
+        for cpu, run in runs:
+            entry = run["presets"].get(preset)
+            if entry is None or "saved_model" not in entry["sides"]:
+                cells.append("-")
                 continue
-            over = {side: (lambda batch: 1.0) if name is None else
-                    (lambda batch, name=name: entry["ratios"][name][f"batch{batch}"])
+            over = {side: entry["ratios"][name] if name else {"batch1": 1.0, "batch100": 1.0}
                     for side, name in SERVED_SIDES.items() if name is None or name in entry["ratios"]}
-            cells = []
-            for batch in (1, 100):
-                best = max(over, key=lambda side: over[side](batch))
-                cells.append(f"{_side_name(best, entry['sides'][best])}: {_ratio(over[best](batch))}x")
-            rows.append([cpu, _preset(preset)] + cells + [str(len(over))])
-    return ("The fastest exported form per CPU class and preset, as images/s over the float32 SavedModel's "
-            "(generated from the runs above).\n\n"
-            + _table(["CPU", "preset", "batch 1", "batch 100", "forms timed"], rows))
+            timed[cpu] = max(timed.get(cpu, 0), len(over))
+            best = [(SERVED_NAMES[side], over[side][batch])
+                    for batch in ("batch1", "batch100") for side in [max(over, key=lambda s: over[s][batch])]]
+            if best[0][0] == best[1][0]:
+                cells.append(f"{best[0][0]} {_ratio(best[0][1])}x/{_ratio(best[1][1])}x")
+            else:
+                cells.append(f"{best[0][0]} {_ratio(best[0][1])}x, {best[1][0]} {_ratio(best[1][1])}x")
+        rows.append([_preset(preset)] + cells)
+    forms = ", ".join(f"{n} on {_cpu_short(cpu)}" for cpu, n in timed.items())
+    caption = ("The fastest exported form, as images/s over the float32 SavedModel's at batch 1/batch 100 (two "
+               f"names: batch 1's, then batch 100's). Forms timed: {forms}.\n\n")
+    return caption + _table(["preset"] + [cpu for cpu, _ in runs], rows)
 
 
 def serving_summary():
@@ -334,70 +349,86 @@ def serving_summary():
 
 
 def serving_aggregation():
+    """The frozen layer's separable aggregation over the dense one, with constant probabilities
+    (each side's images/s is in the JSON)."""
     data = _load("serving_aggregation")
-    rows = [[f"{r['grid']}x{r['grid']}", r["batch"], _num(r["dense"]), _num(r["separable"]),
-             _ratio(r["separable_over_dense"])] for r in data["aggregation"]]
-    return f"{data['date']}.\n\n" + _table(["grid", "batch", "dense img/s", "separable img/s", "separable / dense"],
-                                            rows)
+    cells = {}
+    for r in data["aggregation"]:
+        cells.setdefault(r["grid"], {})[r["batch"]] = _ratio(r["separable_over_dense"])
+    batches = sorted({r["batch"] for r in data["aggregation"]})
+    rows = [[f"{grid}x{grid}"] + [by.get(b, "-") for b in batches] for grid, by in cells.items()]
+    return (f"{data['date']}, one paper-size layer (9 heads, 400 channels): images/s of the separable "
+            "aggregation over the dense one.\n\n" + _table(["grid"] + [f"batch {b}" for b in batches], rows))
 
 
 def against_commit():
-    """Each figure of this tree against an earlier commit's, both in one process, in turns."""
+    """Per preset, the figures of this tree against an earlier commit's, both in one process, in
+    turns: the range of the fastest rounds' ratios and of the per-round medians."""
     data = _load("against_commit")
     rows = []
     for preset, entry in data["presets"].items():
-        for figure, f in entry["figures"].items():
-            low, high = f["round_ratios_range"]
-            rows.append([_preset(preset), figure.replace("_", " "), _num(f["before_images_per_second"]),
-                         _num(f["after_images_per_second"]), _ratio(f["after_over_before"]),
-                         f"{_ratio(f['round_ratios_median'])} ({_ratio(low)}-{_ratio(high)})"])
-    caption = (f"{data['date']}, {data['machine']['cpu']['model']} ({', '.join(data['machine']['cpu']['features'])}); "
-               f"commit {data['before']} (before) and {data['after']} (after), {f['rounds']} rounds; images/s the "
-               "fastest round of each.\n\n")
-    return caption + _table(["preset", "figure", "before img/s", "after img/s", "after / before",
-                             "per-round ratio: median (range)"], rows)
+        figures = entry["figures"].values()
+        best = [f["after_over_before"] for f in figures]
+        medians = [f["round_ratios_median"] for f in figures]
+        rows.append([_preset(preset), len(best), ", ".join(sorted({str(f["rounds"]) for f in figures})),
+                     f"{_ratio(min(best))}-{_ratio(max(best))}", f"{_ratio(min(medians))}-{_ratio(max(medians))}"])
+    cpu = data["machine"]["cpu"]
+    caption = (f"{data['date']}, {cpu['model']} ({', '.join(cpu['features'])}); figures: the training step and "
+               "inference (as trained, frozen, SavedModel) at batch 1 and 100; after / before images/s. Each "
+               "figure, the commits and the caveats are in the JSON.\n\n")
+    return caption + _table(["preset", "figures", "rounds", "after / before, fastest rounds",
+                             "after / before, per-round medians"], rows)
 
 
 def scaling():
-    """Per preset, grid and path: training and inference at batch 32, and how training's memory
-    grows against ``N (H + W)`` from the smallest grid measured."""
+    """Per preset and grid, the dense and separable paths side by side (``dense/separable``):
+    training and inference at the report's batch, training's peak RSS, whether remat was on, and
+    how a training step's memory grows from the smallest grid against ``N (H + W)``."""
     data = _load("scaling")
     cases = data["cases"]
     # Case names (preset/GxG/path/mode) say what every case was, failed ones too.
-    keys = sorted({(preset, int(grid.split("x")[0]), path) for preset, grid, path, _ in map(lambda n: n.split("/"), cases)},
-                  key=lambda k: (k[0], k[2], k[1]))
+    keys = sorted({(preset, int(grid.split("x")[0])) for preset, grid, _, _ in map(lambda n: n.split("/"), cases)})
+    paths = ("dense", "separable")
 
     def case(preset, grid, path, mode):
         return cases.get(f"{preset}/{grid}x{grid}/{path}/{mode}", {})
 
-    def speed(result):
-        """images/s, or what the case's process died of, how much it held and its limit."""
+    failures = []
+
+    def speed(result, what):
+        """images/s, or ``failed`` (what it died of, how much it held and its limit go to the caption)."""
         if "error" not in result:
             return _num(result.get("images_per_second"))
         error, seen, limit = result["error"], result.get("largest_rss_seen_mb"), result.get("memory_limit_gb")
-        what = "out of memory" if ("OOM when allocating" in error or "MemoryError" in error) else error.split(":")[0]
-        where = ", ".join(w for w in (seen and f"{seen / 1024:.1f} GiB RSS reached",
-                                      limit and f"allocations limited to {limit:.1f} GiB") if w)
-        return f"failed: {what}" + (f" ({where})" if where else "")
+        died = "out of memory" if ("OOM when allocating" in error or "MemoryError" in error) else error.split(":")[0]
+        where = ", ".join(w for w in (seen and f"{float(seen) / 1024:.1f} GiB RSS reached",
+                                      limit and f"allocations limited to {float(limit):.1f} GiB") if w)
+        failures.append(f"{what}: {died}" + (f" ({where})" if where else ""))
+        return "failed"
 
     rows, first = [], {}
-    for key in keys:
-        preset, grid, path = key
-        train, infer = case(preset, grid, path, "train"), case(preset, grid, path, "infer")
-        base = first.setdefault((preset, path), (grid, train.get("step_peak_growth_mb")))
-        growth = train.get("step_peak_growth_mb")
-        size_ratio = (grid / base[0]) ** 3  # N (H + W) = 2 G^3 on a G x G grid
-        rows.append([_preset(preset), f"{grid}x{grid}", path,
-                     speed(train),
-                     _gib(train.get("peak_rss_mb")), "yes" if train.get("remat") else ("no" if "remat" in train else "-"),
-                     f"{_ratio(growth / base[1]) if growth and base[1] else '-'} (N(H+W): {_ratio(size_ratio)})",
-                     speed(infer),
-                     _gib(infer.get("peak_rss_mb"))])
+    for preset, grid in keys:
+        train = {p: case(preset, grid, p, "train") for p in paths}
+        infer = {p: case(preset, grid, p, "infer") for p in paths}
+        growth = []
+        for p in paths:
+            base = first.setdefault((preset, p), (grid, train[p].get("step_peak_growth_mb")))
+            g = train[p].get("step_peak_growth_mb")
+            growth.append(_ratio(g / base[1]) if g and base[1] else "-")
+        base_grid = first[(preset, paths[0])][0]
+        remat = ["yes" if train[p].get("remat") else ("no" if "remat" in train[p] else "-") for p in paths]
+        rows.append([_preset(preset), f"{grid}x{grid}", _ratio((grid / base_grid) ** 3),  # N (H + W) = 2 G^3
+                     "/".join(speed(train[p], f"`{preset}` {grid}x{grid} {p} training") for p in paths),
+                     "/".join("-" if train[p].get("peak_rss_mb") is None else f"{train[p]['peak_rss_mb'] / 1024:.1f}"
+                              for p in paths),
+                     "/".join(growth), "/".join(remat),
+                     "/".join(speed(infer[p], f"`{preset}` {grid}x{grid} {p} inference") for p in paths)])
     cores, memory_gb, _ = _machine(data)
-    caption = (f"{data['date']}, batch {data['batch']}, attention dropout 0, the trainer's step and `--remat=auto`; "
-               f"a {cores}-core machine with {memory_gb:.0f} GiB.\n\n")
-    return caption + _table(["preset", "grid", "path", "train img/s", "train peak RSS", "remat",
-                             "train step memory / smallest grid's", "infer img/s", "infer peak RSS"], rows)
+    caption = (f"{data['date']}, batch {data['batch']}, attention dropout 0, the trainer's step and `--remat=auto`, "
+               f"a {cores}-core machine with {memory_gb:.0f} GiB; each cell dense/separable"
+               + "".join(f"; {f}" for f in failures) + ".\n\n")
+    return caption + _table(["preset", "grid", "N(H+W) / smallest", "train img/s", "train peak RSS (GiB)",
+                             "train step memory / smallest grid's", "remat", "infer img/s"], rows)
 
 
 def resolution_transfer():
