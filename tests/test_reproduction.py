@@ -249,8 +249,8 @@ def test_seeds_that_end_at_the_same_accuracy_have_no_flattening_verdict(monkeypa
     assert entry["flattened"] is None
     _results_with({"runs": runs, "summary": summary, "budget": 4, "data": {"training_images": 100, "test_images": 50}},
                   tmp_path, monkeypatch)
-    assert ("| `sa_learned_small` | 4 | 2 | 0.310 ± 0.000 | - | +0.015 (epochs 3-4) | - (the seeds end at the same "
-            "accuracy) |") in performance_tables.reproduction_budgets()
+    assert ["`sa_learned_small`", "4", "2", "0.310 ± 0.000", "-", "+0.015 (3-4)", "-"] in \
+        _cells(performance_tables.reproduction_budgets())
     # Nor does doubling the budget, both budgets' seeds agreeing: +0.04 is neither within nor beyond.
     runs.update({f"learned|seed={seed}|epochs=8": _run({0: 0.1, 6: 0.35, 8: 0.35}) for seed in (0, 1)})
     assert rp.summarize(runs)["learned|epochs=8"]["against_shorter"] == {"epochs": 4, "change": 0.04,
@@ -373,50 +373,6 @@ def _results_with(report, folder, monkeypatch):
     monkeypatch.setattr(performance_tables, "RESULTS", folder)
 
 
-def test_gated_against_content_at_each_budget_both_ran(monkeypatch, tmp_path):
-    """A row per budget where both ran (not 2 epochs: content only); gated ahead from the first
-    snapshot after its last one behind or level (level at epoch 4: not ahead), or not at the end;
-    each run's fit where it recorded it."""
-    def run(curve, **fit):
-        return {**_run(curve), **fit}
-
-    runs = {"gated|seed=0|epochs=8": run({0: 0.1, 2: 0.2, 4: 0.35, 6: 0.4, 8: 0.45}, best_epoch=7,
-                                         best_val_accuracy=0.46, train_accuracy=0.8),
-            "gated|seed=1|epochs=8": run({0: 0.1, 2: 0.22, 4: 0.33, 6: 0.42, 8: 0.47}, best_val_accuracy=0.44),
-            "content|seed=0|epochs=8": run({0: 0.1, 2: 0.25, 4: 0.34, 6: 0.38, 8: 0.4}, best_epoch=5,
-                                           best_val_accuracy=0.41, train_accuracy=0.99),
-            "gated|seed=0|epochs=4": run({0: 0.1, 2: 0.3, 4: 0.3}), "content|seed=0|epochs=4": run({0: 0.1, 2: 0.2, 4: 0.32}),
-            "content|seed=0|epochs=2": run({0: 0.1, 2: 0.2})}
-    _results_with({"runs": runs, "summary": rp.summarize(runs), "budget": 8}, tmp_path, monkeypatch)
-    rows = [line for line in performance_tables.reproduction_gated_against_content().splitlines()
-            if line.startswith("| 4 ") or line.startswith("| 8 ") or line.startswith("| 2 ")]
-    assert rows == [
-        "| 4 | 0.300 (1 seed) | 0.320 (1 seed) | -0.020 | not at the end | +0.000 (epochs 2-4); +0.120 (epochs 2-4) "
-        "| -; - | -; - |",
-        "| 8 | 0.460 ± 0.014 (2 seeds) | 0.400 (1 seed) | +0.060 | from epoch 6 (behind or level at 4) "
-        "| +0.050 (epochs 6-8); +0.020 (epochs 6-8) | 7 (0.460), - (0.440); 5 (0.410) | 0.80, -; 0.99 |"]
-
-    def gated_ahead(gated, content):
-        runs = {"gated|seed=0|epochs=4": run(gated), "content|seed=0|epochs=4": run(content)}
-        _results_with({"runs": runs, "summary": rp.summarize(runs), "budget": 4}, tmp_path, monkeypatch)
-        row = next(line for line in performance_tables.reproduction_gated_against_content().splitlines()
-                   if line.startswith("| 4 "))
-        return row.split(" | ")[4]
-
-    assert gated_ahead({0: 0.1, 2: 0.3, 4: 0.4}, {0: 0.2, 2: 0.2, 4: 0.2}) == "throughout (from epoch 2)"
-    assert gated_ahead({0: 0.1, 2: 0.3, 4: 0.4}, {0: 0.1, 3: 0.2}) == "-"  # no snapshot shared but initialization
-
-
-def test_the_budget_table_names_the_runs_of_the_default_plan_still_to_run(monkeypatch, tmp_path):
-    _results_with(_report(), tmp_path, monkeypatch)
-    monkeypatch.setattr(rp, "STUDY", ((("learned", "quadratic"), (0, 1, 2), 8), (("resnet18",), (0, 1, 2, 3), 8),
-                                      (("gated",), (0, 1), 4), (("learned",), (0,), 4)))
-    assert "Still to run in the default plan: `resnet18` at 8 epochs, seed 3; `sa_gated_small` at 4 epochs, " \
-           "seeds 0 and 1 (`--dry_run`" in performance_tables.reproduction_budgets()
-    monkeypatch.setattr(rp, "STUDY", ((("learned", "quadratic", "resnet18"), (0, 1, 2), 8),))
-    assert "Still to run" not in performance_tables.reproduction_budgets()
-
-
 def test_the_gates_table_reads_each_layers_gates_at_the_start_and_the_end(monkeypatch, tmp_path):
     report = _report()
     ends = ([[0.9, 0.4, 0.8], [0.2, 0.3, 0.7]], [[0.9, 0.6, 0.6], [0.4, 0.5, 0.6]])  # per seed, layer, head
@@ -429,11 +385,10 @@ def test_the_gates_table_reads_each_layers_gates_at_the_start_and_the_end(monkey
     _results_with(report, tmp_path, monkeypatch)
     monkeypatch.setattr(rp, "BUDGET", 8)
     table = performance_tables.reproduction_gates()
-    assert "Mean gate: over the 3 heads of a layer" in table and "heads of gate below 0.5, in each seed" in table
-    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert "content heads: gates below 0.5 at the end, per seed" in table
     # Layer 1 of seed 1 has a head at exactly 0.5: not turned to content.
-    assert rows == ["| `sa_gated_small` | 0 | 0.73 ± 0.00 → 0.70 ± 0.00 | 0.50 ± 0.14 | 1, 0 | 2 |",
-                    "| `sa_gated_small` | 1 | 0.73 ± 0.00 → 0.45 ± 0.07 | 0.30 ± 0.14 | 2, 1 | 2 |"]
+    assert _cells(table) == [["`sa_gated_small`", "0", "0.73 ± 0.00 → 0.70 ± 0.00", "0.50 ± 0.14", "1, 0", "2"],
+                             ["`sa_gated_small`", "1", "0.73 ± 0.00 → 0.45 ± 0.07", "0.30 ± 0.14", "2, 1", "2"]]
     assert rp.gate_summary([report["runs"]["learned|seed=0|epochs=8"]]) is None
     # A run whose first snapshot has no gates is left out, with the seeds column; a layer some run
     # has no gates in (not gated) is not a row.
@@ -446,108 +401,6 @@ def test_the_gates_table_reads_each_layers_gates_at_the_start_and_the_end(monkey
     assert [(g["layer"], g["seeds"], g["heads"], g["content_heads"]) for g in summary] == [
         (0, 1, 3, [1]), (1, 1, 3, [2])]
     assert [(g["layer"], g["content_heads"]) for g in rp.gate_summary([runs[0], ungated])] == [(0, [1, 0])]
-
-
-def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, tmp_path):
-    report = _report()
-    _results_with(report, tmp_path, monkeypatch)
-    monkeypatch.setattr(rp, "BUDGET", 16)  # the study's budget, before its runs outnumber the others
-    assert performance_tables.reproduction_budgets().startswith(
-        "The study's budget is 16 epochs; until as many of the models have run there as at 8, the other tables "
-        "read 8.")
-    note = "At 8 epochs: fewer of the models have run at the study's budget of 16 epochs so far ("
-    for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_locality,
-                  performance_tables.reproduction_claims, performance_tables.reproduction_first_accuracy,
-                  performance_tables.reproduction_curves):
-        assert table().startswith(note), table.__name__
-    monkeypatch.setattr(rp, "BUDGET", 8)
-    for table in (performance_tables.reproduction_accuracy, performance_tables.reproduction_claims,
-                  performance_tables.reproduction_curves):
-        assert not table().startswith("At "), table.__name__
-    accuracy = performance_tables.reproduction_accuracy().splitlines()
-    assert "| `sa_learned_small` | 190,000 | 3 | 0.510 ± 0.010 | 0.500-0.520 |" in "\n".join(accuracy)
-    assert "| `sa_quadratic_small` | 175,000 | 3 | 0.490 ± 0.010 | 0.480-0.500 |" in "\n".join(accuracy)
-    assert "| `resnet18` | 11,000,000 | 3 | 0.610 ± 0.010 | 0.600-0.620 |" in "\n".join(accuracy)
-    # The locality caption's baselines: uniform attention's metrics on the small presets' 16x16 grid
-    # (checked against a direct computation in the figures' test), not recorded numbers.
-    locality = performance_tables.reproduction_locality()
-    assert ("of the first 32 test images: on the 16x16 grid after pooling, uniform attention has distance 6.68 "
-            "and entropy 5.55 over the central 8x8 query pixels (at least 4 from every border).") in locality
-    # The quadratic model's first layer (not its second, at 0.2) starts at a 3x3 mass of 0.1 here.
-    assert ("`sa_quadratic_small`'s Gaussian heads start local (first layer's 3x3 mass 0.10 at initialization)"
-            in performance_tables.reproduction_claims())
-    assert performance_tables.reproduction_curves().startswith("Epoch 0: at initialization.\n\n| epoch |")
-    budgets = performance_tables.reproduction_budgets().splitlines()
-    rows = [line.split(" | ")[:3] for line in budgets if line.startswith("| `")]
-    # The study's models first in its order, each budget ascending; comparison variants last.
-    assert rows == [["| `sa_learned_small`", "4", "1"], ["| `sa_learned_small`", "8", "3"],
-                    ["| `sa_quadratic_small`", "8", "3"], ["| `resnet18`", "8", "3"],
-                    ["| `sa_quadratic_small+convolutional@0.1/2`", "8", "3"]]
-    assert budgets[0].startswith("The study's budget is 8 epochs, where the most models have run")
-    # What the recorded runs cost: per CPU class, each run's median epoch times its epochs (cpu A:
-    # seeds 0 and 1 of four models, (30 + 20) s x 8 epochs each; cpu B: seed 2's 40 s x 8, and 25 s x 4).
-    assert ("The 13 timed runs recorded here took about 0.8 hours of training at their median epoch's speed, each "
-            "counted on the CPU class most of its epochs ran on: 0.4 h for 8 runs on cpu A; 0.4 h for 5 runs on "
-            "cpu B.") in budgets[0]
-    # Training minutes per CPU class: its least disturbed seed's median epoch (20 s on cpu A, not
-    # seed 0's 30 s; 40 s on cpu B) times the epochs.
-    assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | 2 (cpu B) |" in budgets
-    assert ("| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.200 from 4 (1 seed), beyond the spread | "
-            "+0.000 (epochs 6-8) | yes | 3 (cpu A); 5 (cpu B) |") in budgets
-    # A second seed at 4 (0.71: a std of 0.28) puts 8's change within the spread; ResNet18 at 16
-    # and 32, one seed each, has none. Quadratic at 4 has two seeds but no snapshot between epochs
-    # 2 and 3: no last quarter, said so.
-    runs = dict(report["runs"], **{"learned|seed=1|epochs=4": _run({0: 0.1, 3: 0.7, 4: 0.71}),
-                                   "resnet18|seed=0|epochs=16": _run({0: 0.1, 12: 0.6, 16: 0.6}),
-                                   "resnet18|seed=0|epochs=32": _run({0: 0.1, 24: 0.6, 32: 0.61}),
-                                   "quadratic|seed=0|epochs=4": _run({0: 0.1, 4: 0.3}),
-                                   "quadratic|seed=1|epochs=4": _run({0: 0.1, 4: 0.32})})
-    runs["content|seed=0|epochs=8"] = _run({0: 0.1, 6: 0.4, 8: 0.42})  # recorded without its parameter count
-    _results_with(dict(report, runs=runs, summary=rp.summarize(runs)), tmp_path, monkeypatch)
-    # One seed: no spread, no range.
-    assert "| `sa_content_plus_learned_bias_small` | - | 1 | 0.420 | - | +0.020 (epochs 6-8) | - (one seed) |" \
-        in performance_tables.reproduction_accuracy()
-    budgets = performance_tables.reproduction_budgets()
-    assert "| `sa_learned_small` | 8 | 3 | 0.510 ± 0.010 | +0.000 from 4 (2 seeds), within the spread |" in budgets
-    assert "| `resnet18` | 32 | 1 | 0.610 | +0.010 from 16 (1 seed), no spread |" in budgets
-    assert "| `sa_quadratic_small` | 4 | 2 | 0.310 ± 0.014 | - | - | - (snapshots too sparse) |" in budgets
-    report["runs"]["learned|seed=0|epochs=4"]["median_epoch_seconds"] = None  # a run not timed: no minutes
-    _results_with(report, tmp_path, monkeypatch)
-    assert "| `sa_learned_small` | 4 | 1 | 0.310 | - | +0.010 (epochs 3-4) | - (one seed) | - |" in \
-        performance_tables.reproduction_budgets().splitlines()
-    # With no run timed, the caption has no cost to state, and goes on from the budget.
-    untimed = {key: dict(run, median_epoch_seconds=None) for key, run in report["runs"].items()}
-    _results_with(dict(report, runs=untimed), tmp_path, monkeypatch)
-    monkeypatch.setattr(rp, "STUDY", ((("learned", "quadratic", "resnet18"), (0, 1, 2), 8),))  # all recorded
-    assert performance_tables.reproduction_budgets().startswith(
-        "The study's budget is 8 epochs, where the most models have run; the other budgets are the search for it. "
-        "Against the shorter budget:")
-    _results_with(report, tmp_path, monkeypatch)
-    targets = performance_tables.reproduction_targets()
-    assert ("| convolutional >= random | cifar10-mini:100, 8 epochs | `quadratic+convolutional@0.1/2` 0.460 (3) | "
-            "`quadratic` 0.490 (3) | -0.030 | +0.00 | no | 0.010 |") in targets
-    line = performance_tables.reproduction_first_accuracy()
-    assert ("`sa_learned_small` 0.510 ± 0.010 (3 seeds, 0.19 M parameters); `sa_quadratic_small` 0.490 ± 0.010 "
-            "(3 seeds, 0.17 M parameters); `resnet18` 0.610 ± 0.010 (3 seeds, 11.00 M parameters)") in line
-    # The command is the timed run's, seed 1 (20 s epochs), with its own accuracy beside the mean.
-    assert ("One of them, seed 1 (0.510): `.venv/bin/sa-conv-train --model=sa_learned_small --dataset=cifar10 "
-            "--epochs=8 --seed=1 --data_dir=../shared/datasets/cifar10-mini --model_dir=runs/sa_learned_small` "
-            "(3 minutes on an cpu A; another CPU class rounds differently") in line
-    # What all of them cost: every timed run's epochs at its median epoch, 8 x (30 + 20 + 40) s for
-    # each of the four 8-epoch models, 2,880 s (the learned model's run at 4 epochs untimed above);
-    # timed at 900 s an epoch, it adds 3,600 s; with no run timed, there is nothing to say.
-    assert line.endswith("`.venv/bin/python -m benchmarks.reproduction` (the runs recorded took about 0.8 hours of "
-                         "training at their median epoch's speed; `--dry_run` lists them and estimates the runs "
-                         "still to make on your CPU class).")
-    report["runs"]["learned|seed=0|epochs=4"]["median_epoch_seconds"] = 900.0
-    _results_with(report, tmp_path, monkeypatch)
-    assert "took about 1.8 hours of training" in performance_tables.reproduction_first_accuracy()
-    # With no run timed, the line states no minutes and no cost, and names the lowest seed's command.
-    _results_with(dict(report, runs=untimed), tmp_path, monkeypatch)
-    line = performance_tables.reproduction_first_accuracy()
-    assert "One of them, seed 0 (0.500): `.venv/bin/sa-conv-train --model=sa_learned_small" in line
-    assert "--model_dir=runs/sa_learned_small` (another CPU class rounds differently" in line
-    assert line.endswith("`.venv/bin/python -m benchmarks.reproduction`.")
 
 
 def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
@@ -628,6 +481,67 @@ def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
     assert not (tmp_path / "none.png").exists()
 
 
+
+
+def _cells(table):
+    """The body rows of a generated Markdown table, each a list of its cells as written."""
+    lines = [line for line in table.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, tmp_path):
+    report = _report()
+    _results_with(report, tmp_path, monkeypatch)
+    files.write_json(str(tmp_path / "data_efficiency.json"), {"summary": {}, "training_images": {}})
+    # Minutes a run per CPU class: its least disturbed seed's median epoch (20 s on cpu A, not seed
+    # 0's 30 s; 40 s on cpu B) times the epochs.
+    assert _cells(performance_tables.reproduction_accuracy())[0] == [
+        "`sa_learned_small`", "190,000", "3", "0.510 ± 0.010", "0.500-0.520", "+0.000 (6-8)", "yes",
+        "3 (cpu A); 5 (cpu B)"]
+    assert _cells(performance_tables.models())[2] == ["`resnet18`", "11,000,000", "0.610 ± 0.010", "3",
+                                                      "3 (cpu A); 5 (cpu B)"]
+    budgets = _cells(performance_tables.reproduction_budgets())
+    # The study's models first in its order, each budget ascending; comparison variants last.
+    assert [row[:3] for row in budgets] == [["`sa_learned_small`", "4", "1"], ["`sa_learned_small`", "8", "3"],
+                                            ["`sa_quadratic_small`", "8", "3"], ["`resnet18`", "8", "3"],
+                                            ["`sa_quadratic_small+convolutional@0.1/2`", "8", "3"]]
+    assert budgets[0][3:] == ["0.310", "-", "+0.010 (3-4)", "- (one seed)"]
+    assert budgets[1][3:5] == ["0.510 ± 0.010", "+0.200 from 4, beyond the spread"]
+    # The locality caption's baselines: uniform attention on the small presets' 16x16 grid (checked
+    # against a direct computation in the figures' test), not recorded numbers.
+    assert "uniform attention: distance 6.68, entropy 5.55" in performance_tables.reproduction_locality()
+    assert ["convolutional >= random", "cifar10-mini:100, 8", "`quadratic+convolutional@0.1/2` 0.460 (3)",
+            "`quadratic` 0.490 (3)", "-0.030", "no", "0.010"] in _cells(performance_tables.efficiency_targets())
+    # A second seed at 4 (0.71: a std of 0.28) puts 8's change within the spread; ResNet18 at 16
+    # and 32, one seed each, has none.
+    runs = dict(report["runs"], **{"learned|seed=1|epochs=4": _run({0: 0.1, 3: 0.7, 4: 0.71}),
+                                   "resnet18|seed=0|epochs=16": _run({0: 0.1, 12: 0.6, 16: 0.6}),
+                                   "resnet18|seed=0|epochs=32": _run({0: 0.1, 24: 0.6, 32: 0.61})})
+    _results_with(dict(report, runs=runs, summary=rp.summarize(runs)), tmp_path, monkeypatch)
+    budgets = {tuple(row[:2]): row for row in _cells(performance_tables.reproduction_budgets())}
+    assert budgets["`sa_learned_small`", "8"][4] == "+0.000 from 4, within the spread"
+    assert budgets["`resnet18`", "32"][4] == "+0.010 from 16"
+
+
+def test_gated_against_content_at_each_budget_both_ran(monkeypatch, tmp_path):
+    """A row per budget where both ran (not 2 epochs: content only); gated ahead from the first
+    snapshot after its last one behind or level (level at epoch 4: not ahead), or not at the end."""
+    runs = {"gated|seed=0|epochs=8": _run({0: 0.1, 2: 0.2, 4: 0.35, 6: 0.4, 8: 0.45}),
+            "gated|seed=1|epochs=8": _run({0: 0.1, 2: 0.22, 4: 0.33, 6: 0.42, 8: 0.47}),
+            "content|seed=0|epochs=8": _run({0: 0.1, 2: 0.25, 4: 0.34, 6: 0.38, 8: 0.4}),
+            "gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.3, 4: 0.3}), "content|seed=0|epochs=4": _run({0: 0.1, 2: 0.2, 4: 0.32}),
+            "content|seed=0|epochs=2": _run({0: 0.1, 2: 0.2})}
+    _results_with({"runs": runs, "summary": rp.summarize(runs), "budget": 8}, tmp_path, monkeypatch)
+    assert _cells(performance_tables.reproduction_gated_against_content()) == [
+        ["4", "0.300 (1)", "0.320 (1)", "-0.020", "not at the end"],
+        ["8", "0.460 ± 0.014 (2)", "0.400 (1)", "+0.060", "from epoch 6"]]
+    def curve(*means):
+        return {str(2 * i): {"mean": m} for i, m in enumerate(means)}
+
+    assert performance_tables._ahead_from(curve(0.1, 0.3, 0.4), curve(0.2, 0.2, 0.2)) == "throughout"
+    assert performance_tables._ahead_from({"0": {"mean": 0.1}, "2": {"mean": 0.3}}, {"0": {"mean": 0.1}}) == "-"
+
+
 def test_a_last_layer_farther_than_uniform_attention_is_said_to_attend_to_far_pixels(monkeypatch, tmp_path):
     # Two layers: the last ends at 7.05 grid pixels on the 16x16 grid, beyond uniform attention's
     # 6.68 (the first at 4.05-4.15 and the quadratic model's last at 6.05 stay below it).
@@ -639,16 +553,11 @@ def test_a_last_layer_farther_than_uniform_attention_is_said_to_attend_to_far_pi
         runs[rp.run_key("quadratic", seed, 8)] = _run({0: 0.1, 6: 0.5, 8: 0.5 + seed / 100},
                                                       {0: [3.0, 3.0], 6: [3.0, 5.0], 8: [2.0 + seed / 10, 6.0]},
                                                       {e: [0.5, 0.5] for e in (0, 6, 8)})
-    summary = rp.summarize(runs)
-    _results_with({"runs": runs, "summary": summary, "budget": 8, "data": {"training_images": 100, "test_images": 50}},
-                  tmp_path, monkeypatch)
-    monkeypatch.setattr(rp, "BUDGET", 8)
-    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line
-            for line in performance_tables.reproduction_claims().splitlines() if line.startswith("| deeper")}
-    assert "last 7.05 ± 0.00 (above uniform attention's 6.68: far pixels) | 2 | **held** |" in \
-        rows["deeper layers attend to larger regions", "`sa_learned_small`"]
-    assert "last 6.05 ± 0.00 | 2 | **held** |" in rows["deeper layers attend to larger regions", "`sa_quadratic_small`"]
+    _results_with({"runs": runs, "summary": rp.summarize(runs), "budget": 8}, tmp_path, monkeypatch)
+    rows = {tuple(row[:2]): row for row in _cells(performance_tables.reproduction_claims())}
+    assert rows["deeper layers attend to larger regions", "`sa_learned_small`"][2:] == [
+        "distance, first layer 4.10 ± 0.07, last 7.05 ± 0.00 (beyond uniform attention's: far pixels)", "2", "**held**"]
+    assert rows["deeper layers attend to larger regions", "`sa_quadratic_small`"][2].endswith("last 6.05 ± 0.00")
     # Theorem 1 comes first, from the tests that check it, not from the runs.
-    first = [line for line in performance_tables.reproduction_claims().splitlines() if line.startswith("| ")][2]
-    assert first.startswith("| a self-attention layer of K² heads can express any KxK convolution (Theorem 1) | "
-                            "`sa_conv.conversion` |")
+    assert _cells(performance_tables.reproduction_claims())[0][:2] == [
+        "a self-attention layer of K² heads can express any KxK convolution (Theorem 1)", "`sa_conv.conversion`"]
