@@ -35,8 +35,6 @@ PLOTS = {"docs/data_efficiency.png": ("data_efficiency", "plot_data_efficiency")
          "docs/reproduction_maps_quadratic.png": ("reproduction", "plot_reproduction_maps_quadratic"),
          "docs/reproduction_centers.png": ("reproduction", "plot_reproduction_centers")}
 
-from sa_conv.config import PRESET_ALIASES  # presets renamed after a benchmark recorded them
-
 
 def _load(name):
     with open(RESULTS / f"{name}.json") as f:
@@ -53,7 +51,7 @@ def _machine(data):
 
 
 def _preset(name):
-    return f"`{PRESET_ALIASES.get(name, name)}`"
+    return f"`{name}`"
 
 
 def _num(x, digits=3):
@@ -125,7 +123,7 @@ def vs_reference_full():
 
 def throughput(name="throughput"):
     data = _load(name)
-    rows = [[f"`{PRESET_ALIASES.get(r['case'], r['case'])}`", r.get("train_batch", "-"),
+    rows = [[_preset(r["case"]), r.get("train_batch", "-"),
              {True: "yes", False: "no"}.get(r.get("xla"), "-"), _num(r.get("train_images_per_second")),
              f"{_num(r.get('inference_images_per_second_batch1'))} / {_num(r.get('inference_images_per_second_batch100'))}",
              _num(r.get("train_gflops_per_image")), _ratio(r.get("train_fraction_of_matmul_peak")),
