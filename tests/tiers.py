@@ -28,7 +28,7 @@ PAPER_IN_MAKE_TEST = ("sa_quadratic", "sa_content_plus_learned_bias")
 GOLDEN_PAPER_IN_MAKE_TEST = ("sa_quadratic",)
 # The files whose results depend on TensorFlow's kernel set (another order of summation): layers,
 # encodings, Theorem 1, the serving copy and the golden recordings held to float tolerances.
-KERNEL_SENSITIVE = ("test_layers", "test_fast_attention", "test_conversion", "test_compat", "test_keras_native",
+KERNEL_SENSITIVE = ("test_layers", "test_fast_attention", "test_conversion", "test_keras_native",
                     "test_sinusoidal", "test_mlp_encoding", "test_heads", "test_reference", "test_remat",
                     "test_optimizers", "test_separable", "test_seeded_dropout", "test_serving", "test_golden",
                     "test_attention_init", "test_gated")
