@@ -23,8 +23,8 @@ import pytest
 # preset's encoding runs at small size in every tier; its paper-size exports in `make test-all`.
 PAPER_IN_MAKE_TEST = ("sa_quadratic", "sa_content_plus_learned_bias")
 # The golden recordings keep the position-only one at paper size in `make test`, for the part that
-# depends on size (`golden.in_part`: forward, one step's gradients, the float32 serving fold); the
-# remat and dropout variants and the bfloat16 copy of every paper preset, in `make test-all`.
+# depends on size (`golden.in_part`: forward, one step's gradients, the float32 serving fold, all a
+# paper-size preset records); the other paper presets' parts, in `make test-all`.
 GOLDEN_PAPER_IN_MAKE_TEST = ("sa_quadratic",)
 # The files whose results depend on TensorFlow's kernel set (another order of summation): layers,
 # encodings, Theorem 1, the serving copy and the golden recordings held to float tolerances.
