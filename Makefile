@@ -46,7 +46,7 @@ BACKENDS_VENV := .venv-backends
 BPY := $(BACKENDS_VENV)/bin/python
 BSTAMP := $(BACKENDS_VENV)/.installed
 BACKEND_TESTS := tests/test_layers.py tests/test_models.py tests/test_conversion.py \
-	tests/test_fast_attention.py tests/test_keras_native.py tests/test_compat.py tests/test_install.py \
+	tests/test_fast_attention.py tests/test_keras_native.py tests/test_install.py \
 	tests/test_separable.py tests/test_benchmarks.py tests/test_attention_init.py tests/test_gated.py \
 	tests/test_reference_torch.py
 

@@ -7,10 +7,10 @@ pipeline, the command-line helpers and the memory estimate are the programs' (`t
 """
 
 from sa_conv.attention import MultiHeadSelfAttention2D
-from sa_conv.config import PRESET_ALIASES, PRESETS, ModelConfig, get_config, preset_names
+from sa_conv.config import PRESETS, ModelConfig, get_config, preset_names
 from sa_conv.conversion import AttentionConv2D, attention_to_conv, conv_to_attention, convert_model
 from sa_conv.encodings import (
-    ENCODING_ALIASES, ENCODINGS, ContentPlusLearnedBiasEncoding, ContentWithRelativeKeysEncoding, LearnedRelativeEncoding,
+    ENCODINGS, ContentPlusLearnedBiasEncoding, ContentWithRelativeKeysEncoding, LearnedRelativeEncoding,
     QuadraticEncoding, RelativeEncoding, get_encoding, register_encoding,
 )
 from sa_conv.errors import DatasetError, SaConvError
@@ -21,8 +21,6 @@ from sa_conv.models import (
     interpolate_offset_table, no_weight_decay, with_dtype_policy, with_image_size,
 )
 from sa_conv.serving import freeze_for_inference
-from sa_conv import encodings as _encodings
-from sa_conv import preprocessing as _preprocessing
 from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
 from sa_conv.resnet import build_resnet
 from sa_conv import reference  # noqa: E402  (sa_conv.reference.load_reference_weights)
@@ -31,18 +29,10 @@ from sa_conv.transformer import TransformerBlock
 __version__ = "0.2.0"
 
 
-def __getattr__(name):
-    """Former names of constants and classes (`sa_conv.aliases`), with a DeprecationWarning the first time."""
-    for module, former in ((_preprocessing, _preprocessing.FORMER_CONSTANTS), (_encodings, _encodings.FORMER_CLASSES)):
-        if name in former:
-            return getattr(module, former.resolve(name, stacklevel=2))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
-    "AttentionConv2D", "DatasetError", "ENCODING_ALIASES", "ENCODINGS", "InvertiblePooling",
+    "AttentionConv2D", "DatasetError", "ENCODINGS", "InvertiblePooling",
     "InvertibleUnpooling", "ContentPlusLearnedBiasEncoding", "ContentWithRelativeKeysEncoding", "LearnedRelativeEncoding", "ModelConfig",
-    "MultiHeadSelfAttention2D", "PRESETS", "PRESET_ALIASES", "PixelNormalization", "QuadraticEncoding", "REFERENCE_PIXEL_MEAN",
+    "MultiHeadSelfAttention2D", "PRESETS", "PixelNormalization", "QuadraticEncoding", "REFERENCE_PIXEL_MEAN",
     "REFERENCE_PIXEL_STD", "RelativeEncoding", "SaConvError", "TransformerBlock", "attention_blocks", "attention_grid", "attention_probabilities",
     "attention_to_conv", "build_attention_classifier", "build_model", "build_resnet", "conv_to_attention",
     "convert_model", "degenerate_heads", "freeze_for_inference", "get_config", "get_encoding", "no_weight_decay", "preset_names", "prune_heads",

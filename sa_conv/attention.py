@@ -15,7 +15,7 @@ from sa_conv.encodings import get_encoding
 from sa_conv.encodings.base import FROZEN_PREFIX
 from sa_conv.initializers import INITIALIZATIONS, bias_for, clone_initializer, dense_initializers
 
-__all__ = ["LegacyServingAttention", "MultiHeadSelfAttention2D"]
+__all__ = ["MultiHeadSelfAttention2D"]
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
@@ -115,7 +115,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             raise ValueError(f"fast_position_attention must be 'auto', True or False, got {fast_position_attention!r}.")
         self.num_heads = int(num_heads)
         self.output_dim = None if output_dim is None else int(output_dim)
-        self.encoding = self.encoding_spec.name  # a former name (ENCODING_ALIASES) saves as the current one
+        self.encoding = self.encoding_spec.name
         self.max_grid_size = int(max_grid_size)
         self.position_embedding_dim = position_embedding_dim
         self.attention_dropout = float(attention_dropout)
@@ -136,14 +136,6 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         # Holds the seed generator of the attention-dropout masks (`dropout_seed`).
         self.dropout = keras.layers.Dropout(self.attention_dropout, seed=seed, name="attention_dropout")
         self._aggregations = {}
-
-    @classmethod
-    def from_config(cls, config):
-        # Files written while serving was a flag of this layer hold a serving copy in their layout.
-        config = dict(config)
-        if config.pop("inference_constants", False):
-            return LegacyServingAttention.from_former_flags(config)
-        return super().from_config(config)
 
     @property
     def position_only(self):
@@ -300,86 +292,3 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
                 "encoding_options": self.encoding_options or None}
-
-
-@keras.saving.register_keras_serializable(package="sa_conv")
-class LegacyServingAttention(MultiHeadSelfAttention2D):
-    """A serving copy's attention as `.keras` files written before the encodings held the serving
-    constants store it: by the former serving classes (``PrecomputedAttention``,
-    ``FoldedContentAttention``, ``PrecomputedGatedAttention``) or the former ``inference_constants``
-    flag of this layer. It is a `MultiHeadSelfAttention2D` with a frozen encoding
-    (`sa_conv.encodings.frozen`) that reads and writes that layout: the constants as the layer's own
-    variables, the folded query-key map under ``query_key``.
-
-    Args:
-      layout: the serving form the file holds (``"probabilities"``, ``"position_bias"``, ``"gated"``).
-    """
-
-    # Where a former class's config names no encoding: the one encoding its form served then.
-    _FORMER_ENCODING = {"position_bias": "content_plus_learned_bias", "gated": "gated"}
-
-    def __init__(self, layout="probabilities", **kwargs):
-        super().__init__(**kwargs)
-        self.layout = layout
-
-    @classmethod
-    def from_former(cls, layout, config):
-        """The layer of a former serving class's ``config`` (or a former flagged layer's)."""
-        trained = get_encoding(config.get("encoding", cls._FORMER_ENCODING.get(layout, "quadratic"))).name
-        kwargs = {k: config[k] for k in ("num_heads", "output_dim", "name", "dtype", "trainable") if k in config}
-        options = {"query_dim": config["query_dim"]} if "query_dim" in config else None
-        return cls(layout, encoding=FROZEN_PREFIX + trained, encoding_options=options,
-                   fast_position_attention=config.get("fast_position_attention", "auto"), **kwargs)
-
-    @classmethod
-    def from_former_flags(cls, config):
-        """The layer of a former ``MultiHeadSelfAttention2D`` config with ``inference_constants``."""
-        return cls.from_former(get_encoding(config["encoding"]).serving_form, config)
-
-    def build(self, input_shape):
-        if self.fast_position_attention == "auto":  # as the former classes decided it, on the grid
-            self.fast_position_attention = aggregation.separable_with_constants(
-                get_encoding(self.encoding_spec.options["trained"]), "auto", tuple(input_shape[1:3]))
-        super().build(input_shape)
-
-    def save_own_variables(self, store):
-        for i, variable in enumerate(self.position_encoding.constants.values()):
-            store[str(i)] = ops.convert_to_numpy(variable)
-
-    def load_own_variables(self, store):
-        constants = list(self.position_encoding.constants.values())
-        if len(store.keys()) != len(constants):
-            raise ValueError(f"{self.name}: the file holds {len(store.keys())} constants, the {self.layout!r} form "
-                             f"{len(constants)}.")
-        for i, variable in enumerate(constants):
-            variable.assign(np.asarray(store[str(i)]))
-
-    @property
-    def query_key(self):
-        """The folded query-key map, under the name the files give it."""
-        return self.query_dense
-
-    def __dir__(self):
-        # What Keras walks to save and load sublayers' weights: the files' names.
-        hidden = {"position_encoding"} | ({"query_dense"} if self.layout == "position_bias" else set())
-        shown = ["query_key"] if self.layout == "position_bias" else []
-        return [name for name in super().__dir__() if name not in hidden and name != "query_key"] + shown
-
-    def get_config(self):
-        return {**super().get_config(), "layout": self.layout}
-
-
-def _former_serving_class(name, layout):
-    """The class that reads a former serving class ``name``'s files."""
-
-    def from_config(cls, config):
-        return super(cls, cls).from_config(config) if "layout" in config else cls.from_former(layout, config)
-
-    reader = type(name, (LegacyServingAttention,), {"from_config": classmethod(from_config), "__module__": __name__,
-                                                    "__doc__": f"Reads ``{name}`` from former serving files."})
-    return keras.saving.register_keras_serializable(package="sa_conv", name=name)(reader)
-
-
-FORMER_SERVING_CLASSES = {name: _former_serving_class(name, layout) for name, layout in (
-    ("PrecomputedAttention", "probabilities"), ("FoldedContentAttention", "position_bias"),
-    ("PrecomputedGatedAttention", "gated"))}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from sa_conv.aliases import FormerNames
 from sa_conv.attention_init import get_attention_init
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS
@@ -19,8 +18,7 @@ class ModelConfig:
 
     Attributes:
       architecture: ``"attention"`` (the paper's fully-attentional classifier) or ``"resnet18"``.
-      encoding: relative positional encoding of the attention layers (a name in `sa_conv.ENCODINGS`;
-        a former name in `sa_conv.ENCODING_ALIASES` is replaced by the current one).
+      encoding: relative positional encoding of the attention layers (a name in `sa_conv.ENCODINGS`).
       num_layers: transformer blocks.
       num_heads: heads per attention layer (K*K heads express a KxK convolution).
       hidden_size: channels of the attention grid.
@@ -91,7 +89,6 @@ class ModelConfig:
     pixel_std: Optional[tuple] = None
 
     def __post_init__(self):
-        object.__setattr__(self, "encoding", get_encoding(self.encoding).name)  # former names resolve
         for name in ("pixel_mean", "pixel_std"):  # JSON gives lists; the config stays hashable
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
@@ -183,28 +180,14 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-PRESET_ALIASES = FormerNames("preset", {
-    # The paper's "SA learned embedding w/ content", named before its encoding was renamed.
-    "sa_learned_content": "sa_content_plus_learned_bias",
-    "sa_learned_content_small": "sa_content_plus_learned_bias_small",
-})
-"""Former preset names, each mapped to its current name (`get_config` accepts them, warning once)."""
-
-
 def preset_names() -> list[str]:
-    """The current preset names (not the former ones of `PRESET_ALIASES`)."""
+    """The preset names."""
     return list(PRESETS)
 
 
-def canonical_preset(name: str, stacklevel: int = 1) -> str:
-    """The current name of preset ``name`` (itself, or the target of a former name, which warns
-    ``stacklevel`` frames above the caller); ValueError listing the presets for an unknown name."""
-    name = PRESET_ALIASES.resolve(name, stacklevel=stacklevel + 1)
+def get_config(name: str, **overrides) -> ModelConfig:
+    """The preset ``name`` with ``overrides`` applied; ValueError listing the presets for an
+    unknown name."""
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
-    return name
-
-
-def get_config(name: str, **overrides) -> ModelConfig:
-    """The preset ``name`` (or a former name, `PRESET_ALIASES`) with ``overrides`` applied."""
-    return PRESETS[canonical_preset(name, stacklevel=2)].replace(**overrides)
+    return PRESETS[name].replace(**overrides)

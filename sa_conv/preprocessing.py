@@ -4,19 +4,12 @@ import epfml_reference
 import keras
 from keras import ops
 
-from sa_conv.aliases import FormerNames, module_getattr
-
 # The reference implementation's CIFAR-10 normalization (RGB, on pixels scaled to [0, 1]; its std
 # is below the data's measured ~0.25): the defaults of models built without data, as in the
 # paper's code. The trainer computes the statistics of the data it trains on
 # (`trainers.data.channel_statistics`).
 REFERENCE_PIXEL_MEAN = epfml_reference.PIXEL_MEAN
 REFERENCE_PIXEL_STD = epfml_reference.PIXEL_STD
-# Former names, kept importable (with a DeprecationWarning): they are the reference's constants,
-# not CIFAR-10's measured statistics.
-FORMER_CONSTANTS = FormerNames("constant", {"CIFAR10_MEAN": "REFERENCE_PIXEL_MEAN",
-                                            "CIFAR10_STD": "REFERENCE_PIXEL_STD"})
-__getattr__ = module_getattr(__name__, FORMER_CONSTANTS, globals())
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")

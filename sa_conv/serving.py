@@ -17,8 +17,7 @@ serves it:
   hold their weights in the compute dtype, rounded once instead of cast on every call.
 
 Which form serves an attention layer is its encoding's to say (``serving_form``); serving copies
-only serve (they refuse ``training=True``). Files written by former serving classes or flags load
-as these layers (`sa_conv.attention.LegacyServingAttention`, `sa_conv.transformer`).
+only serve (they refuse ``training=True``).
 """
 
 from __future__ import annotations
@@ -246,11 +245,3 @@ def freeze_for_inference(model: keras.Model) -> keras.Model:
         _assign(target.bias, bias)
     return frozen
 
-
-def __getattr__(name):
-    if name in ("PrecomputedAttention", "FoldedContentAttention", "PrecomputedGatedAttention", "legacy_serving_layer"):
-        raise AttributeError(
-            f"sa_conv.serving.{name} is gone: a serving copy's attention is a MultiHeadSelfAttention2D with its "
-            "encoding's serving form (encoding='frozen:NAME', sa_conv.encodings.frozen); files written with the former "
-            "classes or flags still load (sa_conv.attention.LegacyServingAttention).")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

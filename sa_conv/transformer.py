@@ -6,7 +6,7 @@ import math
 import keras
 from keras import ops
 
-from sa_conv.attention import LegacyServingAttention, MultiHeadSelfAttention2D
+from sa_conv.attention import MultiHeadSelfAttention2D
 from sa_conv.seeded_dropout import after, apply_keep_mask, draw_keep_mask, rematerialize
 from sa_conv.initializers import bias_for, clone_initializer, dense_initializers
 
@@ -144,17 +144,6 @@ class TransformerBlock(keras.layers.Layer):
 
         return seed(self.attention.dropout), seed(self.attention_output_dropout), seed(self.output_dropout)
 
-    @classmethod
-    def from_config(cls, config):
-        # Files written while serving was a set of flags of this block: its serving copy, or as trained.
-        config = dict(config)
-        attention = dict(config.get("attention_config") or {})
-        constants = attention.pop("inference_constants", False)
-        config["attention_config"] = attention
-        if config.pop("fold_attention_output", False):
-            return LegacyServingTransformerBlock.from_former_flags(config, constants)
-        return super().from_config(config)
-
     def call(self, inputs, training=None, return_attention_scores=False):
         seeds = self._mask_seeds(inputs) if training else (None, None, None)
         if not (self.remat and training) or return_attention_scores:
@@ -219,34 +208,16 @@ class ServingTransformerBlock(TransformerBlock):
     Args:
       mlp_size, layer_norm_epsilon: the trained block's.
       attention_config: the serving attention's (`MultiHeadSelfAttention2D` arguments).
-      attention: an attention layer instead (files written by former serving classes).
     """
 
     maps_attention_output = False
 
-    def __init__(self, mlp_size, layer_norm_epsilon=1e-12, *, attention_config=None, attention=None, **kwargs):
-        if (attention is None) == (not attention_config):
-            raise ValueError("A ServingTransformerBlock takes its attention's attention_config or the attention layer, "
-                             "one of the two.")
+    def __init__(self, mlp_size, layer_norm_epsilon=1e-12, *, attention_config, **kwargs):
         super().__init__(mlp_size, dropout=0.0, layer_norm_epsilon=layer_norm_epsilon,
                          attention_config=attention_config, **kwargs)
-        if attention is not None:
-            self.attention = (keras.saving.deserialize_keras_object(attention) if isinstance(attention, dict)
-                              else attention)
-
-    @property
-    def _given_attention(self):
-        """Whether the attention layer was given (files of the former serving classes), not its config."""
-        return not self.attention_config
 
     def _make_attention(self):
-        if self._given_attention:
-            return None
         return MultiHeadSelfAttention2D(name="attention", dtype=self.dtype_policy, **self.attention_config)
-
-    @classmethod
-    def from_config(cls, config):
-        return super(TransformerBlock, cls).from_config(config)
 
     def call(self, inputs, training=None, return_attention_scores=False):
         if training:
@@ -262,29 +233,4 @@ class ServingTransformerBlock(TransformerBlock):
         config = super().get_config()
         for trained_only in ("dropout", "remat"):
             config.pop(trained_only)
-        if self._given_attention:
-            config["attention"] = keras.saving.serialize_keras_object(self.attention)
         return config
-
-
-@keras.saving.register_keras_serializable(package="sa_conv", name="LegacyServingTransformerBlock")
-class LegacyServingTransformerBlock(ServingTransformerBlock):
-    """A `ServingTransformerBlock` read from a file written while serving was the
-    ``fold_attention_output`` flag of `TransformerBlock`. Keras finds a model's layers' weights in
-    the file under their class names, so this class is named ``TransformerBlock``."""
-
-    @classmethod
-    def from_former_flags(cls, config, constants):
-        """The block of a former ``TransformerBlock`` config with ``fold_attention_output`` (and,
-        where ``constants``, an attention with ``inference_constants``)."""
-        attention = config.get("attention_config") or {}
-        dtype = config.get("dtype")
-        if isinstance(dtype, dict):
-            dtype = keras.dtype_policies.deserialize(dtype)
-        served = (LegacyServingAttention.from_former_flags({**attention, "name": "attention", "dtype": dtype})
-                  if constants else MultiHeadSelfAttention2D(name="attention", dtype=dtype, **attention))
-        common = {k: config[k] for k in ("name", "trainable") if k in config}
-        return cls(config["mlp_size"], config.get("layer_norm_epsilon", 1e-12), attention=served, dtype=dtype, **common)
-
-
-LegacyServingTransformerBlock.__name__ = LegacyServingTransformerBlock.__qualname__ = "TransformerBlock"

@@ -11,18 +11,25 @@ path (so neither the order in which layers create their weights nor the initiali
 dropout seed-generator states included) and computes, for fixed images and labels:
 
 * ``logits``: inference logits ``(4, classes)``;
-* ``attention``: block 0's inference attention probabilities for queries ``0, 17, 34, ...``
-  (``(2, heads, 6, N)``; attention presets only);
+* ``attention``: block 0's inference attention probabilities for queries ``0, 102, 204``
+  (``(2, heads, 3, N)``; attention presets only);
 * ``grad/<variant>/<path>`` (or ``sketch/...``): the gradient of one training step's mean cross-entropy for each
   variable, under the variants of `VARIANTS` (remat on and off, attention dropout on and off,
   the dropout masks drawn from the fixed seed-generator states), in `gradient_dtype`. Gradients of up to
-  `WHOLE` entries are kept whole; larger ones as a sketch (`sketch`: their dot products with
-  fixed random vectors, and their norm), which moves with any change of them: the whole
-  gradients of the presets would weigh tens of MB;
+  `WHOLE` entries are kept whole, and so is one within its bound of zero (the key bias, which the
+  softmax removes: rounding only, with no norm of its own to compare a sketch to); larger ones as
+  a sketch (`sketch`: their dot products with fixed random vectors, and their norm), which moves
+  with any change of them: the whole gradients of the presets would weigh tens of MB;
 * ``frozen``: logits of `sa_conv.freeze_for_inference(model)`;
 * ``bfloat16``: logits of the frozen ``mixed_bfloat16`` copy (`with_dtype_policy` first).
 
-`tests/test_golden.py` recomputes them and compares.
+`tests/test_golden.py` recomputes them and compares. A fixture keeps what the comparison needs
+(`stored`): a remat variant's gradients are compared with those of the same step without remat
+(`RECORDED_AS`: remat recomputes the same step; the recordings of both agreed to 0.1% of their
+bound), and a paper-size preset keeps the part of its recording that depends on size
+(`in_part`). The fixtures were recorded before the one-path redesign with every variant whole up
+to 4096 entries and six attention queries, and later cut to this layout from that recording
+(sketches of the recorded gradients, a subset of the recorded queries), not recorded again.
 """
 
 from __future__ import annotations
@@ -36,15 +43,21 @@ import numpy as np
 from keras import ops
 
 import sa_conv
+from tests import tiers, tolerances
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "golden"
 # (remat, attention_dropout) of the training-step gradients.
 VARIANTS = {"plain": (False, 0.0), "remat": (True, 0.0), "attention_dropout": (False, 0.1),
             "remat_attention_dropout": (True, 0.1)}
+# The recorded variant each variant is compared with: remat recomputes the same step.
+RECORDED_AS = {"plain": "plain", "remat": "plain", "attention_dropout": "attention_dropout",
+               "remat_attention_dropout": "attention_dropout"}
 BATCH = 4
 GRAD_BATCH = 2
-WHOLE = 4096
+WHOLE = 2048
 SKETCHES = 4
+# Block 0's attention is recorded for every QUERY_STEP-th query of the 16x16 grid.
+QUERY_STEP = 102
 
 
 def gradient_dtype(config) -> str:
@@ -144,7 +157,7 @@ def inference(preset: str, model) -> dict[str, np.ndarray]:
     out = {"logits": ops.convert_to_numpy(model(images, training=False))}
     if sa_conv.get_config(preset).architecture == "attention":
         probs = ops.convert_to_numpy(sa_conv.attention_probabilities(model, images[:2])[0])
-        out["attention"] = probs[:, :, ::51, :]
+        out["attention"] = probs[:, :, ::QUERY_STEP, :]
     return out
 
 
@@ -159,31 +172,63 @@ def serving(model, bfloat16: bool = True) -> dict[str, np.ndarray]:
     return out
 
 
-def record(preset: str, change=None, part: bool = False) -> dict[str, np.ndarray]:
-    """Every array of the module doc for ``preset``; with ``part``, the arrays of `PART` only."""
+def kept_whole(config, grads: dict[str, np.ndarray]) -> set[str]:
+    """The paths of one step's ``grads`` that a recording keeps whole: up to `WHOLE` entries, or
+    within the comparison's bound of zero (`tests/test_golden.py`: relative to the largest entry
+    of the gradients kept whole)."""
+    relative = tolerances.gradient_relative(config, gradient_dtype(config), batch=GRAD_BATCH)
+    scale = max(np.abs(g).max() for g in grads.values() if g.size <= WHOLE)
+    return {path for path, g in grads.items() if g.size <= WHOLE or np.abs(g).max() <= relative * scale}
+
+
+def record(preset: str, change=None, part: bool | None = None, layout=None) -> dict[str, np.ndarray]:
+    """Every array of the module doc for ``preset``; with ``part`` (by default, for a paper-size
+    preset), the arrays of `in_part` only. ``layout``: the keys of a fixture, whose gradients kept
+    whole this recording keeps whole (by default, `kept_whole`'s)."""
     images, labels = inputs()
     model = build(preset, change)
     out = inference(preset, model)
-    attention = sa_conv.get_config(preset).architecture == "attention"
+    config = sa_conv.get_config(preset)
+    part = tiers.is_paper_size(preset) if part is None else part
+    attention = config.architecture == "attention"
     variants = VARIANTS if attention else {"plain": (False, 0.0)}
     if part:
         variants = {name: variants[name] for name in PART_VARIANTS}
-    dtype = gradient_dtype(sa_conv.get_config(preset))
+    dtype = gradient_dtype(config)
+    whole = {}
     for variant, (remat, rate) in variants.items():
         overrides = dict(remat=remat, attention_dropout=rate) if attention else {}
         grads = _gradients(build(preset, change, dtype=dtype, **overrides), images[:GRAD_BATCH], labels[:GRAD_BATCH])
+        recorded = RECORDED_AS[variant]
+        if recorded not in whole:
+            whole[recorded] = (kept_whole(config, grads) if layout is None else
+                               {path for path in grads if f"grad/{recorded}/{path}" in layout})
         for path, g in grads.items():
-            if g.size <= WHOLE:
+            if path in whole[recorded]:
                 out[f"grad/{variant}/{path}"] = g
             else:
                 out[f"sketch/{variant}/{path}"] = sketch(path, g)
     return {**out, **serving(model, bfloat16=not part)}
 
 
+def recorded_key(key: str) -> str:
+    """The key of the fixture's array that the computed array ``key`` is compared with."""
+    if key.startswith(("grad/", "sketch/")):
+        kind, variant, path = key.split("/", 2)
+        return f"{kind}/{RECORDED_AS[variant]}/{path}"
+    return key
+
+
+def stored(preset: str, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays of a recording ``values`` that the fixture of ``preset`` keeps."""
+    paper = tiers.is_paper_size(preset)
+    return {key: value for key, value in values.items() if recorded_key(key) == key and (not paper or in_part(key))}
+
+
 # A part of a recording (`record(..., part=True)`): inference, one training step's gradients without
-# remat or dropout, and the float32 serving copy. Where a paper-size preset's whole recording costs
-# too much for a tier, this keeps its forward pass, backward pass and serving fold at paper size;
-# the other variants and the bfloat16 copy are the same code at every size.
+# remat or dropout, and the float32 serving copy: what a paper-size preset records, its forward
+# pass, backward pass and serving fold at paper size; the other variants and the bfloat16 copy are
+# the same code at every size, recorded by the small presets.
 PART_VARIANTS = ("plain",)
 
 
@@ -202,7 +247,7 @@ def main(argv=None):
     FIXTURES.mkdir(parents=True, exist_ok=True)
     for preset in args.preset or presets():
         if args.write:
-            values = record(preset)
+            values = stored(preset, record(preset))
             np.savez_compressed(FIXTURES / f"{preset}.npz", **values)
             print(f"{preset}: {len(values)} arrays", flush=True)
         else:

@@ -51,20 +51,6 @@ def test_the_library_imports_no_program():
     assert len(offenders) >= 15  # the walk really read the library
 
 
-def test_modules_moved_out_of_the_library_leave_only_a_stub():
-    """The former paths of the modules moved to the programs' side (`sa_conv.aliases.MODULES`)
-    hold a stub that only hands over to the new module; nothing else in the library names a
-    program."""
-    from sa_conv import aliases
-
-    for old, new in aliases.MODULES.items():
-        stub = PROJECT_ROOT / (old.replace(".", "/") + ".py")
-        code = [ast.unparse(n) for n in ast.parse(stub.read_text()).body if not isinstance(n, ast.Expr)
-                or not isinstance(n.value, ast.Constant)]
-        assert code == ["from sa_conv import aliases", "aliases.moved_module(__name__)"], old
-        assert (PROJECT_ROOT / (new.replace(".", "/") + ".py")).is_file() and new.split(".")[0] in PROGRAMS
-
-
 def test_programs_import_each_other_only_to_compose():
     found = {}
     for package in PROGRAMS:

@@ -87,7 +87,30 @@ def test_every_table_is_used_and_an_edited_cell_is_put_back():
     assert performance_tables.main(["--check"]) == 0
 
 
-def test_tables_show_current_preset_names():
-    """Benchmarks recorded sa_learned_content before the rename; tables show the current name."""
-    table = performance_tables.vs_reference_summary()
-    assert "`sa_content_plus_learned_bias`" in table and "sa_learned_content" not in table
+def test_the_reports_name_presets_by_their_current_names():
+    """The tables print a report's preset names as they are, with no table of former names: every
+    preset a report names (a run's ``preset`` or ``model``, a case of the reference comparison and
+    so a row of its tables) is one `sa_conv.get_config` builds."""
+    import json
+
+    import sa_conv
+
+    named = set()
+
+    def walk(value):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key in ("preset", "model") and isinstance(item, str) and item.startswith(("sa_", "resnet")):
+                    named.add(item)
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for path in sorted((PROJECT_ROOT / "benchmarks" / "results").glob("*.json")):
+        walk(json.loads(path.read_text()))
+    cases = set(json.loads((PROJECT_ROOT / "benchmarks" / "results" / "vs_reference.json").read_text())["cases"])
+    assert {"sa_content_plus_learned_bias", "sa_content_plus_learned_bias_small"} <= named & cases
+    assert sorted((named | cases) - set(sa_conv.PRESETS)) == []
+    shown = set(re.findall(r"`(\w+)`", performance_tables.vs_reference_summary()))
+    assert "sa_content_plus_learned_bias" in shown and shown <= set(sa_conv.PRESETS)

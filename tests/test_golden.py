@@ -1,9 +1,10 @@
 """Every preset, with fixed weights, computes what it computed before the one-path redesign
 (tests/fixtures/golden, recorded by `tests.golden` at the commit before it): inference logits,
 attention maps, the gradients of one training step with and without remat and attention dropout,
-and the frozen float32 and bfloat16 serving copies. ResNet18's gradients were recorded again
-later, in float64 (`golden.gradient_dtype`): within 1.5e-6 of their scale of the float32
-recording before the redesign; its other arrays are that recording's."""
+and the frozen float32 and bfloat16 serving copies (a paper-size preset: the part of `golden.in_part`;
+a remat variant against the same step's recording without remat, `golden.RECORDED_AS`). ResNet18's
+gradients were recorded again later, in float64 (`golden.gradient_dtype`): within 1.5e-6 of their
+scale of the float32 recording before the redesign; its other arrays are that recording's."""
 
 import numpy as np
 import pytest
@@ -21,10 +22,8 @@ pytest.importorskip("tensorflow", reason="the training step's gradients are take
 @pytest.fixture(params=tiers.presets(golden.presets(), tiers.GOLDEN_PAPER_IN_MAKE_TEST))
 def recorded(request, made_once):
     """``(preset, the fixture's arrays, what it computes now)``; computed once per test run
-    (`test_each_bound_fails_on_a_real_change` reads the small quadratic preset's too). A paper-size
-    preset outside ``--all`` computes `golden.in_part`'s arrays only (`tiers.GOLDEN_PAPER_IN_MAKE_TEST`)."""
-    part = tiers.is_paper_size(request.param) and not request.config.getoption("--all")
-    return _recorded(request.param, made_once, part)
+    (`test_each_bound_fails_on_a_real_change` reads the small quadratic preset's too)."""
+    return _recorded(request.param, made_once)
 
 
 @pytest.fixture
@@ -32,10 +31,9 @@ def recorded_small(made_once):
     return _recorded("sa_quadratic_small", made_once)
 
 
-def _recorded(preset, made_once, part=False):
-    want = {k: v for k, v in np.load(golden.FIXTURES / f"{preset}.npz").items() if not part or golden.in_part(k)}
-    directory = made_once(f"golden-{preset}{'-part' if part else ''}",
-                          lambda d: np.savez(d / "got.npz", **golden.record(preset, part=part)))
+def _recorded(preset, made_once):
+    want = dict(np.load(golden.FIXTURES / f"{preset}.npz"))
+    directory = made_once(f"golden-{preset}", lambda d: np.savez(d / "got.npz", **golden.record(preset, layout=want)))
     return preset, want, dict(np.load(directory / "got.npz"))
 
 
@@ -51,22 +49,25 @@ def check_inference(preset, want, got):
 def check_gradients(preset, want, got):
     """One training step's gradients, in `golden.gradient_dtype` through the forward and the
     backward pass, relative to the step's gradient scale; a sketched gradient norm-wise
-    (``|g . r| <= e |g| |r|``)."""
+    (``|g . r| <= e |g| |r|``). Each variant computed against its recorded one (`golden.RECORDED_AS`)."""
     config = sa_conv.get_config(preset)
     relative = tolerances.gradient_relative(config, golden.gradient_dtype(config), batch=golden.GRAD_BATCH)
-    whole = [k for k in want if k.startswith("grad/")]
-    sketched = [k for k in want if k.startswith("sketch/")]
+    whole = [k for k in got if k.startswith("grad/")]
+    sketched = [k for k in got if k.startswith("sketch/")]
     variants = {k.split("/")[1] for k in whole + sketched}
     every = set(golden.VARIANTS) if config.architecture == "attention" else {"plain"}
     assert variants == every or variants == every & set(golden.PART_VARIANTS)
     # The scale of a step's gradients: the largest entry of any gradient of the same variant. A
     # gradient that is zero but for rounding (the key bias, which the softmax removes) is held to it.
-    scale = {v: max(np.abs(want[k]).max() for k in whole if k.split("/")[1] == v) for v in variants}
+    scale = {v: max(np.abs(want[k]).max() for k in want if k.startswith(f"grad/{v}/"))
+             for v in {golden.RECORDED_AS[v] for v in variants}}
     for key in whole:
-        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=relative * scale[key.split("/")[1]], err_msg=key)
+        recorded = golden.recorded_key(key)
+        np.testing.assert_allclose(got[key], want[recorded], rtol=0, atol=relative * scale[recorded.split("/")[1]],
+                                   err_msg=key)
     for key in sketched:
         path = key.split("/", 2)[2]
-        *products, norm, size = want[key]
+        *products, norm, size = want[golden.recorded_key(key)]
         assert got[key][-1] == size and norm > 0
         bound = relative * norm * np.linalg.norm(golden.sketch_vectors(path, size), axis=1)
         np.testing.assert_array_less(np.abs(got[key][:-2] - products), bound, err_msg=key)
@@ -92,7 +93,8 @@ def test_each_preset_computes_what_it_recorded(recorded):
     without remat and attention dropout, the serving copies. One test per preset: the recording
     is computed once, and no worker waits for another to compute it."""
     preset, want, got = recorded
-    assert sorted(got) == sorted(want)
+    assert sorted(golden.stored(preset, got)) == sorted(want)
+    assert {golden.recorded_key(k) for k in got} == set(want)
     check_inference(preset, want, got)
     check_gradients(preset, want, got)
     check_serving(preset, want, got)
@@ -124,7 +126,7 @@ def test_each_bound_fails_on_a_real_change(recorded_small):
     check_inference(preset, want, got)  # unchanged, they pass
     check_gradients(preset, want, got)
     check_serving(preset, want, got)
-    moved = golden.record(preset, _scaled("block_1/output/kernel", 1 + 1e-3))
+    moved = golden.record(preset, _scaled("block_1/output/kernel", 1 + 1e-3), layout=want)
     with pytest.raises(AssertionError, match="logits"):
         check_inference(preset, want, {**got, "logits": moved["logits"]})
     with pytest.raises(AssertionError, match="grad/"):
@@ -149,7 +151,7 @@ def test_the_float64_gradient_bound_fails_on_a_real_change(made_once):
     after it, in training mode, divides a kernel's scale out.)"""
     preset, want, got = _recorded("resnet18", made_once)
     check_gradients(preset, want, got)
-    moved = golden.record(preset, _scaled("stage2_block1_1_bn/gamma", 1 + 1e-3), part=True)
+    moved = golden.record(preset, _scaled("stage2_block1_1_bn/gamma", 1 + 1e-3), part=True, layout=want)
     with pytest.raises(AssertionError, match="grad/"):
         check_gradients(preset, want, {**got, **{k: v for k, v in moved.items() if k.startswith("grad/")}})
     with pytest.raises(AssertionError, match="sketch/"):

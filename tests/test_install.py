@@ -127,9 +127,8 @@ def test_the_layers_only_venv_has_none_of_the_training_dependencies():
 
 def test_every_library_module_imports_without_tensorflow_on_another_backend():
     """Under JAX or PyTorch (``make test-backends``), every module of ``sa_conv`` imports and
-    TensorFlow is not loaded: the library has no TensorFlow-only module. (The former paths of
-    modules moved to the programs, `sa_conv.aliases.MODULES`, and `sa_conv.plotting`, which needs
-    matplotlib, are left out.)"""
+    TensorFlow is not loaded: the library has no TensorFlow-only module. (`sa_conv.plotting`,
+    which needs matplotlib, is left out.)"""
     import keras
 
     if keras.backend.backend() == "tensorflow":
@@ -137,9 +136,8 @@ def test_every_library_module_imports_without_tensorflow_on_another_backend():
     script = """
 import importlib, json, pkgutil, sys
 import sa_conv
-from sa_conv import aliases
 names = [m.name for m in pkgutil.walk_packages(sa_conv.__path__, "sa_conv.")
-         if m.name not in aliases.MODULES and m.name != "sa_conv.plotting"]
+         if m.name != "sa_conv.plotting"]
 for name in names:
     importlib.import_module(name)
 print(json.dumps({"modules": len(names), "tensorflow": "tensorflow" in sys.modules}))

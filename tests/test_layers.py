@@ -173,6 +173,13 @@ def test_content_with_relative_keys_relative_term():
         np.testing.assert_allclose(scores[b, h, qi * width + qj, ki * width + kj], expected, rtol=1e-5, atol=1e-6)
 
 
+def test_the_content_encodings_are_two_classes_named_for_what_they_compute():
+    assert sa_conv.ENCODINGS["content_plus_learned_bias"].cls is sa_conv.ContentPlusLearnedBiasEncoding
+    assert sa_conv.ENCODINGS["content_with_relative_keys"].cls is sa_conv.ContentWithRelativeKeysEncoding
+    assert sa_conv.ENCODINGS["content_plus_learned_bias"].has_position_bias
+    assert not sa_conv.ENCODINGS["content_with_relative_keys"].has_position_bias
+
+
 def test_grid_larger_than_learned_table():
     layer = MultiHeadSelfAttention2D(2, encoding="learned", max_grid_size=4)
     with pytest.raises(ValueError, match="grid is 5x3.*max_grid_size=4"):

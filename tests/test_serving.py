@@ -169,8 +169,6 @@ def test_each_encoding_is_served_by_its_serving_form(encoding, served):
     assert hasattr(layer, "key_dense") == (encoding in ("content_with_relative_keys", "gated"))
     x = np.random.default_rng(0).normal(size=(2, 4, 4, 8)).astype(np.float32)
     np.testing.assert_allclose(ops.convert_to_numpy(layer(x)), ops.convert_to_numpy(live(x)), rtol=1e-5, atol=1e-6)
-    with pytest.raises(AttributeError, match="encoding='frozen:NAME'"):
-        serving.PrecomputedAttention  # noqa: B018 (the former class's name says where serving went)
     for flag in ("inference_constants", "query_key"):
         with pytest.raises(ValueError, match=f"Unrecognized keyword arguments .*{flag}"):
             sa_conv.MultiHeadSelfAttention2D(2, encoding=encoding, **{flag: True})

@@ -23,12 +23,12 @@ import pytest
 # preset's encoding runs at small size in every tier; its paper-size exports in `make test-all`.
 PAPER_IN_MAKE_TEST = ("sa_quadratic", "sa_content_plus_learned_bias")
 # The golden recordings keep the position-only one at paper size in `make test`, for the part that
-# depends on size (`golden.in_part`: forward, one step's gradients, the float32 serving fold); the
-# remat and dropout variants and the bfloat16 copy of every paper preset, in `make test-all`.
+# depends on size (`golden.in_part`: forward, one step's gradients, the float32 serving fold, all a
+# paper-size preset records); the other paper presets' parts, in `make test-all`.
 GOLDEN_PAPER_IN_MAKE_TEST = ("sa_quadratic",)
 # The files whose results depend on TensorFlow's kernel set (another order of summation): layers,
 # encodings, Theorem 1, the serving copy and the golden recordings held to float tolerances.
-KERNEL_SENSITIVE = ("test_layers", "test_fast_attention", "test_conversion", "test_compat", "test_keras_native",
+KERNEL_SENSITIVE = ("test_layers", "test_fast_attention", "test_conversion", "test_keras_native",
                     "test_sinusoidal", "test_mlp_encoding", "test_heads", "test_reference", "test_remat",
                     "test_optimizers", "test_separable", "test_seeded_dropout", "test_serving", "test_golden",
                     "test_attention_init", "test_gated")

@@ -35,8 +35,6 @@ PLOTS = {"docs/data_efficiency.png": ("data_efficiency", "plot_data_efficiency")
          "docs/reproduction_maps_quadratic.png": ("reproduction", "plot_reproduction_maps_quadratic"),
          "docs/reproduction_centers.png": ("reproduction", "plot_reproduction_centers")}
 
-from sa_conv.config import PRESET_ALIASES  # presets renamed after a benchmark recorded them
-
 
 def _load(name):
     with open(RESULTS / f"{name}.json") as f:
@@ -53,7 +51,7 @@ def _machine(data):
 
 
 def _preset(name):
-    return f"`{PRESET_ALIASES.get(name, name)}`"
+    return f"`{name}`"
 
 
 def _num(x, digits=3):
@@ -139,7 +137,7 @@ def throughput(name="throughput"):
     batch = max(set(batches), key=batches.count)
 
     def case(r):
-        name = PRESET_ALIASES.get(r["case"], r["case"])
+        name = r["case"]
         notes = [f"batch {r.get('train_batch')}"] * (r.get("train_batch") != batch)
         notes += ["XLA"] * bool(r.get("xla") and "xla" not in name)
         return f"`{name}`" + (f" ({', '.join(notes)})" if notes else "")

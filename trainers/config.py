@@ -12,7 +12,7 @@ from typing import Optional
 
 from trainers import cli
 from sa_conv.attention_init import ATTENTION_INITS
-from sa_conv.config import PRESET_ALIASES, PRESETS, canonical_preset
+from sa_conv.config import PRESETS
 from trainers.data import DATASETS, get_source
 from sa_conv.encodings import get_encoding
 from sa_conv.errors import ConfigError, SaConvError
@@ -39,8 +39,7 @@ MAX_IMAGE_SIZE = 1024
 
 @dataclasses.dataclass
 class TrainConfig:
-    model: str = _field("sa_quadratic_small", "Model preset (former names, e.g. sa_learned_content, still work).",
-                        tuple(PRESETS) + tuple(PRESET_ALIASES))
+    model: str = _field("sa_quadratic_small", "Model preset.", tuple(PRESETS))
     encoding: Optional[str] = _field(None, "Override the preset's positional encoding.")
     num_layers: Optional[int] = _field(None, "Override the preset's number of transformer blocks.")
     num_heads: Optional[int] = _field(None, "Override the preset's attention heads.")
@@ -209,11 +208,9 @@ class TrainConfig:
             value = getattr(self, f.name)
             if choices and value is not None and value not in choices:
                 raise ConfigError(f"--{f.name}={value!r} is not one of: {', '.join(choices)}.")
-        # Former names resolve to the current ones, which the run records.
-        self.model = canonical_preset(self.model)
         if self.encoding is not None:
             try:
-                self.encoding = get_encoding(self.encoding).name
+                get_encoding(self.encoding)
             except ValueError as exc:
                 raise ConfigError(f"--encoding: {exc}") from None
         for name in ("epochs", "global_batch_size", "eval_batch_size", "steps_per_execution",

@@ -6,10 +6,9 @@
 * ``quadratic``, ``quadratic_full``: `QuadraticEncoding` (paper Eq. 9, isotropic or full covariance).
 * ``learned``: `LearnedRelativeEncoding` (learned row and column tables, position only).
 * ``content_plus_learned_bias`` (the reference's "learned embedding w/ content", the paper
-  presets'; formerly ``learned_plus_content``): `ContentPlusLearnedBiasEncoding`, content logits
-  plus the ``learned`` encoding's logits; ``content_with_relative_keys`` (Ramachandran et al.'s;
-  formerly ``learned_content``): `ContentWithRelativeKeysEncoding`, relative embeddings against
-  each head's query. Both derive from `ContentEncoding`.
+  presets'): `ContentPlusLearnedBiasEncoding`, content logits plus the ``learned`` encoding's
+  logits; ``content_with_relative_keys`` (Ramachandran et al.'s):
+  `ContentWithRelativeKeysEncoding`, relative embeddings against each head's query. Both derive from `ContentEncoding`.
 * ``sinusoidal``: `SinusoidalRelativeEncoding` (fixed sinusoidal features of each axis offset,
   learned per-head vectors).
 * ``mlp``: `MLPRelativeEncoding` (a small MLP of the continuous offset).
@@ -18,13 +17,10 @@
 
 Each encoding names its serving form (`FROZEN_FORMS`, `sa_conv.encodings.frozen`): the frozen
 encoding ``"frozen:NAME"`` that serves it with its input-independent part computed once.
-
-Former encoding names resolve through `ENCODING_ALIASES` (`get_encoding` accepts them), former
-class names through `FORMER_CLASSES`, each with a DeprecationWarning the first time.
 """
 
 from sa_conv.encodings.base import (
-    ENCODING_ALIASES, ENCODINGS, FROZEN_FORMS, EncodingSpec, RelativeEncoding, axis_offsets, check_table_bound,
+    ENCODINGS, FROZEN_FORMS, EncodingSpec, RelativeEncoding, axis_offsets, check_table_bound,
     get_encoding, register_encoding, register_frozen_form, relative_indices, relative_offsets, unregister_encoding,
 )
 # Registration order is the order of `ENCODINGS`.
@@ -38,18 +34,9 @@ from sa_conv.encodings.mlp import MLPRelativeEncoding  # isort: skip
 from sa_conv.encodings.gated import GatedPositionalEncoding  # isort: skip
 from sa_conv.encodings.frozen import FrozenEncoding, FrozenGated, FrozenPositionBias, FrozenProbabilities  # isort: skip
 
-from sa_conv import aliases  # noqa: E402
-
-FORMER_CLASSES = aliases.FormerNames("class", {
-    # One class served both content encodings (with relative="query", its default, or "head_keys",
-    # which is ContentPlusLearnedBiasEncoding).
-    "LearnedContentEncoding": "ContentWithRelativeKeysEncoding",
-})
-__getattr__ = aliases.module_getattr(__name__, FORMER_CLASSES, globals())
-
 __all__ = [
     "ContentEncoding", "ContentPlusLearnedBiasEncoding", "ContentWithRelativeKeysEncoding",
-    "ENCODING_ALIASES", "ENCODINGS", "EncodingSpec", "FORMER_CLASSES", "FROZEN_FORMS", "FrozenEncoding", "FrozenGated",
+    "ENCODINGS", "EncodingSpec", "FROZEN_FORMS", "FrozenEncoding", "FrozenGated",
     "FrozenPositionBias", "FrozenProbabilities", "GatedPositionalEncoding", "LearnedRelativeEncoding", "MLPRelativeEncoding", "QuadraticEncoding",
     "RelativeEncoding", "SinusoidalRelativeEncoding", "axis_offsets", "check_table_bound", "get_encoding", "register_encoding",
     "register_frozen_form", "relative_indices", "relative_offsets", "unregister_encoding",

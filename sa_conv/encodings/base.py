@@ -21,7 +21,6 @@ import numpy as np
 from keras import ops
 
 from sa_conv import aggregation
-from sa_conv.aliases import FormerNames
 
 
 def relative_offsets(height, width):
@@ -304,54 +303,38 @@ def _frozen_spec(trained_name: str) -> EncodingSpec:
 _REGISTRY: dict[str, EncodingSpec] = {}
 ENCODINGS: Mapping[str, EncodingSpec] = MappingProxyType(_REGISTRY)
 """Every registered encoding by name (read-only; `register_encoding` adds to it)."""
-ENCODING_ALIASES = FormerNames("encoding")
-"""Former names of encodings, each mapped to its current name (`sa_conv.aliases.FormerNames`):
-`get_encoding` accepts them, warning once, so configurations and ``.keras`` files that use them
-still load."""
 
 
-def register_encoding(name: str, *, aliases=(), **options):
+def register_encoding(name: str, **options):
     """Class decorator: registers ``cls`` under ``name`` with fixed ``options`` (passed to
-    ``from_attention`` and the class's other hooks), and ``aliases`` (former names) that resolve
-    to ``name``. A class may be registered under several names with different options."""
+    ``from_attention`` and the class's other hooks). A class may be registered under several names
+    with different options."""
 
     def register(cls):
         if not (isinstance(cls, type) and issubclass(cls, RelativeEncoding)):
             raise TypeError(f"{cls!r} is not a RelativeEncoding subclass.")
-        for new in (name, *aliases):
-            if new in ENCODING_ALIASES and ENCODING_ALIASES[new] != name:
-                raise ValueError(f"{new!r} is already a former name of the encoding {ENCODING_ALIASES[new]!r}.")
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"An encoding named {name!r} is already registered ({_REGISTRY[name].cls.__name__}).")
-        taken = [a for a in aliases if a in _REGISTRY]
-        if taken:
-            raise ValueError(f"Alias {taken[0]!r} is the name of a registered encoding.")
         _REGISTRY[name] = EncodingSpec(name, cls, MappingProxyType(dict(options)))
-        for alias in aliases:
-            ENCODING_ALIASES.add(alias, name)
         return cls
 
     return register
 
 
 def unregister_encoding(name: str) -> None:
-    """Removes the encoding registered as ``name`` (e.g. one a test registered) and its aliases;
-    KeyError if none."""
+    """Removes the encoding registered as ``name`` (e.g. one a test registered); KeyError if none."""
     if name not in _REGISTRY:
         raise KeyError(f"No encoding named {name!r} is registered.")
     del _REGISTRY[name]
-    for alias in [a for a, target in ENCODING_ALIASES.items() if target == name]:
-        ENCODING_ALIASES.remove(alias)
 
 
 def get_encoding(name: str) -> EncodingSpec:
-    """The registered encoding ``name`` or former name (`ENCODING_ALIASES`: the spec has the
-    current name), or ``"frozen:NAME"``: the frozen encoding that serves ``NAME`` (its serving
-    form, not in `ENCODINGS`); ValueError listing the known names otherwise."""
+    """The registered encoding ``name``, or ``"frozen:NAME"``: the frozen encoding that serves
+    ``NAME`` (its serving form, not in `ENCODINGS`); ValueError listing the known names otherwise."""
     if isinstance(name, str) and name.startswith(FROZEN_PREFIX):
         return _frozen_spec(name[len(FROZEN_PREFIX):])
     try:
-        return _REGISTRY[ENCODING_ALIASES.resolve(name, stacklevel=2) if isinstance(name, str) else name]
+        return _REGISTRY[name]
     except (KeyError, TypeError):
         raise ValueError(f"Unknown encoding {name!r}; choose one of {', '.join(_REGISTRY)}.") from None
 

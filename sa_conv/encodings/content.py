@@ -61,7 +61,7 @@ class ContentEncoding(RelativeEncoding):
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
-@register_encoding("content_plus_learned_bias", aliases=("learned_plus_content",))
+@register_encoding("content_plus_learned_bias")
 class ContentPlusLearnedBiasEncoding(ContentEncoding):
     """``q . k / sqrt(d) + logit_h(delta)``: content logits plus the position-only logits of the
     ``learned`` encoding (`LearnedRelativeEncoding`: tables ``(2P - 1, E)`` and per-head keys
@@ -116,7 +116,7 @@ class ContentPlusLearnedBiasEncoding(ContentEncoding):
 
 
 @keras.saving.register_keras_serializable(package="sa_conv")
-@register_encoding("content_with_relative_keys", aliases=("learned_content",))
+@register_encoding("content_with_relative_keys")
 class ContentWithRelativeKeysEncoding(ContentEncoding):
     """``(q . k + q . r_delta) / sqrt(d)`` (Ramachandran et al., 2019): the query of each head
     (size ``d``) split in a row half and a column half,
