@@ -324,7 +324,7 @@ def test_serving_ratios_are_of_sides_timed_in_one_run():
     ("benchmarks.epoch_overhead", []),
     ("benchmarks.iterator_deletion", []),
     ("benchmarks.data_efficiency", []),
-    ("benchmarks.reproduction", ["--models=learned", "--epochs=1", "--work_dir={tmp}/runs"]),
+    ("benchmarks.reproduction", ["--models=learned", "--epochs=1", "--directory={tmp}/runs"]),
     ("benchmarks.vs_reference_training", ["--reference_dir=."]),
 ])
 def test_a_data_dir_without_cifar10_files_stops_the_benchmark_before_its_runs(module, flags, tmp_path):

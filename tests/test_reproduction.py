@@ -535,11 +535,11 @@ def test_gated_against_content_at_each_budget_both_ran(monkeypatch, tmp_path):
     assert _cells(performance_tables.reproduction_gated_against_content()) == [
         ["4", "0.300 (1)", "0.320 (1)", "-0.020", "not at the end"],
         ["8", "0.460 ± 0.014 (2)", "0.400 (1)", "+0.060", "from epoch 6"]]
-    def curve(*means):
-        return {str(2 * i): {"mean": m} for i, m in enumerate(means)}
-
-    assert performance_tables._ahead_from(curve(0.1, 0.3, 0.4), curve(0.2, 0.2, 0.2)) == "throughout"
-    assert performance_tables._ahead_from({"0": {"mean": 0.1}, "2": {"mean": 0.3}}, {"0": {"mean": 0.1}}) == "-"
+    runs = {"gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.3, 4: 0.4}), "content|seed=0|epochs=4": _run({0: 0.2, 2: 0.2, 4: 0.2}),
+            "gated|seed=0|epochs=6": _run({0: 0.1, 3: 0.3}), "content|seed=0|epochs=6": _run({0: 0.1, 4: 0.2})}
+    _results_with({"runs": runs, "summary": rp.summarize(runs), "budget": 4}, tmp_path, monkeypatch)
+    # Ahead at every snapshot but initialization; no snapshot shared but initialization: no verdict.
+    assert [row[-1] for row in _cells(performance_tables.reproduction_gated_against_content())] == ["throughout", "-"]
 
 
 def test_a_last_layer_farther_than_uniform_attention_is_said_to_attend_to_far_pixels(monkeypatch, tmp_path):
