@@ -649,3 +649,46 @@ def test_init_from_starts_from_the_saved_weights_and_refuses_other_models(tmp_pa
                                 init_from=str(tmp_path / "a" / "model.keras")), log=lambda s: None).run()
     with pytest.raises(ConfigError, match="does not exist"):
         train_lib.Trainer(_tiny(tmp_path / "f", init_from=str(tmp_path / "nowhere.keras")), log=lambda s: None).run()
+
+
+def test_keras_callbacks_get_every_hook_of_fit_and_can_stop_training(tmp_path):
+    """The contract of `model.fit`: batch hooks once per execution of --steps_per_execution steps,
+    with the running loss; test hooks around validation; ``model.stop_training`` ends training
+    after the epoch in which a callback set it."""
+    import keras
+
+    class Recorder(keras.callbacks.Callback):
+        def __init__(self, stop_after=None):
+            super().__init__()
+            self.calls, self.stop_after = [], stop_after
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.calls.append(("batch_begin", batch))
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.calls.append(("batch_end", batch, round(float(logs["loss"]), 6)))
+
+        def on_test_begin(self, logs=None):
+            self.calls.append(("test_begin",))
+
+        def on_test_end(self, logs=None):
+            self.calls.append(("test_end", sorted(logs)))
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.calls.append(("epoch_end", epoch))
+            if epoch == self.stop_after:
+                self.model.stop_training = True
+
+    config = _tiny(tmp_path, epochs=3, max_steps=None, validation_size=100, steps_per_execution=2)
+    trainer = train_lib.Trainer(config, log=lambda s: None)
+    trainer.prepare()
+    assert trainer.steps_per_epoch == 18  # 900 training images, batch 50
+    recorder = Recorder(stop_after=1)
+    history, _ = trainer.train_epochs(0, [], callbacks=[recorder], save=False)
+    assert len(history) == 2  # stopped after the second of three epochs
+    batches = [call for call in recorder.calls if call[0] == "batch_end"]
+    assert [call[1] for call in batches] == list(range(1, 18, 2)) * 2  # each execution's last step
+    assert [c[0] for c in recorder.calls if c[0] != "batch_begin"][9:12] == ["test_begin", "test_end", "epoch_end"]
+    # The running mean of the epoch's loss: the last batch's is the epoch's.
+    assert batches[8][2] == pytest.approx(history[0]["train_loss"], abs=1e-6)
+    assert ("test_end", ["accuracy", "loss"]) in recorder.calls

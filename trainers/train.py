@@ -176,7 +176,7 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- loops
 
-    def _run_epoch(self, epoch: int, step: int) -> tuple[dict, int, float]:
+    def _run_epoch(self, epoch: int, step: int, callbacks) -> tuple[dict, int, float]:
         c = self.config
         steps = min(self.steps_per_epoch, self.total_steps - step)
         iterator = iter(distribute.distribute_dataset(self.strategy, self.task.train_dataset(epoch)))
@@ -184,6 +184,8 @@ class Trainer:
         totals, done, start = np.zeros(3), 0, time.perf_counter()
         while done < steps:
             chunk = min(c.steps_per_execution, steps - done)
+            # As Keras's fit: one call of the batch hooks per execution of --steps_per_execution steps.
+            callbacks.on_train_batch_begin(done)
             totals += self.train_steps(iterator, tf.constant(chunk)).numpy()
             done += chunk
             if not np.isfinite(totals[0]):
@@ -191,6 +193,7 @@ class Trainer:
                     f"The training loss became {totals[0]} at step {step + done} (epoch {epoch + 1}). "
                     "Lower --learning_rate, raise --warmup_ratio, or train in --mixed_precision=float32."
                 )
+            callbacks.on_train_batch_end(done - 1, {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]})
             if bar is not None:
                 lr = float(self.schedule(step + done - 1))
                 bar.update(done, [("loss", totals[0] / totals[2]), ("accuracy", totals[1] / totals[2]), ("lr", lr)])
@@ -261,27 +264,32 @@ class Trainer:
         run_files.write(self.output_dir, run_files.CONFIG, resolved)
 
     def train_epochs(self, start_epoch: int, history: list, callbacks=(), save=True) -> tuple[list, float]:
-        """Trains epochs ``start_epoch .. total_epochs``, validating after each; calls the Keras
-        ``callbacks``' epoch hooks with the epoch's metrics (``loss``, ``accuracy``,
-        ``val_loss``, ``val_accuracy``). With ``save``, writes the per-epoch artefacts
-        (TensorBoard, best model, history, checkpoint). Returns the history and training seconds."""
+        """Trains epochs ``start_epoch .. total_epochs``, validating after each. Keras
+        ``callbacks`` get every training hook as under ``model.fit`` (`keras.callbacks.CallbackList`):
+        train, epoch, batch (once per ``--steps_per_execution`` steps, with the running ``loss``
+        and ``accuracy``) and test (around validation) begin and end, epoch ends with ``loss``,
+        ``accuracy``, ``val_loss`` and ``val_accuracy``; a callback that sets
+        ``model.stop_training`` ends training after that epoch. With ``save``, writes the
+        per-epoch artefacts (TensorBoard, best model, history, checkpoint). Returns the history
+        and training seconds."""
         writers = self._summary_writers() if save else None
-        callbacks = list(callbacks) + (self._callbacks() if save else [])
-        for callback in callbacks:
-            callback.set_model(self.model)
-            callback.on_train_begin()
+        callbacks = keras.callbacks.CallbackList(list(callbacks) + (self._callbacks() if save else []), model=self.model,
+                                                 epochs=self.total_epochs, steps=self.steps_per_epoch, verbose=0)
+        self.model.stop_training = False
+        callbacks.on_train_begin()
         step = max(int(self.optimizer.iterations.numpy()), start_epoch * self.steps_per_epoch)
         self.optimizer.iterations.assign(step)
-        train_seconds = 0.0
+        train_seconds, logs = 0.0, None
         for epoch in range(start_epoch, self.total_epochs):
-            if step >= self.total_steps:
+            if step >= self.total_steps or self.model.stop_training:
                 break
-            for callback in callbacks:
-                callback.on_epoch_begin(epoch)
+            callbacks.on_epoch_begin(epoch)
             started = time.perf_counter()
-            train_metrics, step, seconds = self._run_epoch(epoch, step)
+            train_metrics, step, seconds = self._run_epoch(epoch, step, callbacks)
             train_seconds += seconds
+            callbacks.on_test_begin()
             val_metrics = self.evaluate(self.task.val_split)
+            callbacks.on_test_end({"loss": val_metrics["loss"], "accuracy": val_metrics["accuracy"]})
             record = {
                 "epoch": epoch + 1, "step": step, "learning_rate": float(self.schedule(step - 1)),
                 "train_seconds": seconds, "cpu": self.cpu,
@@ -296,12 +304,10 @@ class Trainer:
                     pruning.reset_degenerate_heads(self.model, record, self.log)
                 if self.config.prune_degenerate_heads:
                     self._prune_degenerate_heads(record)
-                    for callback in callbacks:
-                        callback.set_model(self.model)
+                    callbacks.set_model(self.model)
             logs = {"loss": record["train_loss"], "accuracy": record["train_accuracy"],
                     "val_loss": record["val_loss"], "val_accuracy": record["val_accuracy"]}
-            for callback in callbacks:
-                callback.on_epoch_end(epoch, logs)
+            callbacks.on_epoch_end(epoch, logs)
             if save:
                 self._write_summaries(writers, record)
                 if self.chief and record["val_accuracy"] > best:
@@ -315,8 +321,7 @@ class Trainer:
                 self.manager.save(checkpoint_number=epoch + 1)
             # Last: once its line is printed, the epoch is saved and a rerun resumes after it.
             self._log_epoch(record, seconds)
-        for callback in callbacks:
-            callback.on_train_end()
+        callbacks.on_train_end(logs)
         return history, train_seconds
 
     def run(self) -> dict:
