@@ -312,8 +312,11 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
             run[f"fraction_of_matmul_peak_batch{batch}"] = achieved / peak
     fresh = set(only) | ({"reference"} if reference_dir else set())
     ratios = ratios_of(sides, fresh, (earlier or {}).get("ratios", {}))
+    slower = slower_than_float32(ratios)
+    for side, by_batch in slower.items():
+        print(f"{preset}: {side} serves slower than the float32 file it comes from: {by_batch}", flush=True)
     return {"date": today, "forward_gflops_per_image": forwards["in_process_live"] / 1e9,
-            "sides": sides, "ratios": ratios}
+            "sides": sides, "ratios": ratios, "slower_than_float32": slower}
 
 
 RATIOS = {"saved_model_over_in_process": ("saved_model", "in_process"),
@@ -329,6 +332,18 @@ RATIOS = {"saved_model_over_in_process": ("saved_model", "in_process"),
           "openvino_over_onnx": ("openvino", "onnx"),
           "openvino_int8_over_saved_model": ("openvino_int8", "saved_model"),
           "openvino_int8_over_openvino": ("openvino_int8", "openvino")}
+
+
+# Each low-precision side, by the ratio to the float32 side it is made from.
+LOW_PRECISION = {"saved_model_bfloat16": "bfloat16_over_float32_export", "tflite_int8": "tflite_int8_over_tflite",
+                 "onnx_int8": "onnx_int8_over_onnx", "openvino_int8": "openvino_int8_over_openvino"}
+
+
+def slower_than_float32(ratios: dict) -> dict:
+    """``{side: {"batch<n>": ratio}}``: the low-precision sides (`LOW_PRECISION`) that serve
+    slower than their float32 side at some batch size, with those batches' ratios."""
+    return {side: {batch: ratio for batch, ratio in ratios[name].items() if ratio < 1}
+            for side, name in LOW_PRECISION.items() if name in ratios and min(ratios[name].values()) < 1}
 
 
 def ratios_of(sides: dict, fresh: set, earlier: dict) -> dict:

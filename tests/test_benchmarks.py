@@ -360,3 +360,27 @@ def test_a_data_dir_is_taken_as_an_absolute_path_when_it_holds_cifar10_files(tin
     assert (f"--data_dir={tmp_path}: CIFAR-10 directory {str(tmp_path)!r} is missing batch file(s) "
             "['data_batch_1', 'data_batch_2', 'data_batch_3', 'data_batch_4', 'data_batch_5', 'test_batch']"
             ) in capsys.readouterr().err
+
+
+def test_tflite_runtimes_ratios_are_of_files_in_one_interpreter_and_of_one_file_in_both():
+    from benchmarks import tflite_runtimes as bench
+
+    def side(float32, full, dynamic):
+        return {name: {"images_per_second_batch1": v, "images_per_second_batch100": 2 * v}
+                for name, v in (("float32", float32), ("full_integer", full), ("dynamic_range", dynamic))}
+
+    ratios = bench.ratios({"litert": side(20.0, 12.0, 40.0), "tensorflow": side(25.0, 37.5, 50.0)})
+    assert ratios["litert_full_integer_over_float32"] == {"batch1": 0.6, "batch100": 0.6}
+    assert ratios["tensorflow_dynamic_range_over_float32"] == {"batch1": 2.0, "batch100": 2.0}
+    assert ratios["litert_over_tensorflow_full_integer"]["batch1"] == pytest.approx(0.32)
+    assert len(ratios) == 2 * 2 + len(bench.FILES)
+
+
+def test_serving_names_every_low_precision_side_slower_than_its_float32_side():
+    from benchmarks import serving
+
+    ratios = {"tflite_int8_over_tflite": {"batch1": 0.53, "batch100": 1.2}, "onnx_int8_over_onnx": {"batch1": 1.5,
+              "batch100": 1.1}, "bfloat16_over_float32_export": {"batch1": 0.9, "batch100": 0.8},
+              "tflite_over_saved_model": {"batch1": 0.5, "batch100": 0.5}}  # not a low-precision pair
+    assert serving.slower_than_float32(ratios) == {"tflite_int8": {"batch1": 0.53},
+                                                   "saved_model_bfloat16": {"batch1": 0.9, "batch100": 0.8}}

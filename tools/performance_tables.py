@@ -597,9 +597,9 @@ def models():
     data, budget, entries = _reproduction()
     rows = [[_model_name(m), _parameters(data, m, budget), _spread(e["test_accuracy"]), len(e["seeds"]),
              _run_minutes(data, m, budget)] for m, e in entries.items()]
-    return (f"cifar10-mini ({data['data']['training_images']} training images), {budget} epochs of the paper's "
-            f"recipe; test accuracy: mean ± std over seeds; minutes a run at its fastest seed's median epoch, on "
-            f"the CPU named.\n\n"
+    return (f"cifar10-mini ({data['data']['training_images']} training images, a tenth held out), {budget} epochs "
+            f"of the paper's recipe; test accuracy: mean ± std over seeds; minutes a run at its least disturbed "
+            f"seed's median epoch, on the CPU named.\n\n"
             + _table(["model", "parameters", "test accuracy", "seeds", "minutes a run (CPU)"], rows))
 
 
