@@ -25,6 +25,8 @@ SHARED_BY_PROGRAMS = "trainers"
 COMPOSES = {"programs/demo.py": {"export"}, "programs/launch.py": {"export"},
             # Serving speed of the export's output; the export's SavedModel against the Keras model.
             "benchmarks/serving.py": {"export"}, "benchmarks/throughput.py": {"export"},
+            # The export's TFLite files in two interpreters.
+            "benchmarks/tflite_runtimes.py": {"export"},
             # TFLite's matmul peak, measured in the runtime the exported files run in.
             "benchmarks/harness.py": {"export"}}
 
