@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 
 import numpy as np
@@ -279,7 +280,12 @@ def prepare(datasets, data_dir: str, directory: str) -> tuple[dict, dict]:
             else:
                 write_cifar_subset(data_dir, fraction, partial)
             os.makedirs(directory, exist_ok=True)
-            os.replace(partial, target)
+            try:
+                os.replace(partial, target)
+            except OSError:  # another process of the study wrote it meanwhile
+                if not os.path.isdir(target):
+                    raise
+                shutil.rmtree(partial, ignore_errors=True)
         if kind == "shapes":
             prepared[dataset] = {"dataset": "folder:" + target}
         else:
@@ -342,10 +348,11 @@ def main():
     datasets = items(args.datasets)
     prepared, sizes = prepare(datasets, harness.cifar10_dir(parser, args.data_dir),
                               os.path.join(os.path.abspath(args.directory), "data_efficiency_data"))
-    report = study.Report(args.output, keep=keep, note=args.note,
-                          derive=lambda runs: {"training_images": {**report.read().get("training_images", {}), **sizes},
-                                               "summary": summarize(runs)})
-    recorded = report.read()["runs"]
+    report = study.Report(args.output, keep=keep, note=args.note)
+    written = report.read()
+    sizes = {**written.get("training_images", {}), **sizes}
+    report.derive = lambda runs: {"training_images": sizes, "summary": summarize(runs)}
+    recorded = written["runs"]
     runs = [run for run in study_runs(items(args.variants), datasets, [int(s) for s in items(args.seeds)], args.epochs,
                                       prepared) if run.key not in recorded]
     study.run_study("data_efficiency", runs, read_run, report.record, os.path.abspath(args.directory),

@@ -204,9 +204,14 @@ def read_run(model_dir: str, run, locality_images: int = 32, prune_snapshots: bo
 
     import keras
 
+    import json
+
     from trainers import data as data_lib
     from trainers import files, run_files
 
+    if os.path.exists(os.path.join(model_dir, DETAIL)):  # read before a kill cut its reading short
+        with open(os.path.join(model_dir, DETAIL)) as f:
+            return compact_run(json.load(f))
     results = run_files.read_results(model_dir, required=True)
     history = run_files.read_history(model_dir)
     test = data_lib.load_cifar10_files(run.flags["data_dir"]).test
@@ -275,7 +280,7 @@ def _compact_snapshot(snapshot: dict) -> dict:
 
 
 def compact_run(run: dict) -> dict:
-    """``run`` (`analyse_run`'s) as the report keeps it: without ``history``, and each snapshot's
+    """``run`` (`read_run`'s whole reading) as the report keeps it: without ``history``, and each snapshot's
     ``layers`` (per layer, per head, `sa_conv.inspection.locality_metrics`) replaced by
     ``locality`` (per layer, `layer_summary`) and ``heads`` (per layer, each of `HEAD_METRICS`
     as a list over the heads). A compact run is returned as it is."""
@@ -557,10 +562,14 @@ def main():
         parser.error("The plan has no run: --models and --seeds each need at least one entry.")
     from trainers import study
 
-    report = study.Report(args.output, derive=derive, keep=keep, note=args.note)
+    from trainers import data as data_lib
+
+    data_dir = os.path.abspath(harness.cifar10_dir(parser, args.data_dir))
+    data = data_lib.load_cifar10_files(data_dir)
+    sizes = {"training_images": len(data.train), "test_images": len(data.test)}
+    report = study.Report(args.output, derive=lambda runs: {**derive(runs), "data": sizes}, keep=keep, note=args.note)
     recorded = report.read()["runs"]
-    runs = study_runs([r for r in runs_to_make if run_key(*r) not in recorded],
-                      os.path.abspath(harness.cifar10_dir(parser, args.data_dir)), args.snapshot_every)
+    runs = study_runs([r for r in runs_to_make if run_key(*r) not in recorded], data_dir, args.snapshot_every)
     if args.dry_run:
         states = study.status("reproduction", runs, args.directory)
         for model, seed, epochs in runs_to_make:

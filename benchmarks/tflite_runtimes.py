@@ -47,8 +47,9 @@ def child(side: str, directory: str, steps: int) -> dict:
     from importlib import metadata
 
     import numpy as np
+    import tensorflow as tf
 
-    runners, result = {}, {"version": metadata.version("ai-edge-litert" if side == "litert" else "tensorflow-cpu")}
+    runners, result = {}, {"version": metadata.version("ai-edge-litert") if side == "litert" else tf.__version__}
     for name, file in FILES.items():
         it = interpreter(side, os.path.join(directory, file))
         it.allocate_tensors()

@@ -41,7 +41,7 @@ def test_runs_are_read_into_the_report_and_a_study_stopped_by_a_failure_resumes(
         study.run_study("reproduction", runs, read, report.record, directory, log=logged.append)
     assert list(report.read()["runs"]) == ["learned|seed=0|epochs=2"]
     assert study.status("reproduction", runs, directory) == {"learned|seed=0|epochs=2": "read",
-                                                             "quadratic|seed=0|epochs=2": "under way after epoch 2"}
+                                                             "quadratic|seed=0|epochs=2": "trained, to read"}
     logged.clear()
     study.run_study("reproduction", runs, read, report.record, directory, log=logged.append)
     assert not any("training in" in line for line in logged)  # finished before the failure: read only

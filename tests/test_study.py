@@ -118,3 +118,17 @@ def test_the_report_keeps_every_run_and_what_it_derives(tmp_path):
     written = report.record("b", {"acc": 0.7})
     assert written == json.loads((tmp_path / "r.json").read_text())
     assert written == {"runs": {"a": {"acc": 0.5}, "b": {"acc": 0.7}}, "notes": ["why"], "count": 2}
+
+
+def test_a_trial_directory_holding_another_run_is_refused_not_reused(tmp_path):
+    """A study directory reused with another plan: a run never takes another's reading or resumes
+    another's checkpoints."""
+    from trainers import files
+
+    run = study.Run("seed=0", {**TINY, "seed": 0, "epochs": 2})
+    files.write_json(str(tmp_path / "a" / study.READING), {"key": "seed=1"})
+    with pytest.raises(study.ConfigError, match="holds run 'seed=1', not 'seed=0'"):
+        study.train_and_read(run, str(tmp_path / "a"), study.read_results)
+    files.write_json(str(tmp_path / "b" / "config.json"), {**TINY, "seed": 1, "epochs": 2})
+    with pytest.raises(study.ConfigError, match=r"other settings \(seed\)"):
+        study.train_and_read(run, str(tmp_path / "b"), study.read_results)

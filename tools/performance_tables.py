@@ -67,10 +67,6 @@ def _ratio(x):
     return "-" if x is None else f"{x:.2f}"
 
 
-def _gib(mb):
-    return "-" if mb is None else f"{mb / 1024:.2f} GiB"
-
-
 def _table(header, rows):
     """A Markdown table (pandas' ``to_markdown``), every cell as written."""
     import pandas as pd
@@ -860,7 +856,7 @@ def plot_reproduction_centers(path):
     maps = snapshots[-1].get("maps")
     if maps and np.shape(maps)[:2] != tracks.shape[1:3]:
         raise ValueError(f"The quadratic run's maps (layers, heads) {np.shape(maps)[:2]} do not match its centers' "
-                         f"{tracks.shape[1:3]}: rerun benchmarks.reproduction, which reads the run again.")
+                         f"{tracks.shape[1:3]}: read the run again (benchmarks.reproduction.read_run).")
     # Without maps (a run whose report keeps none), no head is marked: the title says so.
     uniform = np.array([[plotting.near_uniform(m) for m in layer] for layer in maps]) if maps else \
         np.zeros(tracks.shape[1:3], bool)

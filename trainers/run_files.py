@@ -27,8 +27,6 @@ MODEL = "model.keras"
 BEST_MODEL = "best_model.keras"  # the model at its best validation accuracy so far
 SNAPSHOTS = "snapshots"
 CHECKPOINTS = "checkpoints"  # the training checkpoints a resumed run restores (`trainers.checkpoints`)
-# The checkpoint manager's state file in CHECKPOINTS: it names the complete checkpoints, newest first.
-CHECKPOINT_STATE = "checkpoint"
 # A snapshot being written is `epoch_<EEE>.keras.tmp.keras` (`checkpoints.save_keras_atomically`).
 _SNAPSHOT = re.compile(r"epoch_(\d+)\.keras")
 
@@ -74,16 +72,6 @@ def last_epoch(history: list[dict]) -> int:
     """The last epoch a run's ``history.json`` records (`read_history`); 0 before any."""
     return max((record["epoch"] for record in history), default=0)
 
-
-def checkpointed_epoch(model_dir: str) -> int:
-    """The epoch of the newest complete training checkpoint in ``model_dir``, the one the checkpoint
-    manager's `CHECKPOINT_STATE` names (rewritten once a checkpoint is whole); 0 without."""
-    try:
-        with open(os.path.join(model_dir, CHECKPOINTS, CHECKPOINT_STATE)) as f:
-            match = re.search(r'^model_checkpoint_path: "(?:.*/)?ckpt-(\d+)"$', f.read(), re.MULTILINE)
-    except FileNotFoundError:
-        return 0
-    return int(match[1]) if match else 0
 
 def snapshot_path(model_dir: str, epoch: int) -> str:
     """The path of the model snapshot taken after ``epoch`` epochs (0: at the start)."""

@@ -13,8 +13,8 @@ as ``sa-conv-tune`` does (`trainers.tune.search_role`): the same command on ever
 ``KERASTUNER_TUNER_ID`` ``chief`` on the chief and a distinct name on each worker, all sharing the
 study's directory. The chief only hands out runs and records them. A worker (or a single process)
 killed mid-run and started again with the same ``KERASTUNER_TUNER_ID`` gets its run back and
-resumes it; a restarted chief hands the runs under way out again. A run that fails stops its
-process with the error; started again, it tries that run again.
+resumes it; a restarted chief hands each run under way back to its worker. A run that fails stops
+its process with the error; started again, it tries that run again.
 """
 
 from __future__ import annotations
@@ -67,10 +67,14 @@ class PlanOracle(tune.OracleFiles, kt.Oracle):
     @kt.synchronized
     def end_trial(self, trial):
         super().end_trial(trial)
-        self.save()  # keras-tuner saved before it let the trial go: a reload would run it again
         trial = self.trials[trial.trial_id]
         if trial.status == kt.engine.trial.TrialStatus.COMPLETED:
-            self.record(trial.hyperparameters.values["run"], self._get_trial_dir(trial.trial_id))
+            # keras-tuner's lock is not released when this raises: the chief would never exit. The
+            # run stays completed, and `run_study` records it again at the end.
+            try:
+                self.record(trial.hyperparameters.values["run"], self._get_trial_dir(trial.trial_id))
+            except Exception as error:  # noqa: BLE001
+                print(f"Run {trial.hyperparameters.values['run']} not recorded yet: {error!r}", flush=True)
 
 
     def set_state(self, state):
@@ -99,6 +103,12 @@ class StudyTuner(tune.TunerFiles, base_tuner.BaseTuner):
             raise ValueError("The plan names a run twice: each key once.")
         super().__init__(oracle=PlanOracle(self.runs, record), directory=directory, project_name=project_name)
 
+    def on_search_begin(self):
+        # A process killed in its first run has written no tuner file, without which keras-tuner
+        # would not reload the oracle: the run would start again as another trial.
+        if not self._is_worker():
+            self.save()
+
     def on_trial_begin(self, trial):
         key = trial.hyperparameters.values["run"]
         position = list(self.runs).index(key) + 1 if key in self.runs else "?"
@@ -122,10 +132,17 @@ def train_and_read(run: Run, model_dir: str, read, log=print) -> dict:
     reads it with ``read(model_dir, run)`` into `READING` unless it has been read, and returns the
     reading: ``key``, ``flags``, the trainer's ``best_val_accuracy`` and ``precision``, then the
     reader's."""
-    path = os.path.join(model_dir, READING)
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
+    if os.path.exists(os.path.join(model_dir, READING)):
+        reading = read_trial(model_dir)
+        if reading["key"] != run.key:
+            raise ConfigError(f"{model_dir} holds run {reading['key']!r}, not {run.key!r}: give this plan its own "
+                              f"study directory.")
+        return reading
+    recorded = run_files.read_config(model_dir) or {}
+    changed = sorted(k for k, v in run.flags.items() if k in recorded and recorded[k] != v)
+    if changed:
+        raise ConfigError(f"{model_dir} holds a run with other settings ({', '.join(changed)}) than {run.key!r}: give "
+                          f"this plan its own study directory.")
     import keras
 
     from trainers import config as config_lib
@@ -140,7 +157,7 @@ def train_and_read(run: Run, model_dir: str, read, log=print) -> dict:
     reading = {"key": run.key, "flags": run.flags, "best_val_accuracy": results["best_val_accuracy"],
                "precision": run_files.read_config(model_dir)["precision"]["policy"], **read(model_dir, run)}
     keras.backend.clear_session()
-    tune.write_json_atomically(path, reading)
+    tune.write_json_atomically(os.path.join(model_dir, READING), reading)
     return reading
 
 
@@ -167,14 +184,19 @@ def run_study(name: str, runs: list[Run], read, record, directory: str, log=prin
     tuner.search()
     if role == "worker":
         return recorded
-    for trial in tuner.oracle.trials.values():
-        if trial.status == kt.engine.trial.TrialStatus.COMPLETED and trial.hyperparameters.values["run"] in tuner.runs:
-            on_end(trial.hyperparameters.values["run"], tuner.get_trial_dir(trial.trial_id))
+    done = {trial.hyperparameters.values["run"]: trial for trial in tuner.oracle.trials.values()
+            if trial.status == kt.engine.trial.TrialStatus.COMPLETED}
+    for key, trial in done.items():
+        if key in tuner.runs and key not in recorded:
+            on_end(key, tuner.get_trial_dir(trial.trial_id))
+    missing = [run.key for run in runs if run.key not in done]
+    if missing:
+        log(f"Not made: {', '.join(missing)} (their trials failed; see keras-tuner's trial.json).")
     return recorded
 
 
 def status(name: str, runs: list[Run], directory: str) -> dict:
-    """``{key: "recorded" | "under way after epoch N" | "to train"}`` for the plan's runs, from the
+    """``{key: "read" | "trained, to read" | "under way after epoch N" | "to train"}`` for the plan's runs, from the
     trial directories in ``directory``/``name`` (read only; no oracle is started)."""
     project = os.path.join(directory, name)
     found = {}
@@ -189,6 +211,8 @@ def status(name: str, runs: list[Run], directory: str) -> dict:
         trial_dir = found.get(run.key)
         if trial_dir and os.path.exists(os.path.join(trial_dir, READING)):
             result[run.key] = "read"
+        elif trial_dir and run_files.finished(trial_dir):
+            result[run.key] = "trained, to read"
         elif trial_dir and run_files.epochs_done(trial_dir):
             result[run.key] = f"under way after epoch {run_files.epochs_done(trial_dir)}"
         else:

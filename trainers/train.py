@@ -269,7 +269,8 @@ class Trainer:
         train, epoch, batch (once per ``--steps_per_execution`` steps, with the running ``loss``
         and ``accuracy``) and test (around validation) begin and end, epoch ends with ``loss``,
         ``accuracy``, ``val_loss`` and ``val_accuracy``; a callback that sets
-        ``model.stop_training`` ends training after that epoch. With ``save``, writes the
+        ``model.stop_training`` ends training at the end of that epoch (``fit`` also stops
+        within one), which a rerun of the same run does not remember. With ``save``, writes the
         per-epoch artefacts (TensorBoard, best model, history, checkpoint). Returns the history
         and training seconds."""
         writers = self._summary_writers() if save else None

@@ -47,6 +47,7 @@ import io
 import json
 import os
 import time
+import uuid
 
 import keras_tuner as kt
 
@@ -340,10 +341,14 @@ def tf_gfile():
 def write_json_atomically(path: str, value) -> None:
     """Writes ``value`` as JSON to a temporary file beside ``path``, then renames it into place,
     on any file system TensorFlow reads (``gs://...`` included, where the rename is a copy)."""
-    gfile, tmp = tf_gfile(), f"{path}.tmp"
-    with gfile.GFile(tmp, "w") as f:
-        f.write(json.dumps(value))
-    gfile.rename(tmp, path, overwrite=True)
+    gfile, tmp = tf_gfile(), f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with gfile.GFile(tmp, "w") as f:
+            f.write(json.dumps(value))
+        gfile.rename(tmp, path, overwrite=True)
+    finally:
+        if gfile.exists(tmp):
+            gfile.remove(tmp)
 
 
 class OracleFiles:
