@@ -343,10 +343,11 @@ def main():
                 parse(item)
             except ValueError as error:
                 parser.error(f"--{flag}: {error}")
+    cifar10_dir = harness.cifar10_dir(parser, args.data_dir)
     from trainers import study
 
     datasets = items(args.datasets)
-    prepared, sizes = prepare(datasets, harness.cifar10_dir(parser, args.data_dir),
+    prepared, sizes = prepare(datasets, cifar10_dir,
                               os.path.join(os.path.abspath(args.directory), "data_efficiency_data"))
     report = study.Report(args.output, keep=keep, note=args.note)
     written = report.read()

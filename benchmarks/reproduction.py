@@ -560,11 +560,10 @@ def main():
         parser.error(f"--models: {error}")
     if not runs_to_make:
         parser.error("The plan has no run: --models and --seeds each need at least one entry.")
+    data_dir = os.path.abspath(harness.cifar10_dir(parser, args.data_dir))
+    from trainers import data as data_lib
     from trainers import study
 
-    from trainers import data as data_lib
-
-    data_dir = os.path.abspath(harness.cifar10_dir(parser, args.data_dir))
     data = data_lib.load_cifar10_files(data_dir)
     sizes = {"training_images": len(data.train), "test_images": len(data.test)}
     report = study.Report(args.output, derive=lambda runs: {**derive(runs), "data": sizes}, keep=keep, note=args.note)
