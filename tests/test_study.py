@@ -132,3 +132,25 @@ def test_a_trial_directory_holding_another_run_is_refused_not_reused(tmp_path):
     files.write_json(str(tmp_path / "b" / "config.json"), {**TINY, "seed": 1, "epochs": 2})
     with pytest.raises(study.ConfigError, match=r"other settings \(seed\)"):
         study.train_and_read(run, str(tmp_path / "b"), study.read_results)
+
+
+def test_a_study_lives_on_any_file_system_tensorflow_reads(tmp_path, monkeypatch):
+    """A study directory and report on TensorFlow's in-memory file system (``ram://``, which stands
+    for ``gs://``): trained, read, recorded and found there by a second process's status, with
+    nothing written to the local disk (a local path ``ram:/...`` under the working directory)."""
+    import tensorflow as tf
+
+    monkeypatch.chdir(tmp_path)
+    directory = f"ram://{tmp_path.name}/studies"
+    runs = [study.Run(f"seed={seed}", {**TINY, "seed": seed, "epochs": 1}) for seed in (0, 1)]
+    report = study.Report(f"{directory}/s.json")
+    assert study.run_study("s", runs, study.read_results, report.record, directory, log=lambda line: None) == [
+        "seed=0", "seed=1"]
+    assert sorted(report.read()["runs"]) == ["seed=0", "seed=1"]
+    assert study.status("s", runs, directory) == {"seed=0": "read", "seed=1": "read"}
+    trial_dirs = [f"{directory}/s/{name}" for name in tf.io.gfile.listdir(f"{directory}/s") if "trial_" in name]
+    assert len(trial_dirs) == 2
+    for trial_dir in trial_dirs:
+        assert {"reading.json", "config.json", "history.json", "model.keras", "results.json"} <= {
+            name.rstrip("/") for name in tf.io.gfile.listdir(trial_dir)}
+    assert not list(tmp_path.iterdir())

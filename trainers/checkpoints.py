@@ -4,7 +4,6 @@ newest readable checkpoint (skipping damaged ones)."""
 
 from __future__ import annotations
 
-import os
 
 import keras
 import numpy as np
@@ -12,6 +11,7 @@ import tensorflow as tf
 
 import sa_conv
 from sa_conv.errors import ConfigError, SaConvError
+from trainers import files
 
 
 class TrainingError(SaConvError):
@@ -22,14 +22,14 @@ def save_keras_atomically(model: keras.Model, path: str) -> None:
     """Saves ``model`` to ``path`` through a temporary file: a kill leaves the old file or the new."""
     tmp = f"{path}.tmp.keras"
     model.save(tmp)
-    os.replace(tmp, path)
+    files.replace(tmp, path)
 
 
 def init_from(model: keras.Model, path: str, log=print) -> None:
     """Sets every weight of ``model`` from the model saved at ``path`` (``--init_from``); an
     error names what differs when it is not the same architecture or normalization. A model of
     another input size is first moved to ``model``'s (`sa_conv.with_image_size`)."""
-    if not os.path.isfile(path):
+    if not files.exists(path):
         raise ConfigError(f"--init_from={path} does not exist.")
     try:
         source = keras.saving.load_model(path, compile=False)

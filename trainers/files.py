@@ -1,5 +1,7 @@
 """Atomic writes (a crash or a kill never leaves a half-written report behind) and folder locks
-(two processes never write one run's or one report's files at once)."""
+(two processes never write one run's or one report's files at once), on local paths and on any
+file system TensorFlow reads (``gs://``, ``s3://``, ``hdfs://``, ``ram://``: a path with a scheme),
+which goes through ``tf.io.gfile``: only such a path imports TensorFlow."""
 
 from __future__ import annotations
 
@@ -10,6 +12,61 @@ import re
 import secrets
 import stat
 import warnings
+
+
+def is_remote(path) -> bool:
+    """Whether ``path`` names a file system of TensorFlow's (it has a scheme, like ``gs://``)."""
+    return "://" in str(path)
+
+
+def absolute(path: str) -> str:
+    """``path`` made absolute, unless it names a file system of TensorFlow's (already absolute)."""
+    return path if is_remote(path) else os.path.abspath(path)
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def exists(path: str) -> bool:
+    return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+    return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+
+
+def listdir(path: str) -> list[str]:
+    """The names in the folder ``path`` (without a trailing ``/``, which object stores add)."""
+    return [n.rstrip("/") for n in _gfile().listdir(path)] if is_remote(path) else os.listdir(path)
+
+
+def makedirs(path: str) -> None:
+    if is_remote(path):
+        _gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def read_text(path: str) -> str:
+    """The text of ``path``; FileNotFoundError when there is none, on every file system."""
+    if not is_remote(path):
+        with open(path) as f:
+            return f.read()
+    if not exists(path):
+        raise FileNotFoundError(path)
+    with _gfile().GFile(path) as f:
+        return f.read()
+
+
+def replace(source: str, path: str) -> None:
+    """Moves ``source`` onto ``path`` (atomic on a local file system; an object store copies)."""
+    if is_remote(path):
+        _gfile().rename(source, path, overwrite=True)
+    else:
+        os.replace(source, path)
 
 
 def write_text(path: str, text: str) -> None:
@@ -23,6 +80,18 @@ def write_bytes(path: str, data: bytes) -> None:
 
 
 def _write(path, content, mode):
+    if is_remote(path):
+        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+        try:
+            makedirs(path.rsplit("/", 1)[0])
+            with _gfile().GFile(tmp, mode) as f:
+                f.write(content)
+            replace(tmp, path)
+        except BaseException:
+            if exists(tmp):
+                _gfile().remove(tmp)
+            raise
+        return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = _new_file_beside(path)
@@ -69,7 +138,13 @@ def held(folder: str, wait: bool = True, what: str = "writing into"):
     """Holds an exclusive lock on ``folder`` (``flock`` on the folder itself: released on exit,
     or by the system however the process ends). Another process waits for it, or with ``wait``
     False raises `Busy` at once, saying what the holder is doing (``what``). Without ``fcntl``
-    (Windows) nothing is locked, nor (with a warning) on a file system that cannot lock a folder."""
+    (Windows) nothing is locked, nor (with a warning) on a file system that cannot lock a folder,
+    nor on TensorFlow's (``gs://``: object stores have no locks; a study's oracle gives a run one
+    worker)."""
+    if is_remote(folder):
+        makedirs(folder)
+        yield
+        return
     try:
         import fcntl
     except ImportError:

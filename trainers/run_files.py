@@ -60,7 +60,7 @@ def read_results(model_dir: str, required: bool = False) -> dict | None:
 
 def finished(model_dir: str) -> bool:
     """Whether ``model_dir`` holds a finished run (its ``results.json``)."""
-    return os.path.isfile(os.path.join(model_dir, RESULTS))
+    return files.exists(os.path.join(model_dir, RESULTS))
 
 
 def epochs_done(model_dir: str) -> int:
@@ -81,14 +81,13 @@ def snapshot_path(model_dir: str, epoch: int) -> str:
 def snapshot_epochs(model_dir: str) -> list[int]:
     """The epochs of the snapshots in ``model_dir``, ascending; ``[]`` without any."""
     folder = os.path.join(model_dir, SNAPSHOTS)
-    if not os.path.isdir(folder):
+    if not files.isdir(folder):
         return []
-    return sorted(int(match[1]) for match in map(_SNAPSHOT.fullmatch, os.listdir(folder)) if match)
+    return sorted(int(match[1]) for match in map(_SNAPSHOT.fullmatch, files.listdir(folder)) if match)
 
 
 def _read(model_dir: str, name: str, missing):
     try:
-        with open(os.path.join(model_dir, name)) as f:
-            return json.load(f)
+        return json.loads(files.read_text(os.path.join(model_dir, name)))
     except FileNotFoundError:
         return missing

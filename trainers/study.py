@@ -76,7 +76,6 @@ class PlanOracle(tune.OracleFiles, kt.Oracle):
             except Exception as error:  # noqa: BLE001
                 print(f"Run {trial.hyperparameters.values['run']} not recorded yet: {error!r}", flush=True)
 
-
     def set_state(self, state):
         super().set_state(state)
         self._held = dict(self.ongoing_trials)
@@ -132,7 +131,7 @@ def train_and_read(run: Run, model_dir: str, read, log=print) -> dict:
     reads it with ``read(model_dir, run)`` into `READING` unless it has been read, and returns the
     reading: ``key``, ``flags``, the trainer's ``best_val_accuracy`` and ``precision``, then the
     reader's."""
-    if os.path.exists(os.path.join(model_dir, READING)):
+    if files.exists(os.path.join(model_dir, READING)):
         reading = read_trial(model_dir)
         if reading["key"] != run.key:
             raise ConfigError(f"{model_dir} holds run {reading['key']!r}, not {run.key!r}: give this plan its own "
@@ -163,8 +162,7 @@ def train_and_read(run: Run, model_dir: str, read, log=print) -> dict:
 
 def read_trial(trial_dir: str) -> dict:
     """The `READING` of a completed trial."""
-    with open(os.path.join(trial_dir, READING)) as f:
-        return json.load(f)
+    return json.loads(files.read_text(os.path.join(trial_dir, READING)))
 
 
 def run_study(name: str, runs: list[Run], read, record, directory: str, log=print) -> list[str]:
@@ -200,16 +198,15 @@ def status(name: str, runs: list[Run], directory: str) -> dict:
     trial directories in ``directory``/``name`` (read only; no oracle is started)."""
     project = os.path.join(directory, name)
     found = {}
-    for trial in sorted(os.listdir(project)) if os.path.isdir(project) else []:
+    for trial in sorted(files.listdir(project)) if files.isdir(project) else []:
         path = os.path.join(project, trial, "trial.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                key = json.load(f)["hyperparameters"]["values"].get("run")
+        if files.exists(path):
+            key = json.loads(files.read_text(path))["hyperparameters"]["values"].get("run")
             found[key] = os.path.join(project, trial)
     result = {}
     for run in runs:
         trial_dir = found.get(run.key)
-        if trial_dir and os.path.exists(os.path.join(trial_dir, READING)):
+        if trial_dir and files.exists(os.path.join(trial_dir, READING)):
             result[run.key] = "read"
         elif trial_dir and run_files.finished(trial_dir):
             result[run.key] = "trained, to read"
@@ -236,10 +233,9 @@ class Report:
         self.path, self.derive, self.keep, self.note = path, derive, keep, note
 
     def read(self) -> dict:
-        if not os.path.exists(self.path):
+        if not files.exists(self.path):
             return {"runs": {}, "notes": []}
-        with open(self.path) as f:
-            return json.load(f)
+        return json.loads(files.read_text(self.path))
 
     def record(self, key: str, reading: dict) -> dict:
         report = self.read()
@@ -270,8 +266,7 @@ class StudyConfig:
 def load_plan(path: str) -> list[Run]:
     """The runs of a plan file; ConfigError naming what is wrong."""
     try:
-        with open(path) as f:
-            entries = json.load(f)
+        entries = json.loads(files.read_text(path))
         runs = [Run(entry["key"], dict(entry["flags"])) for entry in entries]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"--plan {path!r}: {error!r}; a plan is a JSON list of "
@@ -291,7 +286,7 @@ def main():
             print(f"{key}: {state}")
         return
     report = Report(config.output or os.path.join(config.directory, f"{config.name}.json"))
-    run_study(config.name, runs, read_results, report.record, os.path.abspath(config.directory))
+    run_study(config.name, runs, read_results, report.record, files.absolute(config.directory))
 
 
 def run():

@@ -126,7 +126,7 @@ class Trainer:
             config.model_dir if self.chief
             else os.path.join(config.model_dir, "workers", f"worker_{distribute.worker_id(self.strategy)}")
         )
-        os.makedirs(self.output_dir, exist_ok=True)
+        files.makedirs(self.output_dir)
 
     @property
     def model_config(self) -> sa_conv.ModelConfig:
@@ -411,7 +411,7 @@ class Trainer:
     def _snapshot(self, epoch: int) -> None:
         # Written before the epoch's checkpoint: a run killed in between redoes the epoch and
         # writes the same snapshot again.
-        os.makedirs(os.path.dirname(self.snapshot_path(epoch)), exist_ok=True)
+        files.makedirs(os.path.dirname(self.snapshot_path(epoch)))
         checkpoints.save_keras_atomically(self.model, self.snapshot_path(epoch))
 
     def _prune_degenerate_heads(self, record):
