@@ -389,13 +389,16 @@ def write_report(path: str, report: dict, merge: bool = False, entries: str = "p
     record unless it has them. With ``merge``, the ``entries`` mapping of the report already at
     ``path`` keeps what this run did not measure again. With ``section`` (such as `cpu_class`'s
     name), the report is one entry of the file's ``runs`` mapping and the others stay; ``merge``
-    then reads that entry. ``inline_numbers``: lists of numbers on one line each
-    (`trainers.files.write_json`). Returns what was written."""
+    then reads that entry. The file's ``notes`` (what the pages no longer say) stay. ``inline_numbers``:
+    lists of numbers on one line each (`trainers.files.write_json`). Returns what was written."""
     report = {"date": datetime.date.today().isoformat(), "machine": machine(), **report}
     written = {}
-    if (merge or section) and os.path.exists(path):
+    if os.path.exists(path):
         with open(path) as f:
             written = json.load(f)
+    notes = written.get("notes", [])
+    if not (merge or section):
+        written = {}
     earlier = written.get("runs", {}).get(section, {}) if section else written
     if merge:
         report[entries] = {**earlier.get(entries, {}), **report.get(entries, {})}
@@ -403,5 +406,7 @@ def write_report(path: str, report: dict, merge: bool = False, entries: str = "p
         written.setdefault("runs", {})[section] = report
     else:
         written = report
+    if notes:
+        written["notes"] = notes + [note for note in written.get("notes", []) if note not in notes]
     files.write_json(path, written, inline_numbers=inline_numbers)
     return written

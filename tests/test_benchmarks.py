@@ -135,7 +135,10 @@ def test_the_report_merges_and_records_the_machine(tmp_path):
     written = harness.write_report(path, {"presets": {"b": 3, "c": 4}}, merge=True)
     assert written["presets"] == {"a": 1, "b": 3, "c": 4}
     assert json.loads((tmp_path / "report.json").read_text()) == written
-    assert harness.write_report(path, {"presets": {"c": 5}})["presets"] == {"c": 5}  # no --merge: only this run's
+    written = json.loads((tmp_path / "report.json").read_text())
+    (tmp_path / "report.json").write_text(json.dumps({**written, "notes": ["kept"]}))
+    rerun = harness.write_report(path, {"presets": {"c": 5}, "notes": ["new"]})
+    assert rerun["presets"] == {"c": 5} and rerun["notes"] == ["kept", "new"]  # no --merge: only this run's, and notes
     machine = written["machine"]
     assert machine["cpu"]["cores"] == os.cpu_count() and machine["cpu"]["memory_gb"] > 0
     assert set(machine["cpu"]["features"]) <= set(harness.CPU_FEATURES) and written["date"]
