@@ -12,6 +12,12 @@ GFLOP/s and its fraction of the fp32 matmul GFLOP/s measured in the same run. Ra
 separable path against the dense path at 16x16 and 32x32 grids, Keras's MultiHeadAttention in
 the same architecture, XLA against the default graph step, and the exported SavedModel against
 the in-process Keras model.
+With ``--profile_steps=N``, each case also profiles N training steps (``tf.profiler``) into its
+``op_breakdown``: the step's op time by op type and by what the op does (`OP_CATEGORIES`):
+
+    .venv/bin/python -m benchmarks.throughput --cases=bfloat16 --profile_steps=5 \
+        --output=benchmarks/results/throughput_bfloat16.json
+
 Results go to a JSON file; nothing here is a test.
 """
 
@@ -50,6 +56,13 @@ CASES.update({
 XLA_TWINS = ["sa_quadratic", "resnet18", "sa_quadratic_small", "sa_quadratic_noattndrop_fast",
              "sa_quadratic_noattndrop_dense", "sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense"]
 CASES.update({f"{name}_xla": (*CASES[name][:3], True) for name in XLA_TWINS})
+# The same steps under --mixed_precision=mixed_bfloat16 (trainer settings ride in the overrides):
+# "<case>_bfloat16"; the no-XLA twins give the op types an XLA cluster hides.
+BF16_TWINS = ["sa_quadratic_small", "sa_gated_small", "sa_gated_small_no_xla", "sa_content_plus_learned_bias_small",
+              "sa_content_plus_learned_bias_small_no_xla", "resnet18"]
+TRAINER_FIELDS = ("mixed_precision",)
+CASES.update({f"{name}_bfloat16": (CASES[name][0], {**CASES[name][1], "mixed_precision": "mixed_bfloat16"},
+                                   *CASES[name][2:]) for name in BF16_TWINS})
 GROUPS = {
     "paper": PAPER,
     "small": SMALL,
@@ -59,6 +72,8 @@ GROUPS = {
     "xla": [f"{name}_xla" for name in XLA_TWINS],
     "gated": ["sa_content_plus_learned_bias_small", "sa_gated_small", "sa_quadratic_small",
               "sa_content_plus_learned_bias_small_no_xla", "sa_gated_small_no_xla"],
+    # The small presets' steps in both precisions (with --profile_steps: where each step's time goes).
+    "bfloat16": [name for twin in BF16_TWINS for name in (twin, f"{twin}_bfloat16")],
 }
 # (label, numerator case, denominator case): ratios of training images/s in the same run.
 RATIOS = [
@@ -72,7 +87,20 @@ RATIOS = [
     ("sa_quadratic_small_xla_over_default_train", "sa_quadratic_small_xla", "sa_quadratic_small"),
     ("sa_gated_small_over_content_train", "sa_gated_small", "sa_content_plus_learned_bias_small"),
     ("sa_gated_small_xla_over_no_xla_train", "sa_gated_small", "sa_gated_small_no_xla"),
+    *((f"{name}_bfloat16_over_float32_train", f"{name}_bfloat16", name) for name in BF16_TWINS),
 ]
+# Op types of TensorFlow's profiler by what they do (first match by substring; the rest: "elementwise").
+OP_CATEGORIES = {
+    "matmul": ("MatMul", "Einsum", "Conv2D", "Conv3D"),
+    "random": ("Random",),
+    "layout": ("Transpose", "Tile", "BroadcastTo", "Reshape", "Pad", "Slice", "Concat", "Gather", "Pack", "Unpack",
+               "Split", "Identity", "Squeeze", "ExpandDims", "Reverse"),
+    "reduction": ("Sum", "Mean", "Max", "Min", "Prod", "BiasAddGrad", "ArgMax"),
+    "softmax_and_norm": ("Softmax", "BatchNorm", "LayerNorm"),
+    "cast": ("Cast",),
+    "variables_and_optimizer": ("Variable", "ApplyGradient", "ResourceApply", "AssignAdd", "AssignSub"),
+    "input_pipeline": ("Dataset", "Iterator"),
+}
 
 
 def build_keras_mha_classifier(config):
@@ -110,9 +138,52 @@ def _time(fn, steps):
     return times[0], times[len(times) // 2]
 
 
-def measure(case: str, train_steps: int, infer_steps: int) -> dict:
+def op_category(op_type: str) -> str:
+    """The `OP_CATEGORIES` name of a profiler op type (``_MklBatchMatMulV2`` -> ``matmul``)."""
+    return next((name for name, parts in OP_CATEGORIES.items() if any(part in op_type for part in parts)),
+                "elementwise")
+
+
+def op_breakdown(fn, steps: int) -> dict:
+    """Where ``steps`` calls of ``fn`` spend their time, by TensorFlow's profiler (``tf.profiler``,
+    its framework op statistics): ``{"types": {op type: fraction}, "categories": {`OP_CATEGORIES`
+    name: fraction}, "op_seconds_per_step": ...}``, fractions of the ops' total self time summed
+    over threads (idle time left out), the 15 largest types kept and the rest as ``"other"``."""
+    import glob
+
+    import tensorflow as tf
+    from tensorflow.python.profiler.internal import _pywrap_profiler_plugin as profiler_plugin
+
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            for _ in range(steps):
+                fn()
+        finally:
+            tf.profiler.experimental.stop()
+        paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        table = json.loads(profiler_plugin.xspace_to_tools_data(paths, "framework_op_stats", {})[0])[0]
+    columns = [column["id"] for column in table["cols"]]
+    seconds = {}
+    for row in table["rows"]:
+        op = dict(zip(columns, (cell.get("v") if cell else None for cell in row["c"])))
+        if op["type"] != "IDLE":
+            seconds[op["type"]] = seconds.get(op["type"], 0.0) + op["total_self_time"] / 1e6
+    total = sum(seconds.values())
+    ranked = sorted(seconds.items(), key=lambda item: -item[1])
+    types = {name: value / total for name, value in ranked[:15]}
+    types["other"] = sum(value for _, value in ranked[15:]) / total
+    categories = {}
+    for name, value in ranked:
+        categories[op_category(name)] = categories.get(op_category(name), 0.0) + value / total
+    return {"op_seconds_per_step": total / steps, "types": types,
+            "categories": dict(sorted(categories.items(), key=lambda item: -item[1]))}
+
+
+def measure(case: str, train_steps: int, infer_steps: int, profile_steps: int = 0) -> dict:
     """Runs one case in this process: the trainer's own step (`trainers.task.Task`: its loss,
-    weight decay, SGD, XLA decision and allocator setting), without remat."""
+    weight decay, SGD, XLA decision, precision and allocator setting), without remat; with
+    ``profile_steps``, also the training step's `op_breakdown`."""
     import numpy as np
     import tensorflow as tf
 
@@ -122,10 +193,12 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
     from trainers.task import Task
 
     preset, overrides, batch, jit = CASES[case]
+    trainer = {k: v for k, v in overrides.items() if k in TRAINER_FIELDS}
+    overrides = {k: v for k, v in overrides.items() if k not in TRAINER_FIELDS}
     config = make_config(overrides=dict(
         model="sa_quadratic" if preset == "keras_mha" else preset, dataset="synthetic", global_batch_size=batch,
         eval_batch_size=batch, validation_size=100, epochs=1, strategy="one_device", remat="none", jit_compile=jit,
-        model_dir=tempfile.mkdtemp(prefix="throughput_")))
+        model_dir=tempfile.mkdtemp(prefix="throughput_"), **trainer))
     task = Task(config, log=lambda s: None, model_fields=None if preset == "keras_mha" else overrides)
     process.keep_freed_memory(task.keeps_freed_memory())  # the trainer's setting for the model
     model_config = task.model_config
@@ -150,8 +223,14 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
         seconds, _ = _time(lambda: infer(x).numpy(), infer_steps)
         infer_results[f"inference_images_per_second_batch{b}"] = b / seconds
     train_ips = batch / train_seconds
+    breakdown = {}
+    if profile_steps and jit:  # the compiled cluster is not a framework op: the statistics would miss the step
+        breakdown["op_breakdown"] = "none: an XLA step (profile its no-XLA twin)"
+    elif profile_steps:
+        breakdown["op_breakdown"] = op_breakdown(lambda: train_function(iterator, one).numpy(), profile_steps)
     return {
-        "case": case, "preset": preset, "overrides": overrides, "train_batch": batch, "xla": jit,
+        "case": case, "preset": preset, "overrides": {**overrides, **trainer}, "train_batch": batch, "xla": jit,
+        "precision": task.precision,
         "keep_freed_memory": task.keeps_freed_memory(),
         "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
         "train_images_per_second": train_ips,
@@ -162,6 +241,7 @@ def measure(case: str, train_steps: int, infer_steps: int) -> dict:
         "train_achieved_gflops_per_second": 3 * train_fwd * train_ips / 1e9,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "process": process.describe(),  # the measuring process's own configuration
+        **breakdown,
     }
 
 
@@ -194,12 +274,14 @@ def main():
                         help=f"Comma-separated cases or groups: {', '.join(list(GROUPS) + ['export'] + list(CASES))}.")
     parser.add_argument("--train_steps", type=int, default=3)
     parser.add_argument("--infer_steps", type=int, default=5)
+    parser.add_argument("--profile_steps", type=int, default=0,
+                        help="profile this many training steps of each case after timing (0: none): op_breakdown")
     args = harness.parse(parser)
     from trainers import process
 
     if args.side:  # one case
         return harness.print_result(measure_export(args.infer_steps) if args.side == "export" else measure(
-            args.side, args.train_steps, args.infer_steps))
+            args.side, args.train_steps, args.infer_steps, args.profile_steps))
     names = []
     for item in args.cases.split(","):
         for name in GROUPS.get(item, [item]):
@@ -215,7 +297,8 @@ def main():
         start = time.perf_counter()
         try:
             result = harness.run_side(__name__, name, [f"--train_steps={args.train_steps}",
-                                                       f"--infer_steps={args.infer_steps}"],
+                                                       f"--infer_steps={args.infer_steps}",
+                                                       f"--profile_steps={args.profile_steps}"],
                                       env={**process.child_environment(), "TF_CPP_MIN_LOG_LEVEL": "2"})
         except harness.SideError as failure:
             print(f"{name}: failed\n{failure.stderr[-2000:]}", flush=True)

@@ -387,3 +387,22 @@ def test_serving_names_every_low_precision_side_slower_than_its_float32_side():
               "tflite_over_saved_model": {"batch1": 0.5, "batch100": 0.5}}  # not a low-precision pair
     assert serving.slower_than_float32(ratios) == {"tflite_int8": {"batch1": 0.53},
                                                    "saved_model_bfloat16": {"batch1": 0.9, "batch100": 0.8}}
+
+
+def test_the_op_breakdown_reads_the_profilers_op_statistics_by_type_and_category():
+    """A step that is one large matmul and a little elementwise work: the profiler's statistics say
+    most of its op time is the matmul, and the fractions add up to the whole."""
+    tf = pytest.importorskip("tensorflow", reason="TensorFlow's profiler (make test-backends runs without it)")
+    from benchmarks import throughput
+
+    a = tf.random.stateless_uniform((1024, 1024), seed=(1, 2))
+    step = tf.function(lambda: tf.reduce_sum(tf.matmul(a, a) * 2.0))
+    step()
+    breakdown = throughput.op_breakdown(lambda: step().numpy(), 3)
+    assert breakdown["categories"]["matmul"] > 0.5 and "IDLE" not in breakdown["types"], breakdown
+    assert sum(breakdown["types"].values()) == pytest.approx(1.0)
+    assert sum(breakdown["categories"].values()) == pytest.approx(1.0)
+    assert breakdown["op_seconds_per_step"] > 0
+    assert [throughput.op_category(t) for t in ("_MklBatchMatMulV2", "Conv2DBackpropFilter", "StatelessRandomUniformV2",
+                                                "_MklTranspose", "BiasAddGrad", "Mul")] == [
+        "matmul", "matmul", "random", "layout", "reduction", "elementwise"]
