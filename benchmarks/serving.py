@@ -18,7 +18,7 @@ random images) and starts one child per side:
 * ``saved_model``, ``saved_model_bfloat16``: ``serving_default`` of each export, reloaded; the
   float32 one also times its first batch-1 call after replaying the export's TensorFlow Serving
   warm-up records, against the steady call (`first_call`);
-* ``tflite``, ``tflite_int8``: the TFLite file and its full-integer quantization in LiteRT's
+* ``tflite``, ``tflite_int8``: the TFLite file and its dynamic-range int8 quantization in LiteRT's
   interpreter (its default XNNPACK delegate), with LiteRT's own float32 and int8 peaks;
 * ``onnx``, ``onnx_int8``: the ONNX file and its dynamic int8 quantization in ONNX Runtime,
   with ONNX Runtime's own float32 and int8 (``MatMulInteger``) peaks;
@@ -246,8 +246,6 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     """The sides ``only`` of ``preset`` (and the reference's with ``reference_dir``), beside the
     sides of ``earlier`` (this preset's entry of an earlier run, with ``--merge``) not measured
     again; each side's fraction of its peak and the ratios between sides."""
-    import numpy as np
-
     import sa_conv
     from benchmarks import flops
     from export import int8
@@ -262,13 +260,11 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     exports = {"saved_model": export(model_path=path, export_dir=os.path.join(workdir, "f32"),
                                      formats=["saved_model", *formats], log=lambda s: None)}
     # The int8 files the export writes for --precision=int8 (see export.int8), from the float32 ones.
-    calibration = np.random.default_rng(1).integers(0, 256, (int8.CALIBRATION_IMAGES, *model.inputs[0].shape[1:]),
-                                                    dtype=np.uint8)
     frozen = sa_conv.freeze_for_inference(model)
     if "onnx_int8" in only:
         int8.OnnxDynamicInt8().quantize(exports["saved_model"], frozen)
     if "tflite_int8" in only:
-        int8.TFLiteFullInteger().quantize(exports["saved_model"], calibration)
+        int8.TFLiteDynamicRange().quantize(exports["saved_model"])
     if "openvino_int8" in only:
         int8.OpenVINOInt8().quantize(exports["saved_model"])
     exports.update({side: os.path.join(exports["saved_model"], name) for side, name in runtime_files().items()})

@@ -5,6 +5,12 @@ int8 file (int8 weights; activations quantized per call by XNNPACK), each at bat
 
     .venv/bin/python -m benchmarks.tflite_runtimes   # benchmarks/results/tflite_runtimes.json
 
+The dynamic-range file is the one the export writes (`export.int8.TFLiteDynamicRange`); the
+full-integer one is what it wrote before. ``ops`` times one-op full-integer files of the shapes of
+``sa_quadratic``'s attention (`OPS`) in each interpreter with its default delegate and without any
+(``BUILTIN_WITHOUT_DEFAULT_DELEGATES``): an op whose time does not change without the delegate is
+not delegated.
+
 For each preset (random weights: speed does not depend on their values) the parent exports the
 float32 SavedModel and TFLite file, writes the two int8 files from them (the full-integer one
 calibrated on random images, as the serving benchmark does), and starts one child per
@@ -25,7 +31,14 @@ import tempfile
 from benchmarks import harness
 
 PRESETS = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
-FILES = {"float32": "model.tflite", "full_integer": "model_int8.tflite", "dynamic_range": "model_dynamic_range.tflite"}
+FILES = {"float32": "model.tflite", "full_integer": "model_full_integer.tflite", "dynamic_range": "model_int8.tflite"}
+# One-op int8 files: (heads, positions, head size) of sa_quadratic's attention at batch 8.
+HEADS, POSITIONS, HEAD_SIZE, OPS_BATCH = 9, 256, 44, 8
+OPS = {
+    "aggregation": "BATCH_MATMUL of a constant (heads, N, N) probability tensor by the values",
+    "content_logits": "BATCH_MATMUL of two activations (queries by keys)",
+    "dense": "FULLY_CONNECTED of the activations by a 400 x 400 weight",
+}
 INTERPRETERS = ("litert", "tensorflow")
 BATCHES = (1, 100)
 
@@ -65,6 +78,59 @@ def child(side: str, directory: str, steps: int) -> dict:
     return result
 
 
+def child_ops(side: str, directory: str, steps: int) -> dict:
+    """Milliseconds per call of each `OPS` file in ``directory``, with ``side``'s default delegate and
+    without any."""
+    import numpy as np
+
+    if side == "litert":
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    else:
+        import tensorflow as tf
+
+        Interpreter, OpResolverType = tf.lite.Interpreter, tf.lite.experimental.OpResolverType  # noqa: N806
+    result = {}
+    for name in OPS:
+        result[name] = {}
+        for label, resolver in (("default", "AUTO"), ("without_delegate", "BUILTIN_WITHOUT_DEFAULT_DELEGATES")):
+            it = Interpreter(model_path=os.path.join(directory, f"{name}.tflite"), num_threads=os.cpu_count(),
+                             experimental_op_resolver_type=getattr(OpResolverType, resolver))
+            it.allocate_tensors()
+            detail = it.get_input_details()[0]
+            x = np.random.default_rng(0).integers(-100, 100, detail["shape"]).astype(detail["dtype"])
+
+            def call():
+                it.set_tensor(detail["index"], x)
+                it.invoke()
+
+            result[name][f"{label}_ms"] = 1e3 * harness.fastest(call, steps)
+    return result
+
+
+def op_files(directory: str) -> None:
+    """Writes the full-integer one-op files of `OPS` into ``directory``."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    probabilities = tf.constant(rng.random((HEADS, POSITIONS, POSITIONS)).astype(np.float32) / POSITIONS)
+    weight = tf.constant(rng.standard_normal((400, 400)).astype(np.float32) / 20)
+    attention = (OPS_BATCH, HEADS, POSITIONS, HEAD_SIZE)
+    functions = {
+        "aggregation": (lambda v: tf.einsum("hnm,bhmd->bhnd", probabilities, v), attention),
+        "content_logits": (lambda q: tf.matmul(q, q, transpose_b=True), attention),
+        "dense": (lambda x: tf.matmul(x, weight), (OPS_BATCH * POSITIONS, 400)),
+    }
+    for name, (function, shape) in functions.items():
+        concrete = tf.function(function, input_signature=[tf.TensorSpec(shape, tf.float32)]).get_concrete_function()
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: ([rng.standard_normal(shape).astype(np.float32)] for _ in range(4))
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        with open(os.path.join(directory, f"{name}.tflite"), "wb") as f:
+            f.write(converter.convert())
+
+
 def export_files(preset: str, workdir: str) -> str:
     """The float32 export of ``preset`` with its TFLite file and the two int8 files of `FILES`;
     returns the directory that holds them."""
@@ -80,13 +146,14 @@ def export_files(preset: str, workdir: str) -> str:
     model.save(path)
     version = export(model_path=path, export_dir=os.path.join(workdir, "export"), formats=["saved_model", "tflite"],
                      tf_serving_files=False, log=lambda s: None)
-    calibration = np.random.default_rng(1).integers(0, 256, (int8.CALIBRATION_IMAGES, *model.inputs[0].shape[1:]),
-                                                    dtype=np.uint8)
-    int8.TFLiteFullInteger().quantize(version, calibration)
+    int8.TFLiteDynamicRange().quantize(version)
+    calibration = np.random.default_rng(1).integers(0, 256, (100, *model.inputs[0].shape[1:]), dtype=np.uint8)
     converter = tf.lite.TFLiteConverter.from_saved_model(version, signature_keys=["serving_default"])
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]  # no representative data: dynamic range
-    directory = os.path.dirname(os.path.join(version, int8.TFLiteFullInteger.file))
-    with open(os.path.join(directory, FILES["dynamic_range"]), "wb") as f:
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ({"images": calibration[i: i + 1]} for i in range(len(calibration)))
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
+    directory = os.path.dirname(os.path.join(version, int8.TFLiteDynamicRange.file))
+    with open(os.path.join(directory, FILES["full_integer"]), "wb") as f:
         f.write(converter.convert())
     return directory
 
@@ -111,9 +178,16 @@ def main() -> None:
     parser.add_argument("--presets", default=",".join(PRESETS))
     parser.add_argument("--steps", type=int, default=20, help="timed calls at batch 1 (a fifth at batch 100)")
     parser.add_argument("--directory", help=argparse.SUPPRESS)
+    parser.add_argument("--ops", action="store_true", help=argparse.SUPPRESS)
     args = harness.parse(parser)
     if args.side:
-        return harness.print_result(child(args.side, args.directory, args.steps))
+        return harness.print_result((child_ops if args.ops else child)(args.side, args.directory, args.steps))
+    with tempfile.TemporaryDirectory() as workdir:
+        print("one-op files: timing ...", flush=True)
+        op_files(workdir)
+        ops = {side: harness.run_side(__name__, side, [f"--directory={workdir}", f"--steps={args.steps}", "--ops"])
+               for side in INTERPRETERS}
+        print(json.dumps(ops), flush=True)
     presets = {}
     for preset in [p.strip() for p in args.presets.split(",") if p.strip()]:
         with tempfile.TemporaryDirectory() as workdir:
@@ -125,7 +199,8 @@ def main() -> None:
                 sides[side] = harness.run_side(__name__, side, [f"--directory={directory}", f"--steps={args.steps}"])
             presets[preset] = {"sides": sides, "ratios": ratios(sides)}
             print(json.dumps(presets[preset]["ratios"]), flush=True)
-    harness.write_report(args.output, {"cpu_class": harness.cpu_class(), "presets": presets}, merge=args.merge)
+    harness.write_report(args.output, {"cpu_class": harness.cpu_class(), "ops": {"shapes": OPS, **ops},
+                                       "presets": presets}, merge=args.merge)
 
 
 if __name__ == "__main__":

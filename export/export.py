@@ -57,7 +57,7 @@ import numpy as np
 import tensorflow as tf
 
 import sa_conv
-from export import int8, precisions, tf_serving, verify
+from export import precisions, tf_serving, verify
 from export.formats import ExportJob
 from export.signatures import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_IMAGE_PIXELS, build_archive  # noqa: F401
 from export.verify import (ExportError, Top1Agreement, probability_tolerance, read_images,  # noqa: F401
@@ -106,7 +106,6 @@ def export(
             model_name=model_name, class_names=names, images=images, source=source,
             expected=tf.nn.softmax(model.predict(images, verbose=0)).numpy(),
             agreement=Top1Agreement(model, results, agreement_images, image_shape, MIN_TOP1_AGREEMENT),
-            calibration=lambda: verification_images(results, image_shape, int8.CALIBRATION_IMAGES, "train"),
             max_image_pixels=max_image_pixels, max_batch_size=max_batch_size, tf_serving_files=tf_serving_files,
             log=log)
         checks = {}
@@ -165,10 +164,16 @@ def resolve_model(model_dir: str | None, model_path: str | None) -> tuple[str, d
 
 
 def load_keras_model(path: str) -> keras.Model:
+    """The model saved at ``path``, computing in float32: one trained under a mixed policy
+    (``--mixed_precision``; its variables are float32) is moved to float32, as every file's
+    check compares it with the float32 SavedModel; ``--precision`` decides what is served."""
     try:
-        return keras.models.load_model(path)
+        model = keras.models.load_model(path)
     except Exception as exc:  # corrupt zip, unknown layer, ...
         raise ExportError(f"Cannot load {path!r} as a Keras model ({type(exc).__name__}: {exc}).") from None
+    if any(layer.dtype_policy.compute_dtype != "float32" for layer in model.layers):
+        model = sa_conv.with_dtype_policy(model, "float32")
+    return model
 
 
 def resized(model: keras.Model, image_size: int | None) -> keras.Model:
@@ -301,7 +306,7 @@ class ExportConfig:
         "float32 model's class on >= 99% of held-out images; auto: bfloat16 on CPUs with AVX512_BF16/AMX and GPUs "
         "of compute capability 8.0+, else float32; int8: int8 files beside the float32 SavedModel "
         "(assets.extra/model_int8.onnx, ONNX Runtime's dynamic quantization; with --formats=...,tflite also "
-        "model_int8.tflite, full-integer, calibrated on the run's training images), each checked the same way.",
+        "model_int8.tflite, the TFLite converter's dynamic-range quantization), each checked the same way.",
         precisions.CHOICES)
     agreement_images: Optional[str] = _field(
         None, "A .npy/.npz file of uint8 images for the bfloat16 and int8 agreement checks; default: the run's own "

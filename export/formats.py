@@ -43,7 +43,6 @@ class ExportJob:
     source: str
     expected: np.ndarray
     agreement: Top1Agreement
-    calibration: Callable[[], tuple[np.ndarray, str]]
     max_image_pixels: int = signatures.DEFAULT_MAX_IMAGE_PIXELS
     max_batch_size: int = signatures.DEFAULT_MAX_BATCH_SIZE
     tf_serving_files: bool = True

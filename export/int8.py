@@ -4,11 +4,12 @@
 * ``onnx`` (`OnnxDynamicInt8`, always written): ONNX Runtime's dynamic quantization of the
   float32 ONNX file, ``assets.extra/model_int8.onnx``: int8 weights per tensor, uint8 activations
   quantized per call.
-* ``tflite`` (`TFLiteFullInteger`, with ``--formats=...,tflite``): the TFLite converter's
-  full-integer quantization, ``assets.extra/model_int8.tflite``: int8 weights and activations,
-  their ranges calibrated on training images of the run (`CALIBRATION_IMAGES` of them), float32
-  kept only where an op has no int8 kernel; uint8 images in, probabilities out, as the float32
-  file.
+* ``tflite`` (`TFLiteDynamicRange`, with ``--formats=...,tflite``): the TFLite converter's
+  dynamic-range quantization, ``assets.extra/model_int8.tflite``: int8 weights per channel, the
+  activations of each product quantized per call (no calibration), float32 between; uint8 images
+  in, probabilities out, as the float32 file. Not full-integer: LiteRT's XNNPACK delegate has no
+  int8 ``BATCH_MATMUL``, so a full-integer file runs the attention products in LiteRT's own
+  kernels, slower than its float32 file (``benchmarks/tflite_runtimes.py``).
 * ``openvino`` (`OpenVINOInt8`, with ``--formats=...,openvino``): NNCF's int8 weight
   compression of the OpenVINO IR, ``assets.extra/openvino/model_int8.xml``: int8 weights, the
   activations in the plugin's precision (bfloat16 on CPUs with AVX512_BF16 or AMX).
@@ -34,7 +35,6 @@ from export.formats import EXTRA, ExportJob, Format
 from export.onnx_files import store_float16
 from export.runtimes import onnx_runner, openvino_default_precision, openvino_runner, tflite_runner
 
-CALIBRATION_IMAGES = 100  # ranges of a full-integer file: enough to cover a dataset's activations
 SAVED_MODEL_DTYPE = "float32"  # the int8 export's SavedModel: its int8 files are the formats below
 
 
@@ -100,39 +100,32 @@ class OnnxDynamicInt8(Quantized):
         return onnx_runner(path)
 
 
-class TFLiteFullInteger(Quantized):
-    """The TFLite converter's full-integer quantization of the SavedModel's ``serving_default``."""
+class TFLiteDynamicRange(Quantized):
+    """The TFLite converter's dynamic-range quantization of the SavedModel's ``serving_default``."""
 
     name = "tflite_int8"
     quantizes = "tflite"
     what = "int8 TFLite file"
     file = os.path.join(EXTRA, "model_int8.tflite")
-    route = ("TFLite full-integer quantization (int8 weights per channel and activations, ranges calibrated on "
-             "training images of the run; float32 only where an op has no int8 kernel)")
+    route = ("TFLite dynamic-range quantization (int8 weights per channel, activations quantized per call, float32 "
+             "between; LiteRT's XNNPACK delegate has no int8 BATCH_MATMUL for a full-integer file's attention)")
 
     def write(self, job: ExportJob) -> dict:
-        """Converts the SavedModel with `CALIBRATION_IMAGES` training images of the run as the
-        representative dataset (``job.calibration``); returns what ``metadata.json`` records."""
-        calibration, source = job.calibration()
-        return {**self.quantize(job.directory, calibration), "calibration_images": f"{len(calibration)} {source}"}
+        return self.quantize(job.directory)
 
-    def quantize(self, version_dir: str, calibration: np.ndarray) -> dict:
-        """`write` from the SavedModel in ``version_dir``, ``calibration`` (uint8 images) as the
-        representative dataset."""
+    def quantize(self, version_dir: str) -> dict:
+        """`write` from the SavedModel in ``version_dir``; returns what ``metadata.json`` records."""
         import tensorflow as tf
 
         converter = tf.lite.TFLiteConverter.from_saved_model(version_dir, signature_keys=["serving_default"])
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.representative_dataset = lambda: ({"images": calibration[i: i + 1]} for i in range(len(calibration)))
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]  # without a representative dataset: dynamic range
         target = os.path.join(version_dir, self.file)
         with open(target, "wb") as f:
             f.write(converter.convert())
         float32 = os.path.join(version_dir, EXTRA, "model.tflite")
         return {"route": self.route, "file": self.file,
                 "megabytes": os.path.getsize(target) / 2**20,
-                "float32_megabytes": os.path.getsize(float32) / 2**20 if os.path.exists(float32) else None,
-                "calibration_images": len(calibration)}
+                "float32_megabytes": os.path.getsize(float32) / 2**20 if os.path.exists(float32) else None}
 
     def runner(self, path):
         return tflite_runner(path)
@@ -186,4 +179,4 @@ class OpenVINOInt8(Quantized):
         return openvino_runner(path)  # the plugin's default precision for the activations: what a server runs
 
 
-QUANTIZED = (OnnxDynamicInt8(), TFLiteFullInteger(), OpenVINOInt8())
+QUANTIZED = (OnnxDynamicInt8(), TFLiteDynamicRange(), OpenVINOInt8())
