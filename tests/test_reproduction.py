@@ -1,6 +1,5 @@
-"""The reproduction study (`benchmarks.reproduction`): its plan on the study engine, what a run's
-snapshots are read into, the committed report's runs and summary, and the summary and claims over
-seeds."""
+"""The reproduction study (`benchmarks.reproduction`): its plan on the study engine, what a run's snapshots are read
+into, the committed report, the summary and claims over seeds, and the pages' tables and figures made from them."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from benchmarks import harness
 from benchmarks import reproduction as rp
 from tests.conftest import PROJECT_ROOT
 from tools import performance_tables
@@ -18,25 +18,24 @@ from trainers import files, study
 from trainers.config import make_config
 
 TINY = dict(num_layers=1, global_batch_size=50, eval_batch_size=50, strategy="one_device")
+LOCAL, DEEPER, MATCHES = ("localized heads emerge in the first layer", "deeper layers attend to larger regions",
+                          "attention matches ResNet18's accuracy")
 
 
 def test_runs_are_read_into_the_report_and_a_study_stopped_by_a_failure_resumes(tiny_cifar, tmp_path):
-    """Two runs through the engine; reading the second fails and stops the study, as a kill would;
-    started again, it reads that run without training it again, and the report holds both."""
-    data_dir, _ = tiny_cifar
+    """Two runs through the engine; reading the second fails and stops the study, as a kill would; started again, it
+    reads that run without training it again, and the report holds both."""
     runs = [study.Run(run.key, {**run.flags, **TINY})
-            for run in rp.study_runs(rp.plan(["learned", "quadratic"], [0], 2), data_dir, snapshot_every=1)]
+            for run in rp.study_runs(rp.plan(["learned", "quadratic"], [0], 2), tiny_cifar[0], snapshot_every=1)]
     report = study.Report(str(tmp_path / "reproduction.json"), derive=rp.derive, keep=rp.keep)
-    logged, failing = [], ["quadratic|seed=0|epochs=2"]
+    logged, failing, directory = [], ["quadratic|seed=0|epochs=2"], str(tmp_path / "study")
 
     def read(model_dir, run):
         if run.key in failing:
             failing.clear()
             raise RuntimeError("killed while reading")
-        return rp.read_run(model_dir, run, locality_images=4, prune_snapshots=run.key.startswith("learned"),
-                           log=logged.append)
+        return rp.read_run(model_dir, run, 4, prune_snapshots=run.key.startswith("learned"), log=logged.append)
 
-    directory = str(tmp_path / "study")
     with pytest.raises(Exception, match="killed while reading"):
         study.run_study("reproduction", runs, read, report.record, directory, log=logged.append)
     assert list(report.read()["runs"]) == ["learned|seed=0|epochs=2"]
@@ -45,21 +44,18 @@ def test_runs_are_read_into_the_report_and_a_study_stopped_by_a_failure_resumes(
     logged.clear()
     study.run_study("reproduction", runs, read, report.record, directory, log=logged.append)
     assert not any("training in" in line for line in logged)  # finished before the failure: read only
-    written = report.read()
-    run = written["runs"]["learned|seed=0|epochs=2"]
+    written, trial = report.read(), os.path.join(directory, "reproduction", "trial_0000")
+    run, quadratic = written["runs"]["learned|seed=0|epochs=2"], written["runs"]["quadratic|seed=0|epochs=2"]
     # Only what the study fixes (here with the tiny model's settings), no machine's data path.
     assert run["flags"] == {"model": "sa_learned_small", "dataset": "cifar10", "epochs": 2, "seed": 0,
                             "snapshot_every": 1, **TINY}
     assert run["precision"] == "float32" and [s["epoch"] for s in run["snapshots"]] == [0, 1, 2]
-    trial = os.path.join(directory, "reproduction", "trial_0000")
-    with open(os.path.join(trial, "results.json")) as f:
-        results = json.load(f)
+    with open(os.path.join(trial, "results.json")) as f, open(os.path.join(trial, rp.DETAIL)) as g:
+        results, detail = json.load(f), json.load(g)
     # The last snapshot is the trained model, read as the trainer evaluated it.
     assert run["snapshots"][-1]["test_accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-9)
     assert (run["best_epoch"], run["weights_sha256"]) == (results["best_epoch"], results["weights_sha256"])
     # The whole reading is in the run's directory; the report keeps each layer's summary of it.
-    with open(os.path.join(trial, rp.DETAIL)) as f:
-        detail = json.load(f)
     assert [len(s["layers"]) for s in detail["snapshots"]] == [1] * 3 and len(detail["snapshots"][-1]["layers"][0]) == 9
     last, heads = run["snapshots"][-1], detail["snapshots"][-1]["layers"][0]
     assert last["locality"][0]["mass_3x3"] == pytest.approx(np.mean([h["mass_3x3"] for h in heads]), abs=1e-5)
@@ -68,67 +64,52 @@ def test_runs_are_read_into_the_report_and_a_study_stopped_by_a_failure_resumes(
         [{k: [h[k] for h in layer] for k in rp.HEAD_METRICS} for layer in s["layers"]] for s in detail["snapshots"]]
     maps = np.array(last["maps"])
     assert maps.shape == (1, 9, 16, 16) and last["query"] == [8, 8]
-    # Probabilities rounded to 4 decimals: each map sums to 1 within 256 roundings.
-    np.testing.assert_allclose(maps.sum((-1, -2)), 1.0, atol=256 * 0.5e-4)
+    np.testing.assert_allclose(maps.sum((-1, -2)), 1.0, atol=256 * 0.5e-4)  # 4 decimals: each map within 256 roundings
     # Pruned: the snapshots but the first and last are gone, and the checkpoints.
     assert sorted(os.listdir(os.path.join(trial, "snapshots"))) == ["epoch_000.keras", "epoch_002.keras"]
     assert not os.path.exists(os.path.join(trial, "checkpoints"))
     assert all(h["epoch_seconds"] > h["train_seconds"] > 0 for h in detail["history"])
     assert run["median_epoch_seconds"] == pytest.approx(np.median([h["epoch_seconds"] for h in detail["history"]]),
                                                         abs=0.01)
-    quadratic = written["runs"]["quadratic|seed=0|epochs=2"]["snapshots"]
-    assert np.array(quadratic[-1]["centers"]).shape == (1, 9, 2) and quadratic[0]["centers"] != quadratic[-1]["centers"]
+    centers = [np.array(s["centers"]) for s in quadratic["snapshots"]]
+    assert centers[-1].shape == (1, 9, 2) and not np.array_equal(centers[0], centers[-1])
     assert set(written["summary"]) == {"learned|epochs=2", "quadratic|epochs=2"} and written["budget"] == 2
     # Another seed's maps stay in its run's directory only.
     assert "maps" not in rp.keep({"key": "k", "flags": {"seed": 1}, "snapshots": [last]})["snapshots"][-1]
 
 
+def _committed():
+    with open(PROJECT_ROOT / "benchmarks" / "results" / "reproduction.json") as f:
+        return json.load(f)
+
+
 def test_the_committed_report_kept_every_run_and_summary_number_when_it_moved_to_the_engine():
-    """The report before the study ran on the engine (its last commit in the old form) and now:
-    every run, seed, snapshot and head metric the same, and the summary made now by pandas equal
-    number by number to the one the former code made; claims and budget too."""
+    """The report before the study ran on the engine (its last commit in the old form) and now: every run, seed,
+    snapshot and head metric the same, and the summary made now by pandas equal number by number to the one the former
+    code made; claims and budget too."""
     old = subprocess.run(["git", "show", "4348b98:benchmarks/results/reproduction.json"], cwd=PROJECT_ROOT,
                          capture_output=True, text=True)
     if old.returncode:
         pytest.skip("needs the repository's history (a clone, not an export)")
-    old = json.loads(old.stdout)
-    with open(PROJECT_ROOT / "benchmarks" / "results" / "reproduction.json") as f:
-        new = json.load(f)
-    assert set(new["runs"]) == set(old["runs"]) and len(new["runs"]) == 37
-    for key, run in old["runs"].items():
-        assert new["runs"][key] == {**{k: v for k, v in run.items() if k != "session_seconds"}, "precision": "float32"}
-
-    def same(a, b, where=""):
-        if isinstance(a, dict):
-            assert set(a) == set(b), where
-            for k in a:
-                same(a[k], b[k], f"{where}/{k}")
-        elif isinstance(a, list):
-            assert len(a) == len(b), where
-            for i, (x, y) in enumerate(zip(a, b)):
-                same(x, y, f"{where}[{i}]")
-        else:
-            assert a == b or (isinstance(a, float) and a == pytest.approx(b, rel=0, abs=1e-12)), (where, a, b)
-
-    same(old["summary"], rp.summarize(new["runs"]))
-    same(old["summary"], new["summary"])
-    assert new["claims"] == old["claims"] and new["budget"] == old["budget"] == rp.BUDGET
+    old, new = json.loads(old.stdout), _committed()
+    assert len(new["runs"]) == 37 and new["runs"] == {
+        key: {**{k: v for k, v in run.items() if k != "session_seconds"}, "precision": "float32"}
+        for key, run in old["runs"].items()}
+    derived = ("summary", "budget", "claims")  # as the engine's report derives them, number by number
+    assert rp.derive(new["runs"]) == {k: new[k] for k in derived} == {k: old[k] for k in derived}
+    assert old["budget"] == rp.BUDGET
 
 
 def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_made():
     plan = rp.plan()
-    assert len(set(plan)) == len(plan)
-    first = rp.FIRST_BUDGET
-    assert plan[:3] == [("learned", 0, first), ("learned", 1, first), ("learned", 2, first)]
-    assert rp.BUDGET == 2 * first
-    at_budget = [(model, seed) for model, seed, epochs in plan if epochs == rp.BUDGET]
-    assert set(at_budget) == {(model, seed) for model in (*rp.MODELS, "learned+convolutional@0.1")
-                              for seed in ((0, 1) if model in ("content", "gated") else (0, 1, 2))}
-    with open(PROJECT_ROOT / "benchmarks" / "results" / "reproduction.json") as f:
-        recorded = json.load(f)["runs"]
-    made = {run.key: run.flags for run in rp.study_runs(plan, "/data")}
+    assert len(set(plan)) == len(plan) and plan[:3] == [("learned", seed, rp.FIRST_BUDGET) for seed in (0, 1, 2)]
+    assert rp.BUDGET == 2 * rp.FIRST_BUDGET and {(model, seed) for model, seed, epochs in plan if epochs == rp.BUDGET} \
+        == {(model, seed) for model in (*rp.MODELS, "learned+convolutional@0.1")
+            for seed in ((0, 1) if model in ("content", "gated") else (0, 1, 2))}
+    recorded, made = _committed()["runs"], {run.key: run.flags for run in rp.study_runs(plan, "/data")}
     assert set(recorded) == set(made)
     for key, run in recorded.items():
+        make_config(overrides=made[key])  # every run's settings are the trainer's
         assert run["flags"] == {k: v for k, v in made[key].items() if k != "data_dir"}, key
         assert ("maps" in run["snapshots"][-1]) == (rp.split_key(key)[1] == rp.MAP_SEED and "locality" in
                                                     run["snapshots"][-1]), key
@@ -136,11 +117,11 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     # The encoding's full name finds the study's runs of the short one: it does not start another.
     assert rp.plan(["content_plus_learned_bias", "learned+convolutional@0.10"], [1]) == [
         ("content", 1, rp.BUDGET), ("learned+convolutional@0.1", 1, rp.BUDGET)]
-    assert [rp.default_snapshot_every(e) for e in (4, 12, 13, 50, 60, 240)] == [1, 1, 2, 5, 5, 20]
+    # At most `SNAPSHOTS` snapshots a run besides the initialization; every epoch's in a shorter run.
+    assert [rp.study_runs([("learned", 0, e)], "/d")[0].flags["snapshot_every"] for e in (4, 12, 13, 50, 60, 240)] \
+        == [1, 1, 2, 5, 5, 20]
     with pytest.raises(ValueError, match="Unknown initialization 'convlutional'.*random, convolutional"):
         rp.plan(["learned+convlutional"], [0], 2)
-    for flags in (made[key] for key in made):  # every run's settings are the trainer's
-        make_config(overrides=flags)
 
 
 @pytest.mark.parametrize("flags, error", [
@@ -151,43 +132,37 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     (["--epochs=0"], "--epochs must be positive, got 0"),
 ])
 def test_flags_that_make_no_sense_stop_before_anything_runs(flags, error, tmp_path):
-    from benchmarks import harness
-
     proc = harness.run_module("benchmarks.reproduction", [f"--directory={tmp_path}", *flags])
     assert proc.returncode == 2 and error in proc.stderr and not os.listdir(tmp_path)
 
 
-def _run(accuracies, distances=None, masses=None, compact=True):
-    """A run as the report keeps it (as `analyse_run` reads it, without ``compact``), with test
-    accuracy ``accuracies[e]`` at snapshot epoch ``e`` and, for attention models, one layer per
-    ``distances[e]`` entry of two heads, at ``d`` and ``d + 0.1``."""
-    snapshots = []
-    for epoch, accuracy in sorted(accuracies.items()):
-        snapshot = {"epoch": epoch, "test_accuracy": accuracy}
-        if distances is not None:
-            snapshot["layers"] = [[{"head": h, "mean_distance": d + 0.1 * h, "mass_3x3": m, "entropy": 3.0,
-                                    "peak_offset": [0.0, 0.0]} for h in range(2)]
-                                  for d, m in zip(distances[epoch], masses[epoch])]
-        snapshots.append(snapshot)
-    history = [{"epoch": e, "train_accuracy": accuracies[max(accuracies)]} for e in range(1, max(accuracies) + 1)]
-    run = {"test_accuracy": accuracies[max(accuracies)], "train_seconds": 10.0, "snapshots": snapshots,
-           "history": history}
-    return rp.compact_run(run) if compact else run
+def _run(accuracies, distances=None, masses=None, **fields):
+    """A run as the report keeps it (`compact_run`) with ``fields``: test accuracy ``accuracies[e]`` at snapshot epoch
+    ``e`` and, for attention models, a layer per ``distances[e]`` entry of two heads, at ``d`` and ``d + 0.1``."""
+    def layers(epoch):
+        return [[{"head": h, "mean_distance": d + 0.1 * h, "mass_3x3": m, "entropy": 3.0, "peak_offset": [0.0, 0.0]}
+                 for h in range(2)] for d, m in zip(distances[epoch], masses[epoch])]
+
+    snapshots = [{"epoch": e, "test_accuracy": a, **({} if distances is None else {"layers": layers(e)})}
+                 for e, a in sorted(accuracies.items())]
+    final, last = accuracies[max(accuracies)], max(accuracies)
+    whole = {"test_accuracy": final, "train_seconds": 10.0, "snapshots": snapshots,
+             "history": [{"epoch": e, "train_accuracy": final} for e in range(1, last + 1)]}
+    return {**rp.compact_run(whole), **fields}
 
 
 def test_a_run_is_timed_on_the_cpu_class_most_of_its_epochs_ran_on():
-    # Epochs 1-2 recorded before the trainer named its class (the reading session's, "cpu A"), then
-    # three on "cpu B" after the run resumed on another machine, slowed there.
-    history = [{"epoch": 1, "epoch_seconds": 10.0}, {"epoch": 2, "epoch_seconds": 12.0},
+    # Epochs 1-2 recorded before the trainer named its class (the reading session's, "cpu A"; epoch 2 before it timed
+    # whole epochs: its steps), then three on "cpu B" after the run resumed on another machine, slowed there.
+    history = [{"epoch": 1, "epoch_seconds": 10.0}, {"epoch": 2, "train_seconds": 12.0},
                *({"epoch": e, "epoch_seconds": s, "cpu": "cpu B"} for e, s in ((3, 30.0), (4, 31.0), (5, 90.0)))]
     assert rp.run_timing(history, "cpu A") == {"median_epoch_seconds": 31.0, "cpu": "cpu B",
                                                "cpu_epochs": {"cpu A": 2, "cpu B": 3}}
-    # Read on "cpu B", the unnamed epochs are its: one class, all five epochs.
-    assert rp.run_timing(history, "cpu B") == {"median_epoch_seconds": 30.0, "cpu": "cpu B"}
+    assert rp.run_timing(history, "cpu B") == {"median_epoch_seconds": 30.0, "cpu": "cpu B"}  # read there: all five
+    assert rp.run_timing(history[:2], "cpu A")["median_epoch_seconds"] == 11.0  # epoch 2's steps
     # A tie: the class of the last epoch, whichever came first.
     tie = [{"epoch": 1, "epoch_seconds": 10.0, "cpu": "cpu B"}, {"epoch": 2, "epoch_seconds": 20.0, "cpu": "cpu A"}]
     assert rp.run_timing(tie, "cpu C")["cpu"] == "cpu A" and rp.run_timing(tie[::-1], "cpu C")["cpu"] == "cpu B"
-    assert rp.epoch_cpu({"cpu": "cpu B"}, "cpu A") == "cpu B" and rp.epoch_cpu({}, "cpu A") == "cpu A"
 
 
 def test_summary_spreads_curves_flattening_and_the_claims():
@@ -203,52 +178,56 @@ def test_summary_spreads_curves_flattening_and_the_claims():
         runs[f"quadratic|seed={seed}|epochs=8"] = _run(
             {0: 0.1, 6: 0.2 + shift, 8: 0.4 + shift},
             {0: [2.0, 2.0], 6: [4.0, 3.0], 8: [6.0 + shift, 3.0]}, {0: [0.5, 0.5], 6: [0.3, 0.3], 8: [0.1, 0.3]})
+    runs["learned+convolutional@0.1|seed=0|epochs=8"] = runs["learned|seed=0|epochs=8"]  # no claim: not a study model
     summary = rp.summarize(runs)
-    learned = summary["learned|epochs=8"]
-    assert learned["seeds"] == [0, 1, 2]
-    assert learned["test_accuracy"]["mean"] == pytest.approx(0.605)
-    assert learned["test_accuracy"]["std"] == pytest.approx(0.02)
-    assert learned["curve"]["4"]["mean"] == pytest.approx(0.5)
-    assert learned["quarter_epoch"] == 6 and learned["last_quarter_change"]["mean"] == pytest.approx(0.005)
-    assert learned["flattened"] is True and summary["quadratic|epochs=8"]["flattened"] is False
+    learned, layer0_end = summary["learned|epochs=8"], summary["learned|epochs=8"]["locality"]["8"][0]
+    assert learned["seeds"] == [0, 1, 2] and learned["quarter_epoch"] == 6 and learned["flattened"] is True
+    assert (learned["test_accuracy"]["mean"], learned["test_accuracy"]["std"], learned["curve"]["4"]["mean"],
+            learned["last_quarter_change"]["mean"]) == pytest.approx((0.605, 0.02, 0.5, 0.005))
+    assert summary["quadratic|epochs=8"]["flattened"] is False and "locality" not in summary["resnet18|epochs=8"]
     # Per layer, the heads' mean (heads at d and d + 0.1) and the most local head.
-    layer0_end = learned["locality"]["8"][0]
-    assert layer0_end["mean_distance"]["mean"] == pytest.approx(2.05)
-    assert layer0_end["most_local_distance"]["mean"] == pytest.approx(2.0)
-    assert "locality" not in summary["resnet18|epochs=8"]
-
-    verdicts = {(row["claim"], row["model"]): row["verdict"] for row in rp.claims(summary, 8)}
-    assert verdicts[("localized heads emerge in the first layer", "learned")] == "held"
-    assert verdicts[("deeper layers attend to larger regions", "learned")] == "held"
-    assert verdicts[("localized heads emerge in the first layer", "quadratic")] == "not here"
-    assert verdicts[("deeper layers attend to larger regions", "quadratic")] == "not here"
-    assert verdicts[("attention matches ResNet18's accuracy", "learned")] == "held"  # 0.605 vs 0.62, std 0.04
-    assert verdicts[("attention matches ResNet18's accuracy", "quadratic")] == "not here"
-    assert ("attention matches ResNet18's accuracy", "resnet18") not in verdicts
+    assert (layer0_end["mean_distance"]["mean"], layer0_end["most_local_distance"]["mean"]) == pytest.approx((2.05, 2))
+    assert {(row["claim"], row["model"]): row["verdict"] for row in rp.claims(summary, 8)} == {
+        (LOCAL, "learned"): "held", (DEEPER, "learned"): "held", (LOCAL, "quadratic"): "not here",
+        (DEEPER, "quadratic"): "not here", (MATCHES, "learned"): "held",  # 0.605 against 0.62, std 0.04
+        (MATCHES, "quadratic"): "not here"}
     assert rp.claims(summary, 60) == []  # nothing measured at that budget
+    # One seed: no spread, no flattening verdict; moved the right way but not beyond a spread: partly; one layer has no
+    # depth to compare.
+    one = rp.summarize({"learned|seed=0|epochs=4": _run({0: 0.1, 3: 0.3, 4: 0.31}, {0: [5.0], 3: [4.0], 4: [3.0]},
+                                                        {0: [0.1], 3: [0.2], 4: [0.3]})})
+    assert one["learned|epochs=4"]["test_accuracy"]["std"] is None and one["learned|epochs=4"]["flattened"] is None
+    assert [(row["claim"], row["verdict"]) for row in rp.claims(one, 4)] == [(LOCAL, "partly")]
+    # Snapshots too sparse to have a last quarter: no flattening verdict.
+    sparse = rp.summarize({f"learned|seed={s}|epochs=8": _run({0: 0.1, 8: 0.5 + s / 100}) for s in range(2)})
+    assert sparse["learned|epochs=8"]["quarter_epoch"] is None and sparse["learned|epochs=8"]["flattened"] is None
 
 
-def test_one_seed_has_no_spread_and_no_flattening_verdict():
-    summary = rp.summarize({"learned|seed=0|epochs=4": _run({0: 0.1, 3: 0.3, 4: 0.31}, {0: [5.0], 3: [4.0], 4: [3.0]},
-                                                             {0: [0.1], 3: [0.2], 4: [0.3]})})
-    entry = summary["learned|epochs=4"]
-    assert entry["test_accuracy"]["std"] is None and entry["flattened"] is None
-    # Moved the right way, but with one seed nothing is beyond a spread: partly; one layer has
-    # no depth to compare.
-    assert [(row["claim"], row["verdict"]) for row in rp.claims(summary, 4)] == \
-        [("localized heads emerge in the first layer", "partly")]
+@pytest.fixture
+def pages(monkeypatch, tmp_path):
+    """``pages(runs, **fields)`` writes the reproduction report (its summary and budget made from ``runs``) that
+    ``performance_tables`` reads, beside an empty data-efficiency one."""
+    monkeypatch.setattr(performance_tables, "RESULTS", tmp_path)
+    files.write_json(str(tmp_path / "data_efficiency.json"), {"summary": {}, "training_images": {}})
+    return lambda runs, **fields: files.write_json(str(tmp_path / "reproduction.json"), {
+        "runs": runs, "summary": rp.summarize(runs), "budget": rp.main_budget(runs),
+        "data": {"training_images": 100, "test_images": 50}, **fields})
 
 
-def test_seeds_that_end_at_the_same_accuracy_have_no_flattening_verdict(monkeypatch, tmp_path):
-    # A spread of 0 measures no change against: the last quarter's +0.015 is neither within it nor
-    # beyond the seeds' noise, which two seeds that happen to agree do not show.
+def _cells(table):
+    """The body rows of a generated Markdown table, each a list of its cells as written."""
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("|")][2:]
+
+
+def test_seeds_that_agree_exactly_have_no_flattening_verdict(pages):
+    # A spread of 0 measures no change against: the last quarter's +0.015 is neither within it nor beyond the seeds'
+    # noise, which two seeds that happen to agree do not show.
     runs = {f"learned|seed={seed}|epochs=4": _run({0: 0.1, 3: 0.29 + seed / 100, 4: 0.31}) for seed in (0, 1)}
-    summary = rp.summarize(runs)
-    entry = summary["learned|epochs=4"]
+    entry = rp.summarize(runs)["learned|epochs=4"]
     assert entry["test_accuracy"]["std"] == 0 and entry["last_quarter_change"]["mean"] == pytest.approx(0.015)
     assert entry["flattened"] is None
-    _results_with({"runs": runs, "summary": summary, "budget": 4, "data": {"training_images": 100, "test_images": 50}},
-                  tmp_path, monkeypatch)
+    pages(runs)
     assert ["`sa_learned_small`", "4", "2", "0.310 ± 0.000", "-", "+0.015 (3-4)", "-"] in \
         _cells(performance_tables.reproduction_budgets())
     # Nor does doubling the budget, both budgets' seeds agreeing: +0.04 is neither within nor beyond.
@@ -258,40 +237,30 @@ def test_seeds_that_end_at_the_same_accuracy_have_no_flattening_verdict(monkeypa
 
 
 def test_each_budget_is_compared_with_the_next_shorter_one_within_the_seeds_spread():
-    runs = {}
-    for seed, shift in enumerate((-0.01, 0.0, 0.01)):
-        runs[f"learned|seed={seed}|epochs=8"] = _run({0: 0.1, 8: 0.5 + shift})
-        # +0.015: beyond 8's std (0.01), within 16's (0.02), the larger.
-        runs[f"learned|seed={seed}|epochs=16"] = _run({0: 0.1, 16: 0.515 + 2 * shift})
-        runs[f"quadratic|seed={seed}|epochs=8"] = _run({0: 0.1, 8: 0.4 + shift})
-    runs["learned|seed=0|epochs=32"] = _run({0: 0.1, 32: 0.5})  # one seed: the std is 16's
-    runs["quadratic|seed=0|epochs=16"] = _run({0: 0.1, 16: 0.45})  # +0.05 against a std of 0.01
-    runs["quadratic|seed=0|epochs=32"] = _run({0: 0.1, 32: 0.452})  # one seed each: no spread
-    summary = rp.summarize(runs)
-    against = {key: entry["against_shorter"] for key, entry in summary.items()}
-    # Budgets in numeric order: 16 follows 8, though "16" sorts before "8" as text.
+    runs = {"learned|seed=0|epochs=32": _run({0: 0.1, 32: 0.5}),  # one seed: the std is 16's
+            "quadratic|seed=0|epochs=16": _run({0: 0.1, 16: 0.45}),  # +0.05 against a std of 0.01
+            "quadratic|seed=0|epochs=32": _run({0: 0.1, 32: 0.452})}  # one seed each: no spread
+    for seed, shift in enumerate((-0.01, 0.0, 0.01)):  # learned at 16: +0.015, beyond 8's std (0.01), within 16's
+        runs.update({f"learned|seed={seed}|epochs=8": _run({0: 0.1, 8: 0.5 + shift}),
+                     f"learned|seed={seed}|epochs=16": _run({0: 0.1, 16: 0.515 + 2 * shift}),
+                     f"quadratic|seed={seed}|epochs=8": _run({0: 0.1, 8: 0.4 + shift})})
+    against = {key: entry["against_shorter"] for key, entry in rp.summarize(runs).items()}
     assert against["learned|epochs=8"] is None and against["quadratic|epochs=8"] is None
-    assert against["learned|epochs=16"]["epochs"] == 8
-    assert against["learned|epochs=16"]["change"] == pytest.approx(0.015)
-    assert against["learned|epochs=16"]["within_spread"] is True
+    # Budgets in numeric order: 16 follows 8, though "16" sorts before "8" as text.
+    assert against["learned|epochs=16"] == {"epochs": 8, "change": pytest.approx(0.015), "within_spread": True}
     assert against["learned|epochs=32"]["epochs"] == 16 and against["learned|epochs=32"]["within_spread"] is True
-    assert against["quadratic|epochs=16"]["change"] == pytest.approx(0.05)
-    assert against["quadratic|epochs=16"]["within_spread"] is False
+    assert against["quadratic|epochs=16"] == {"epochs": 8, "change": pytest.approx(0.05), "within_spread": False}
     assert against["quadratic|epochs=32"]["within_spread"] is None
 
 
 def test_json_number_lists_are_written_on_one_line_and_read_back_equal(tmp_path):
     value = {"maps": [[[0.1, 0.25], [1e-05, -2]], [[3, 4], [5, 6]]], "names": ["a", "b"], "empty": [],
              "nested": {"offset": [-1.5, 2.0], "mixed": [1, "x"]}, "note": "seeds [0,1] and [ 2 ]"}
-    path = str(tmp_path / "r.json")
-    files.write_json(path, value, inline_numbers=True)
-    with open(path) as f:
-        text = f.read()
-    assert json.loads(text) == value and '"seeds [0,1] and [ 2 ]"' in text  # strings as they were
-    assert "[0.1, 0.25]" in text and "[1e-05, -2]" in text and "[-1.5, 2.0]" in text
-    files.write_json(path, value)
-    with open(path) as f:
-        assert "[0.1, 0.25]" not in f.read()
+    for inline in (True, False):
+        files.write_json(str(tmp_path / "r.json"), value, inline_numbers=inline)
+        text = (tmp_path / "r.json").read_text()
+        assert json.loads(text) == value and '"seeds [0,1] and [ 2 ]"' in text  # strings as they were
+        assert ("[0.1, 0.25]" in text and "[1e-05, -2]" in text and "[-1.5, 2.0]" in text) == inline
 
 
 def test_the_budget_is_the_longest_where_most_models_ran_and_gated_is_not_asked_to_grow_local():
@@ -299,118 +268,82 @@ def test_the_budget_is_the_longest_where_most_models_ran_and_gated_is_not_asked_
     runs.update({"learned|seed=0|epochs=30": None, "resnet18|seed=0|epochs=30": None})
     assert rp.main_budget(runs) == 30 and rp.main_budget({}) is None  # two models at 30, one at 60
     assert rp.main_budget({"gated|seed=0|epochs=30": None, "gated|seed=0|epochs=60": None}) == 60  # a tie: the longer
-    # Runs landing out of the plan's order: three seeds of two models at the longer budget outnumber
-    # the shorter budget's runs, but a model that has not run there keeps the tables at the shorter.
+    # Runs landing out of the plan's order: three seeds of two models at the longer budget outnumber the shorter
+    # budget's runs, but a model that has not run there keeps the tables at the shorter.
     runs = {f"{m}|seed=0|epochs=120": None for m in ("learned", "quadratic", "content")}
     runs.update({f"{m}|seed={s}|epochs=240": None for m in ("learned", "quadratic") for s in range(3)})
     assert rp.main_budget(runs) == 120
-    runs["content|seed=0|epochs=240"] = None
-    assert rp.main_budget(runs) == 240
+    assert rp.main_budget({**runs, "content|seed=0|epochs=240": None}) == 240
     # One seed of each model at a longer budget ties on models; the budget of more runs stays.
-    runs.update({f"{m}|seed=0|epochs=480": None for m in ("learned", "quadratic", "content")})
-    assert rp.main_budget(runs) == 240
+    assert rp.main_budget({**runs, "content|seed=0|epochs=240": None, **{
+        f"{m}|seed=0|epochs=480": None for m in ("learned", "quadratic", "content")}}) == 240
     assert rp.starts_at_random("learned") and rp.starts_at_random("content") and not rp.starts_at_random("gated")
-    summary = rp.summarize({"gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.2, 4: 0.3}, {0: [1.0, 2.0], 2: [2.0, 3.0],
-                                                                                     4: [3.0, 4.0]},
-                                                          {0: [0.9, 0.5], 2: [0.5, 0.4], 4: [0.3, 0.3]})})
-    assert [row["claim"] for row in rp.claims(summary, 4)] == ["deeper layers attend to larger regions"]
-    # Snapshots too sparse to have a last quarter: no flattening verdict.
-    sparse = rp.summarize({f"learned|seed={s}|epochs=8": _run({0: 0.1, 8: 0.5 + s / 100}) for s in range(2)})
-    assert sparse["learned|epochs=8"]["quarter_epoch"] is None and sparse["learned|epochs=8"]["flattened"] is None
+    summary = rp.summarize({"gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.2, 4: 0.3}, {
+        0: [1.0, 2.0], 2: [2.0, 3.0], 4: [3.0, 4.0]}, {0: [0.9, 0.5], 2: [0.5, 0.4], 4: [0.3, 0.3]})})
+    assert [row["claim"] for row in rp.claims(summary, 4)] == [DEEPER]
 
 
-def test_comparison_variants_answer_the_data_efficiency_targets_but_not_the_claims():
-    accuracies = {"content": (0.60, 0.62, 0.64), "gated": (0.66, 0.67, 0.68), "learned": (0.60, 0.61, 0.62),
-                  "learned+convolutional@0.1": (0.58, 0.59, 0.60), "resnet18": (0.70, 0.71, 0.72)}
-    runs = {f"{model}|seed={seed}|epochs=8": _run({0: 0.1, 6: a, 8: a}) for model, values in accuracies.items()
-            for seed, a in enumerate(values)}
-    runs["gated|seed=0|epochs=4"] = _run({0: 0.1, 4: 0.5})  # content did not run at 4 epochs: no row there
-    summary = rp.summarize(runs)
-    rows = {(r["target"], r["epochs"]): r for r in rp.efficiency_targets(summary)}
-    assert set(rows) == {("gated >= content + 0.03", 8), ("gated >= every small preset", 8),
-                         ("convolutional >= random", 8)}
-    gated = rows[("gated >= content + 0.03", 8)]
-    assert gated["dataset"] == "cifar10-mini:100" and gated["seeds"] == 3 and gated["against_seeds"] == 3
-    assert gated["difference"] == pytest.approx(0.05) and gated["met"] and gated["spread"] == pytest.approx(0.02)
-    convolutional = rows[("convolutional >= random", 8)]
-    assert convolutional["variant"] == "learned+convolutional@0.1" and convolutional["against"] == "learned"
-    assert convolutional["difference"] == pytest.approx(-0.02) and not convolutional["met"]
-    # The paper's claims are asked of the study's models only.
-    assert {row["model"] for row in rp.claims(summary, 8)} == {"content", "gated", "learned"}
-
-
-def _report():
-    """A study's report: learned, quadratic and ResNet18 at 8 epochs (the budget, three seeds
-    each, seeds 0 and 1 on one CPU class and seed 1 the least disturbed, seed 2 on another),
-    learned at 4 (one seed), a comparison variant at 8."""
+def _report_runs():
+    """Learned, quadratic and ResNet18 at 8 epochs (the budget, three seeds each, seeds 0 and 1 on one CPU class and
+    seed 1 the least disturbed, seed 2 on another), learned at 4 (one seed), a comparison variant at 8."""
     runs = {}
     for seed, (shift, seconds) in enumerate(((0.0, 30.0), (0.01, 20.0), (0.02, 40.0))):
         for model, base in (("learned", 0.5), ("quadratic", 0.48), ("resnet18", 0.6),
                             ("quadratic+convolutional@0.1/2", 0.45)):
-            run = _run({0: 0.1, 6: base + shift, 8: base + shift},
-                       *(({e: [6.0 - e / 2, 6.0] for e in (0, 6, 8)}, {e: [0.1 + e / 20, 0.2] for e in (0, 6, 8)})
-                         if model != "resnet18" else ()))
+            run = runs[rp.run_key(model, seed, 8)] = _run(
+                {0: 0.1, 6: base + shift, 8: base + shift},
+                *(({e: [6.0 - e / 2, 6.0] for e in (0, 6, 8)}, {e: [0.1 + e / 20, 0.2] for e in (0, 6, 8)})
+                  if model != "resnet18" else ()),
+                median_epoch_seconds=seconds, cpu="cpu B" if seed == 2 else "cpu A",
+                parameters={"resnet18": 11_000_000, "quadratic": 175_000}.get(model, 190_000),
+                **({} if model == "resnet18" else {"locality_images": 32}),
+                flags={"model": rp.data_efficiency.parse_variant(model)["model"], "dataset": "cifar10",
+                       "epochs": 8, "seed": seed, "snapshot_every": 2})
             if model == "quadratic":  # two layers of two heads, moving from (e, -e) to (e / 2, -e)
                 for snapshot in run["snapshots"]:
                     snapshot["centers"] = [[[e / (2 if snapshot["epoch"] else 1), -e] for e in (1.0, 2.0)]] * 2
-            run.update(median_epoch_seconds=seconds, cpu="cpu B" if seed == 2 else "cpu A",
-                       parameters={"resnet18": 11_000_000, "quadratic": 175_000}.get(model, 190_000),
-                       **({} if model == "resnet18" else {"locality_images": 32}),
-                       flags={"model": rp.data_efficiency.parse_variant(model)["model"], "dataset": "cifar10",
-                              "epochs": 8, "seed": seed, "snapshot_every": 2})
-            runs[rp.run_key(model, seed, 8)] = run
-    runs["learned|seed=0|epochs=4"] = dict(_run({0: 0.1, 3: 0.3, 4: 0.31}, {e: [5.0, 6.0] for e in (0, 3, 4)},
-                                                {e: [0.2, 0.1] for e in (0, 3, 4)}), median_epoch_seconds=25.0,
-                                           cpu="cpu B")
-    summary = rp.summarize(runs)
-    return {"runs": runs, "summary": summary, "budget": rp.main_budget(runs),
-            "data": {"training_images": 100, "test_images": 50}}
+    return {**runs, "learned|seed=0|epochs=4": _run({0: 0.1, 3: 0.3, 4: 0.31}, {e: [5.0, 6.0] for e in (0, 3, 4)}, {
+        e: [0.2, 0.1] for e in (0, 3, 4)}, median_epoch_seconds=25.0, cpu="cpu B")}
 
 
-def _results_with(report, folder, monkeypatch):
-    """``performance_tables`` reading ``report`` as the reproduction study's JSON, from ``folder``."""
-    files.write_json(str(folder / "reproduction.json"), report)
-    monkeypatch.setattr(performance_tables, "RESULTS", folder)
-
-
-def test_the_gates_table_reads_each_layers_gates_at_the_start_and_the_end(monkeypatch, tmp_path):
-    report = _report()
+def test_the_gates_table_reads_each_layers_gates_at_the_start_and_the_end(pages, monkeypatch):
+    runs = _report_runs()
     ends = ([[0.9, 0.4, 0.8], [0.2, 0.3, 0.7]], [[0.9, 0.6, 0.6], [0.4, 0.5, 0.6]])  # per seed, layer, head
     for seed, end in enumerate(ends):
-        run = _run({0: 0.1, 6: 0.5, 8: 0.5}, {e: [2.0, 3.0] for e in (0, 6, 8)}, {e: [0.5, 0.4] for e in (0, 6, 8)})
+        run = runs[rp.run_key("gated", seed, 8)] = _run({0: 0.1, 6: 0.5, 8: 0.5}, {e: [2.0, 3.0] for e in (0, 6, 8)},
+                                                        {e: [0.5, 0.4] for e in (0, 6, 8)})
         for snapshot, gates in zip(run["snapshots"], ([[0.73] * 3] * 2, [[0.1] * 3] * 2, end)):
             snapshot["gates"] = gates  # the middle snapshot's are read by no column
-        report["runs"][rp.run_key("gated", seed, 8)] = run
-    report["summary"] = rp.summarize(report["runs"])
-    _results_with(report, tmp_path, monkeypatch)
+    pages(runs)
     monkeypatch.setattr(rp, "BUDGET", 8)
     table = performance_tables.reproduction_gates()
     assert "content heads: gates below 0.5 at the end, per seed" in table
     # Layer 1 of seed 1 has a head at exactly 0.5: not turned to content.
     assert _cells(table) == [["`sa_gated_small`", "0", "0.73 ± 0.00 → 0.70 ± 0.00", "0.50 ± 0.14", "1, 0", "2"],
                              ["`sa_gated_small`", "1", "0.73 ± 0.00 → 0.45 ± 0.07", "0.30 ± 0.14", "2, 1", "2"]]
-    assert rp.gate_summary([report["runs"]["learned|seed=0|epochs=8"]]) is None
-    # A run whose first snapshot has no gates is left out, with the seeds column; a layer some run
-    # has no gates in (not gated) is not a row.
-    runs = [report["runs"][rp.run_key("gated", seed, 8)] for seed in (0, 1)]
-    partial = {**runs[1], "snapshots": [{k: v for k, v in runs[1]["snapshots"][0].items() if k != "gates"},
-                                        *runs[1]["snapshots"][1:]]}
-    ungated = {**runs[1], "snapshots": [*runs[1]["snapshots"][:-1], {**runs[1]["snapshots"][-1],
-                                                                     "gates": [ends[1][0], None]}]}
-    summary = rp.gate_summary([runs[0], partial])
-    assert [(g["layer"], g["seeds"], g["heads"], g["content_heads"]) for g in summary] == [
-        (0, 1, 3, [1]), (1, 1, 3, [2])]
-    assert [(g["layer"], g["content_heads"]) for g in rp.gate_summary([runs[0], ungated])] == [(0, [1, 0])]
+    assert rp.gate_summary([runs["learned|seed=0|epochs=8"]]) is None
+    # A run whose first snapshot has no gates is left out, with the seeds column; a layer some run has no gates in
+    # (not gated) is not a row.
+    gated = [runs[rp.run_key("gated", seed, 8)] for seed in (0, 1)]
+    partial = {**gated[1], "snapshots": [{k: v for k, v in gated[1]["snapshots"][0].items() if k != "gates"},
+                                         *gated[1]["snapshots"][1:]]}
+    ungated = {**gated[1], "snapshots": [*gated[1]["snapshots"][:-1], {**gated[1]["snapshots"][-1],
+                                                                       "gates": [ends[1][0], None]}]}
+    assert [(g["layer"], g["seeds"], g["heads"], g["content_heads"]) for g in rp.gate_summary([gated[0], partial])] \
+        == [(0, 1, 3, [1]), (1, 1, 3, [2])]
+    assert [(g["layer"], g["content_heads"]) for g in rp.gate_summary([gated[0], ungated])] == [(0, [1, 0])]
 
 
-def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
+def test_the_pages_figures_are_drawn_from_every_budget(pages, monkeypatch, tmp_path):
     axes = pytest.importorskip("matplotlib.axes")
-    report = _report()
-    _results_with(report, tmp_path, monkeypatch)
-    drawn = []
-    real_plot = axes.Axes.plot
+    drawn, traced, titles, baselines, ylabels = [], [], [], [], []  # traced: (label, y values) of every line
 
-    traced = []  # (label, y values) of every line
+    def recording(seen, real):
+        return lambda axis, value, **kw: seen.append(value) or real(axis, value, **kw)
+
+    for method, seen in (("set_title", titles), ("axhline", baselines), ("set_ylabel", ylabels)):
+        monkeypatch.setattr(axes.Axes, method, recording(seen, getattr(axes.Axes, method)))
+    real_plot = axes.Axes.plot
 
     def plot(axis, *args, **kwargs):
         drawn.append(kwargs.get("label"))
@@ -418,83 +351,61 @@ def test_the_pages_figures_are_drawn_from_every_budget(monkeypatch, tmp_path):
         return real_plot(axis, *args, **kwargs)
 
     monkeypatch.setattr(axes.Axes, "plot", plot)
+    runs = _report_runs()
+    pages(runs)
     performance_tables.plot_reproduction_curves(tmp_path / "curves.png")
     assert [label for label in drawn if label] == ["sa_learned_small (3 seeds)", "sa_learned_small, 4 epochs (1 seed)",
                                                     "sa_quadratic_small (3 seeds)", "resnet18 (3 seeds)"]
     assert (tmp_path / "curves.png").stat().st_size > 0
     # Locality against training time: a panel per attention model, titled with its seeds.
-    titles = []
-    real_title = axes.Axes.set_title
-    monkeypatch.setattr(axes.Axes, "set_title", lambda axis, title, **kw: titles.append(title) or real_title(
-        axis, title, **kw))
-    gated = dict(report["runs"], **{"gated|seed=0|epochs=8": _run({0: 0.1, 6: 0.5, 8: 0.5},
-                                                                  {e: [3.0, 4.0] for e in (0, 6, 8)},
-                                                                  {e: [0.5, 0.4] for e in (0, 6, 8)})})
-    _results_with(dict(report, runs=gated, summary=rp.summarize(gated)), tmp_path, monkeypatch)
-    baselines, ylabels = [], []
-    real_axhline, real_ylabel = axes.Axes.axhline, axes.Axes.set_ylabel
-    monkeypatch.setattr(axes.Axes, "axhline", lambda axis, y, **kw: baselines.append(y) or real_axhline(axis, y, **kw))
-    monkeypatch.setattr(axes.Axes, "set_ylabel", lambda axis, text, **kw: ylabels.append(text) or real_ylabel(
-        axis, text, **kw))
-    traced.clear()
+    pages({**runs, "gated|seed=0|epochs=8": _run({0: 0.1, 6: 0.5, 8: 0.5}, {e: [3.0, 4.0] for e in (0, 6, 8)},
+                                                 {e: [0.5, 0.4] for e in (0, 6, 8)})}, budget=8)
+    for seen in (traced, titles, baselines, ylabels):
+        seen.clear()
     performance_tables.plot_reproduction_locality(tmp_path / "locality.png")
     assert titles == ["sa_learned_small (3 seeds)", "sa_quadratic_small (3 seeds)", "sa_gated_small (1 seed)"]
-    # A row per metric, in the order of its label: the learned model's first layer (heads at d and
-    # d + 0.1) falls from 6.05 to 2.05 grid pixels, its mass rises from 0.1 to 0.5, its entropy stays 3.
+    # A row per metric, in the order of its label: the learned model's first layer (heads at d and d + 0.1) falls from
+    # 6.05 to 2.05 grid pixels, its mass rises from 0.1 to 0.5, its entropy stays 3.
     assert [label.split("\n")[0] for label in ylabels if label] == ["mean attention distance", "mass in the 3x3",
                                                                      "entropy (nats)"]
     learned_layer_0 = [ys for label, ys in traced if label == "layer 0"][::3]
     assert learned_layer_0 == [pytest.approx([6.05, 3.05, 2.05]), pytest.approx([0.1, 0.4, 0.5]), [3.0] * 3]
-    # A row per metric; the distance and entropy panels show uniform attention's value on the 16x16
-    # grid from its central 8x8 queries: the mean over those 64 queries of the mean distance to all
-    # 256 keys, and the entropy of 256 equal probabilities (the mass row has none: no peak).
+    # The distance and entropy panels show uniform attention's value on the 16x16 grid from its central 8x8 queries:
+    # the mean over those 64 queries of the mean distance to all 256 keys, and the entropy of 256 equal probabilities
+    # (the mass row has none: no peak).
     rows, cols = np.mgrid[0:16, 0:16]
     expected = np.mean([np.hypot(rows - r, cols - c).mean() for r in range(4, 12) for c in range(4, 12)])
     assert baselines == [pytest.approx(expected, abs=1e-9)] * 3 + [pytest.approx(np.log(256), abs=1e-6)] * 3 \
         and 6.6 < expected < 6.7
-    _results_with(report, tmp_path, monkeypatch)
-    drawn.clear()
-    performance_tables.plot_reproduction_centers(tmp_path / "centers.png")
-    # Per layer and head: the track, its start and its end (seed 0's centers, as the snapshots hold them).
-    assert [label for label in drawn if label] == ["head 0", "head 1"] * 2
-    # A head whose attention ends uniform (in the run's maps: layer 0's head 1, 1/16 on each key of a
-    # 4x4 grid) ends in a cross named as such: its center says nothing; a wide one (0.2 at its peak,
-    # 3.2 times uniform's) is drawn as any other.
+    # Per layer and head: the track, its start and its end (seed 0's centers, as the snapshots hold them). A head whose
+    # attention ends uniform (in the run's maps: layer 0's head 1, 1/16 on each key of a 4x4 grid) ends in a cross
+    # named as such: its center says nothing; a wide one (0.2 at its peak, 3.2 times uniform's) is drawn as any other.
+    quadratic = runs["quadratic|seed=0|epochs=8"]["snapshots"][-1]
     peaked, wide, flat = np.full((4, 4), 0.02), np.full((4, 4), 0.8 / 15), np.full((4, 4), 1 / 16)
     peaked[1, 2], wide[0, 0] = 0.7, 0.2
-    report["runs"]["quadratic|seed=0|epochs=8"]["snapshots"][-1]["maps"] = [[peaked.tolist(), flat.tolist()],
-                                                                           [wide.tolist(), peaked.tolist()]]
-    _results_with(report, tmp_path, monkeypatch)
-    drawn.clear()
-    performance_tables.plot_reproduction_centers(tmp_path / "centers.png")
-    assert [label for label in drawn if label] == ["head 0", "head 1: near-uniform", "head 0", "head 1"]
+    for maps, labels in ((None, ["head 0", "head 1"] * 2),
+                         ([[peaked, flat], [wide, peaked]], ["head 0", "head 1: near-uniform", "head 0", "head 1"])):
+        if maps is not None:
+            quadratic["maps"] = np.array(maps).tolist()
+        pages(runs)
+        drawn.clear()
+        performance_tables.plot_reproduction_centers(tmp_path / "centers.png")
+        assert [label for label in drawn if label] == labels
     # Maps that are not the centers' heads cannot say which head is which.
-    report["runs"]["quadratic|seed=0|epochs=8"]["snapshots"][-1]["maps"] = [[peaked.tolist(), flat.tolist()]]
-    _results_with(report, tmp_path, monkeypatch)
+    quadratic["maps"] = [[peaked.tolist(), flat.tolist()]]
+    pages(runs)
     with pytest.raises(ValueError, match=r"maps \(layers, heads\) \(1, 2\) do not match its centers' \(2, 2\)"):
         performance_tables.plot_reproduction_centers(tmp_path / "centers.png")
-    del report["runs"]["quadratic|seed=0|epochs=8"]["snapshots"][-1]["maps"]
-    del report["runs"]["quadratic|seed=0|epochs=8"], report["runs"]["quadratic|seed=1|epochs=8"]
-    del report["runs"]["quadratic|seed=2|epochs=8"]
-    _results_with(report, tmp_path, monkeypatch)
+    pages({k: v for k, v in runs.items() if not k.startswith("quadratic|")})
     performance_tables.plot_reproduction_centers(tmp_path / "none.png")  # no quadratic run: nothing drawn
     assert not (tmp_path / "none.png").exists()
 
 
-
-
-def _cells(table):
-    """The body rows of a generated Markdown table, each a list of its cells as written."""
-    lines = [line for line in table.splitlines() if line.startswith("|")]
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-
-
-def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, tmp_path):
-    report = _report()
-    _results_with(report, tmp_path, monkeypatch)
-    files.write_json(str(tmp_path / "data_efficiency.json"), {"summary": {}, "training_images": {}})
-    # Minutes a run per CPU class: its least disturbed seed's median epoch (20 s on cpu A, not seed
-    # 0's 30 s; 40 s on cpu B) times the epochs.
+def test_the_pages_tables_read_every_budget_and_comparison_variant(pages):
+    runs = _report_runs()
+    pages(runs)
+    # Minutes a run per CPU class: its least disturbed seed's median epoch (20 s on cpu A, not seed 0's 30 s; 40 s on
+    # cpu B) times the epochs.
     assert _cells(performance_tables.reproduction_accuracy())[0] == [
         "`sa_learned_small`", "190,000", "3", "0.510 ± 0.010", "0.500-0.520", "+0.000 (6-8)", "yes",
         "3 (cpu A); 5 (cpu B)"]
@@ -507,44 +418,42 @@ def test_the_pages_tables_read_every_budget_and_comparison_variant(monkeypatch, 
                                             ["`sa_quadratic_small+convolutional@0.1/2`", "8", "3"]]
     assert budgets[0][3:] == ["0.310", "-", "+0.010 (3-4)", "- (one seed)"]
     assert budgets[1][3:5] == ["0.510 ± 0.010", "+0.200 from 4, beyond the spread"]
-    # The locality caption's baselines: uniform attention on the small presets' 16x16 grid (checked
-    # against a direct computation in the figures' test), not recorded numbers.
+    # The locality caption's baselines: uniform attention on the small presets' 16x16 grid (checked against a direct
+    # computation in the figures' test), not recorded numbers.
     assert "uniform attention: distance 6.68, entropy 5.55" in performance_tables.reproduction_locality()
     assert ["convolutional >= random", "cifar10-mini:100, 8", "`quadratic+convolutional@0.1/2` 0.460 (3)",
             "`quadratic` 0.490 (3)", "-0.030", "no", "0.010"] in _cells(performance_tables.efficiency_targets())
-    # A second seed at 4 (0.71: a std of 0.28) puts 8's change within the spread; ResNet18 at 16
-    # and 32, one seed each, has none.
-    runs = dict(report["runs"], **{"learned|seed=1|epochs=4": _run({0: 0.1, 3: 0.7, 4: 0.71}),
-                                   "resnet18|seed=0|epochs=16": _run({0: 0.1, 12: 0.6, 16: 0.6}),
-                                   "resnet18|seed=0|epochs=32": _run({0: 0.1, 24: 0.6, 32: 0.61})})
-    _results_with(dict(report, runs=runs, summary=rp.summarize(runs)), tmp_path, monkeypatch)
+    # A second seed at 4 (0.71: a std of 0.28) puts 8's change within the spread; ResNet18 at 16 and 32, one seed
+    # each, has none.
+    pages({**runs, "learned|seed=1|epochs=4": _run({0: 0.1, 3: 0.7, 4: 0.71}),
+           "resnet18|seed=0|epochs=16": _run({0: 0.1, 12: 0.6, 16: 0.6}),
+           "resnet18|seed=0|epochs=32": _run({0: 0.1, 24: 0.6, 32: 0.61})}, budget=8)
     budgets = {tuple(row[:2]): row for row in _cells(performance_tables.reproduction_budgets())}
     assert budgets["`sa_learned_small`", "8"][4] == "+0.000 from 4, within the spread"
     assert budgets["`resnet18`", "32"][4] == "+0.010 from 16"
 
 
-def test_gated_against_content_at_each_budget_both_ran(monkeypatch, tmp_path):
-    """A row per budget where both ran (not 2 epochs: content only); gated ahead from the first
-    snapshot after its last one behind or level (level at epoch 4: not ahead), or not at the end."""
-    runs = {"gated|seed=0|epochs=8": _run({0: 0.1, 2: 0.2, 4: 0.35, 6: 0.4, 8: 0.45}),
-            "gated|seed=1|epochs=8": _run({0: 0.1, 2: 0.22, 4: 0.33, 6: 0.42, 8: 0.47}),
-            "content|seed=0|epochs=8": _run({0: 0.1, 2: 0.25, 4: 0.34, 6: 0.38, 8: 0.4}),
-            "gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.3, 4: 0.3}), "content|seed=0|epochs=4": _run({0: 0.1, 2: 0.2, 4: 0.32}),
-            "content|seed=0|epochs=2": _run({0: 0.1, 2: 0.2})}
-    _results_with({"runs": runs, "summary": rp.summarize(runs), "budget": 8}, tmp_path, monkeypatch)
+def test_gated_against_content_at_each_budget_both_ran(pages):
+    """A row per budget where both ran (not 2 epochs: content only); gated ahead from the first snapshot after its last
+    one behind or level (level at epoch 4: not ahead), or not at the end."""
+    pages({"gated|seed=0|epochs=8": _run({0: 0.1, 2: 0.2, 4: 0.35, 6: 0.4, 8: 0.45}),
+           "gated|seed=1|epochs=8": _run({0: 0.1, 2: 0.22, 4: 0.33, 6: 0.42, 8: 0.47}),
+           "content|seed=0|epochs=8": _run({0: 0.1, 2: 0.25, 4: 0.34, 6: 0.38, 8: 0.4}),
+           "gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.3, 4: 0.3}), "content|seed=0|epochs=4": _run(
+               {0: 0.1, 2: 0.2, 4: 0.32}), "content|seed=0|epochs=2": _run({0: 0.1, 2: 0.2})})
     assert _cells(performance_tables.reproduction_gated_against_content()) == [
         ["4", "0.300 (1)", "0.320 (1)", "-0.020", "not at the end"],
         ["8", "0.460 ± 0.014 (2)", "0.400 (1)", "+0.060", "from epoch 6"]]
-    runs = {"gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.3, 4: 0.4}), "content|seed=0|epochs=4": _run({0: 0.2, 2: 0.2, 4: 0.2}),
-            "gated|seed=0|epochs=6": _run({0: 0.1, 3: 0.3}), "content|seed=0|epochs=6": _run({0: 0.1, 4: 0.2})}
-    _results_with({"runs": runs, "summary": rp.summarize(runs), "budget": 4}, tmp_path, monkeypatch)
     # Ahead at every snapshot but initialization; no snapshot shared but initialization: no verdict.
+    pages({"gated|seed=0|epochs=4": _run({0: 0.1, 2: 0.3, 4: 0.4}), "content|seed=0|epochs=4": _run(
+        {0: 0.2, 2: 0.2, 4: 0.2}), "gated|seed=0|epochs=6": _run({0: 0.1, 3: 0.3}),
+           "content|seed=0|epochs=6": _run({0: 0.1, 4: 0.2})})
     assert [row[-1] for row in _cells(performance_tables.reproduction_gated_against_content())] == ["throughout", "-"]
 
 
-def test_a_last_layer_farther_than_uniform_attention_is_said_to_attend_to_far_pixels(monkeypatch, tmp_path):
-    # Two layers: the last ends at 7.05 grid pixels on the 16x16 grid, beyond uniform attention's
-    # 6.68 (the first at 4.05-4.15 and the quadratic model's last at 6.05 stay below it).
+def test_a_last_layer_farther_than_uniform_attention_is_said_to_attend_to_far_pixels(pages):
+    # Two layers: the last ends at 7.05 grid pixels on the 16x16 grid, beyond uniform attention's 6.68 (the first at
+    # 4.05-4.15 and the quadratic model's last at 6.05 stay below it).
     runs = {}
     for seed in (0, 1):
         runs[rp.run_key("learned", seed, 8)] = _run({0: 0.1, 6: 0.5, 8: 0.5 + seed / 100},
@@ -553,11 +462,12 @@ def test_a_last_layer_farther_than_uniform_attention_is_said_to_attend_to_far_pi
         runs[rp.run_key("quadratic", seed, 8)] = _run({0: 0.1, 6: 0.5, 8: 0.5 + seed / 100},
                                                       {0: [3.0, 3.0], 6: [3.0, 5.0], 8: [2.0 + seed / 10, 6.0]},
                                                       {e: [0.5, 0.5] for e in (0, 6, 8)})
-    _results_with({"runs": runs, "summary": rp.summarize(runs), "budget": 8}, tmp_path, monkeypatch)
-    rows = {tuple(row[:2]): row for row in _cells(performance_tables.reproduction_claims())}
-    assert rows["deeper layers attend to larger regions", "`sa_learned_small`"][2:] == [
+    pages(runs)
+    cells = _cells(performance_tables.reproduction_claims())
+    rows = {tuple(row[:2]): row for row in cells}
+    assert rows[DEEPER, "`sa_learned_small`"][2:] == [
         "distance, first layer 4.10 ± 0.07, last 7.05 ± 0.00 (beyond uniform attention's: far pixels)", "2", "**held**"]
-    assert rows["deeper layers attend to larger regions", "`sa_quadratic_small`"][2].endswith("last 6.05 ± 0.00")
+    assert rows[DEEPER, "`sa_quadratic_small`"][2].endswith("last 6.05 ± 0.00")
     # Theorem 1 comes first, from the tests that check it, not from the runs.
-    assert _cells(performance_tables.reproduction_claims())[0][:2] == [
+    assert cells[0][:2] == [
         "a self-attention layer of K² heads can express any KxK convolution (Theorem 1)", "`sa_conv.conversion`"]
