@@ -486,16 +486,17 @@ def test_checkpoint_holds_the_seed_generators_and_reads_earlier_ones(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_run_killed_mid_epoch_and_resumed_ends_as_the_uninterrupted_run(replicas, tmp_path):
+@pytest.mark.parametrize("replicas, policy", [(1, "float32"), (2, "mixed_bfloat16")])
+def test_run_killed_mid_epoch_and_resumed_ends_as_the_uninterrupted_run(replicas, policy, tmp_path):
     """What decides the rest of a run is in its checkpoint (the dropout layers' seed generators
     with the weights and the optimizer) or follows from the seed and the epoch (the data order).
     Killed with SIGKILL in its second and last epoch and started again, a run ends with the losses
-    and, bit for bit, the weights of the same run left alone: on one replica, and on two under
-    MirroredStrategy."""
+    and, bit for bit, the weights of the same run left alone: on one replica in float32, and on two
+    under MirroredStrategy in ``mixed_bfloat16`` (what ``--mixed_precision=auto`` picks on bfloat16 CPUs)."""
     args = ["--model=sa_quadratic_small", "--dataset=synthetic", "--epochs=2", "--validation_size=400",
             "--global_batch_size=50", "--eval_batch_size=100", "--num_layers=1", "--seed=3",  # dropout 0.1
-            f"--cpu_devices={replicas}", "--strategy=mirrored" if replicas > 1 else "--strategy=one_device"]
+            f"--cpu_devices={replicas}", "--strategy=mirrored" if replicas > 1 else "--strategy=one_device",
+            f"--mixed_precision={policy}"]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     env = {**ENV, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "trainers.train", *args]
@@ -530,6 +531,7 @@ def test_run_killed_mid_epoch_and_resumed_ends_as_the_uninterrupted_run(replicas
     expected, results = _json(whole / "results.json"), _json(resumed / "results.json")
     assert expected["resumed_from_epoch"] is None and results["resumed_from_epoch"] == 1
     assert results["replicas"] == expected["replicas"] == replicas
+    assert _json(resumed / "config.json")["precision"]["policy"] == policy
     assert results["steps"] == expected["steps"] and results["epochs"] == 2
     history = _json(resumed / "history.json")
     assert [h["epoch"] for h in history] == [1, 2] and history[0] == killed_history[0]  # not trained again
