@@ -11,6 +11,7 @@ import keras
 import pytest
 
 from tests.conftest import PROJECT_ROOT, read_until, reserved_port
+from trainers import files
 from trainers import tune as tune_lib
 from trainers.config import ConfigError, make_config
 
@@ -231,7 +232,7 @@ def test_tuner_files_are_written_atomically(tmp_path, monkeypatch):
 
     target = tmp_path / "oracle.json"
     target.write_text('{"old": 1}')
-    monkeypatch.setattr(tune_lib.tf_gfile(), "rename", lambda *args, **kwargs: 1 / 0)
+    monkeypatch.setattr(files.os, "replace", lambda *args, **kwargs: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         tune_lib.write_json_atomically(str(target), {"new": 2})
     assert json.loads(target.read_text()) == {"old": 1}

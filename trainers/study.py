@@ -210,8 +210,8 @@ def status(name: str, runs: list[Run], directory: str) -> dict:
             result[run.key] = "read"
         elif trial_dir and run_files.finished(trial_dir):
             result[run.key] = "trained, to read"
-        elif trial_dir and run_files.epochs_done(trial_dir):
-            result[run.key] = f"under way after epoch {run_files.epochs_done(trial_dir)}"
+        elif trial_dir and (done := run_files.epochs_done(trial_dir)):
+            result[run.key] = f"under way after epoch {done}"
         else:
             result[run.key] = "to train"
     return result

@@ -47,7 +47,6 @@ import io
 import json
 import os
 import time
-import uuid
 
 import keras_tuner as kt
 
@@ -331,24 +330,10 @@ def _read_record(trial_dir) -> dict:
         return json.load(f)
 
 
-def tf_gfile():
-    """TensorFlow's file system module: local paths and ``gs://...`` alike."""
-    import tensorflow as tf
-
-    return tf.io.gfile
-
-
 def write_json_atomically(path: str, value) -> None:
-    """Writes ``value`` as JSON to a temporary file beside ``path``, then renames it into place,
-    on any file system TensorFlow reads (``gs://...`` included, where the rename is a copy)."""
-    gfile, tmp = tf_gfile(), f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with gfile.GFile(tmp, "w") as f:
-            f.write(json.dumps(value))
-        gfile.rename(tmp, path, overwrite=True)
-    finally:
-        if gfile.exists(tmp):
-            gfile.remove(tmp)
+    """``value`` as compact JSON at ``path``, whole or not at all, on any file system TensorFlow
+    reads (`trainers.files.write_text`: ``gs://...`` included, where the rename is a copy)."""
+    files.write_text(path, json.dumps(value))
 
 
 class OracleFiles:
