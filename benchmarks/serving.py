@@ -10,8 +10,8 @@ as a fraction of the matching matmul peak measured in the same process.
 For each preset (random weights: speed does not depend on their values) the parent writes the
 model, exports it (``export.export``: the frozen copy, `sa_conv.freeze_for_inference`, float32
 with its TFLite and ONNX files, and ``--precision=bfloat16``), quantizes the ONNX file to int8
-and the TFLite file to int8 as ``--precision=int8`` does (`export.int8`; the TFLite file calibrated on
-random images) and starts one child per side:
+the TFLite file and the OpenVINO IR to int8 as ``--precision=int8`` does (`export.int8`; the OpenVINO
+file calibrated on generated images) and starts one child per side:
 
 * ``in_process_live``: the Keras model as trained, ``model(x, training=False)`` in a tf.function;
 * ``in_process``: its frozen copy (what the export serves);
@@ -23,8 +23,9 @@ random images) and starts one child per side:
 * ``onnx``, ``onnx_int8``: the ONNX file and its dynamic int8 quantization in ONNX Runtime,
   with ONNX Runtime's own float32 and int8 (``MatMulInteger``) peaks;
 * ``openvino``, ``openvino_int8``: the export's OpenVINO IR (``--formats=...,openvino``) and its
-  NNCF int8 weight compression in OpenVINO's CPU plugin (its default precision for the CPU: bfloat16
-  where the CPU has it, float32 otherwise; recorded), with OpenVINO's own float32 matmul peak.
+  NNCF int8 quantization in OpenVINO's CPU plugin (int8 products with weights, the rest in its
+  default precision for the CPU: bfloat16 where the CPU has it, float32 otherwise; recorded), with
+  OpenVINO's own float32 matmul peak.
   Optional: without ``pip install openvino nncf`` the sides are recorded as skipped.
 
 * ``reference`` (with ``--reference_dir``, a clone of ``epfml/attention-cnn``, and
@@ -265,8 +266,12 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
         int8.OnnxDynamicInt8().quantize(exports["saved_model"], frozen)
     if "tflite_int8" in only:
         int8.TFLiteDynamicRange().quantize(exports["saved_model"])
-    if "openvino_int8" in only:
-        int8.OpenVINOInt8().quantize(exports["saved_model"])
+    if "openvino_int8" in only:  # calibrated on generated images: with random weights only its speed is measured
+        from export.formats import CALIBRATION_IMAGES
+        from trainers.data import make_synthetic
+
+        images = make_synthetic(1, CALIBRATION_IMAGES, seed=0, image_shape=tuple(model.inputs[0].shape[1:])).test.images
+        int8.OpenVINOInt8().quantize(exports["saved_model"], frozen, images)
     exports.update({side: os.path.join(exports["saved_model"], name) for side, name in runtime_files().items()})
     # Random weights decide nothing of speed, but the agreement check needs a trained model's
     # margins: it is measured by the export tests, not here.

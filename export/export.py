@@ -86,12 +86,16 @@ def export(
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     precision: str = "float32",
     agreement_images: str | None = None,
+    calibration_images: str | None = None,
     image_size: int | None = None,
     tf_serving_files: bool = True,
     log=print,
 ) -> str:
     """Exports a trained model; returns the version directory. Flag-free, see the module doc."""
     precision, chosen = requested_files(formats, precision, max_image_pixels, max_batch_size)
+    if calibration_images and not any(fmt.calibrates for fmt in chosen):
+        raise ExportError("--calibration_images calibrates the int8 OpenVINO file, which this export does not write: "
+                          "add --precision=int8 --formats=saved_model,openvino, or leave it out.")
     path, results = resolve_model(model_dir, model_path)
     model = resized(load_keras_model(path), image_size)
     names = class_names(model, results)
@@ -107,7 +111,7 @@ def export(
             expected=tf.nn.softmax(model.predict(images, verbose=0)).numpy(),
             agreement=Top1Agreement(model, results, agreement_images, image_shape, MIN_TOP1_AGREEMENT),
             max_image_pixels=max_image_pixels, max_batch_size=max_batch_size, tf_serving_files=tf_serving_files,
-            log=log)
+            log=log, results=results, calibration_images=calibration_images)
         checks = {}
         for fmt in chosen:  # each file written, then checked against the Keras model
             checks[fmt.name] = {**fmt.write(job), **fmt.check(job)}
@@ -306,11 +310,16 @@ class ExportConfig:
         "float32 model's class on >= 99% of held-out images; auto: bfloat16 on CPUs with AVX512_BF16/AMX and GPUs "
         "of compute capability 8.0+, else float32; int8: int8 files beside the float32 SavedModel "
         "(assets.extra/model_int8.onnx, ONNX Runtime's dynamic quantization; with --formats=...,tflite also "
-        "model_int8.tflite, the TFLite converter's dynamic-range quantization), each checked the same way.",
+        "model_int8.tflite, the TFLite converter's dynamic-range quantization; with openvino also "
+        "openvino/model_int8.xml, NNCF's quantization calibrated on images), each checked the same way.",
         precisions.CHOICES)
     agreement_images: Optional[str] = _field(
         None, "A .npy/.npz file of uint8 images for the bfloat16 and int8 agreement checks; default: the run's own "
         "test images when its dataset is on local files, else generated ones.")
+    calibration_images: Optional[str] = _field(
+        None, "A .npy/.npz file of uint8 images the int8 OpenVINO file (--precision=int8 --formats=...,openvino) "
+        "measures its activations' ranges on; default: up to 300 of the run's own training images when its dataset "
+        "is on local files, else generated ones.")
     image_size: Optional[int] = _field(
         None, "Serve another input size than training's (offset-function encodings as they are, learned offset "
         "tables interpolated: sa_conv.with_image_size); default: the trained size.")

@@ -18,9 +18,12 @@ from typing import Callable
 import numpy as np
 
 from export import onnx_files, runtimes, signatures, tf_serving
-from export.verify import CONVERTED_FLOAT32_TOLERANCE, FLOAT32_TOLERANCE, ExportError, Top1Agreement
+from export.verify import (CONVERTED_FLOAT32_TOLERANCE, FLOAT32_TOLERANCE, ExportError, Top1Agreement, read_images,
+                           verification_images)
 
 EXTRA = "assets.extra"
+# How many images a file quantized with calibration measures its activations' ranges on (NNCF's default).
+CALIBRATION_IMAGES = 300
 
 
 @dataclasses.dataclass
@@ -31,7 +34,8 @@ class ExportJob:
     copy (`sa_conv.freeze_for_inference`) in the export's precision, which the files are written
     from; ``directory`` the version being written (the SavedModel's root); ``images`` uint8
     ``(N, H, W, C)`` verification images (``source`` says which) and ``expected`` the float32
-    model's probabilities ``(N, classes)`` on them."""
+    model's probabilities ``(N, classes)`` on them; ``results`` the run's results (with its
+    ``train_config``) and ``calibration_images`` a user's file of images to calibrate on."""
 
     model: object
     serving: object
@@ -49,6 +53,17 @@ class ExportJob:
     log: Callable = print
     runners: dict = dataclasses.field(default_factory=dict)
     saved_model: object = None  # the SavedModel once written, as `tf.saved_model.load` returns it
+    results: dict = dataclasses.field(default_factory=dict)
+    calibration_images: str | None = None
+
+    def calibration(self) -> tuple[np.ndarray, str]:
+        """``(uint8 images (N, H, W, C), a description)`` a quantized file calibrates on: those of
+        ``calibration_images``, else up to `CALIBRATION_IMAGES` training images of the run's own
+        dataset (local files; the agreement reads its test images), else generated ones."""
+        shape = self.model.inputs[0].shape[1:]
+        if self.calibration_images:
+            return read_images(self.calibration_images, shape), f"images of {self.calibration_images}"
+        return verification_images(self.results, shape, count=CALIBRATION_IMAGES, split="train")
 
     def path(self, fmt: "Format") -> str:
         return os.path.join(self.directory, fmt.file)
@@ -69,6 +84,7 @@ class Format:
     file: str
     what: str
     tolerance = CONVERTED_FLOAT32_TOLERANCE
+    calibrates = False  # whether the file is quantized with ranges measured on `ExportJob.calibration` images
     # The modules the file is written or checked with, and the message naming their install.
     packages: tuple = ()
     missing: str = ""

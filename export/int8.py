@@ -2,26 +2,29 @@
 `export.formats.Format` per float32 file it quantizes (`QUANTIZED`).
 
 * ``onnx`` (`OnnxDynamicInt8`, always written): ONNX Runtime's dynamic quantization of the
-  float32 ONNX file, ``assets.extra/model_int8.onnx``: int8 weights per tensor, uint8 activations
-  quantized per call.
+  float32 ONNX file, ``assets.extra/model_int8.onnx``: int8 weights per output channel, uint8
+  activations quantized per call; the first and last products (the images' embedding, the
+  logits) float32, as per-tensor weights and int8 ends moved 1.3-1.7% of a trained model's classes.
 * ``tflite`` (`TFLiteDynamicRange`, with ``--formats=...,tflite``): the TFLite converter's
   dynamic-range quantization, ``assets.extra/model_int8.tflite``: int8 weights per channel, the
   activations of each product quantized per call (no calibration), float32 between; uint8 images
   in, probabilities out, as the float32 file. Not full-integer: LiteRT's XNNPACK delegate has no
   int8 ``BATCH_MATMUL``, so a full-integer file runs the attention products in LiteRT's own
   kernels, slower than its float32 file (``benchmarks/tflite_runtimes.py``).
-* ``openvino`` (`OpenVINOInt8`, with ``--formats=...,openvino``): NNCF's int8 weight
-  compression of the OpenVINO IR, ``assets.extra/openvino/model_int8.xml``: int8 weights, the
-  activations in the plugin's precision (bfloat16 on CPUs with AVX512_BF16 or AMX).
+* ``openvino`` (`OpenVINOInt8`, with ``--formats=...,openvino``): NNCF's post-training
+  quantization of the OpenVINO IR calibrated on images, ``assets.extra/openvino/model_int8.xml``:
+  int8 weights and activations of the products with weights, the rest (the attention
+  probabilities' products included) in the plugin's precision (bfloat16 on CPUs with AVX512_BF16
+  or AMX).
 * The SavedModel stays float32 (`SAVED_MODEL_DTYPE`): the int8 files are the ONNX and TFLite
   routes. Which file serves fastest on which CPU is measured by ``benchmarks/serving.py``
   (``docs/performance.md``), not decided here.
 
 Products with precomputed attention probabilities (values in [0, 1], a (heads, N, N) constant
 per block, or its row and column factors) stay float in the ONNX file: a per-tensor int8 scale
-would round their small entries to zero. (NNCF's weight compression takes the weights of
-products only: those constants reach their products through a ``Broadcast`` or an ``Einsum``.) Each file must pick the float32 model's class on `export.MIN_TOP1_AGREEMENT` of
-held-out images, as the export checks."""
+would round their small entries to zero; the OpenVINO file keeps them, and the products that
+read them, out of its int8 products. Each file must pick the float32 model's class on
+`export.MIN_TOP1_AGREEMENT` of held-out images, as the export checks."""
 
 from __future__ import annotations
 
@@ -50,6 +53,24 @@ class Quantized(Format):
         return job.agreement(job.served(self), self.what)
 
 
+class ProbabilityConstants:
+    """The precomputed attention probabilities of a serving copy (`sa_conv.serving.probability_constants`),
+    recognised among a file's constants by their values (in any layout: a converter may have
+    transposed or reshaped them)."""
+
+    def __init__(self, serving):
+        self.sorted = [np.sort(np.asarray(v.numpy()).ravel()) for v in sa_conv.serving.probability_constants(serving)]
+        self.sizes = {c.size for c in self.sorted}
+
+    def __contains__(self, values) -> bool:
+        """Whether the array ``values`` holds one constant's values."""
+        values = np.asarray(values)
+        if values.size not in self.sizes:
+            return False  # (sorting every weight to compare would cost more than the quantization)
+        values = np.sort(values.ravel())
+        return any(values.shape == c.shape and np.array_equal(values, c) for c in self.sorted)
+
+
 class OnnxDynamicInt8(Quantized):
     """ONNX Runtime's dynamic quantization of ``assets.extra/model.onnx``."""
 
@@ -57,9 +78,9 @@ class OnnxDynamicInt8(Quantized):
     quantizes = "onnx"
     what = "int8 ONNX file"
     file = os.path.join(EXTRA, "model_int8.onnx")
-    route = ("onnxruntime dynamic quantization of the ONNX file (int8 weights per tensor, uint8 activations "
-             "quantized per call); precomputed attention probabilities computed in float32; large float32 "
-             "constants stored float16")
+    route = ("onnxruntime dynamic quantization of the ONNX file (int8 weights per channel, uint8 activations "
+             "quantized per call); precomputed attention probabilities and the first and last products computed in "
+             "float32; large float32 constants stored float16")
 
     def write(self, job: ExportJob) -> dict:
         """Writes the file; returns what ``metadata.json`` records of it. The products that read
@@ -77,18 +98,16 @@ class OnnxDynamicInt8(Quantized):
 
         source = os.path.join(version_dir, EXTRA, "model.onnx")
         target = os.path.join(version_dir, self.file)
-        constants = [np.sort(np.asarray(v.numpy()).ravel()) for v in sa_conv.serving.probability_constants(serving)]
-        sizes = {c.size for c in constants}
+        constants = ProbabilityConstants(serving)
         graph = onnx.load(source).graph
-        kept = set()
-        for initializer in graph.initializer:
-            if int(np.prod(initializer.dims)) not in sizes:
-                continue  # (sorting every weight to compare would cost more than the quantization)
-            values = np.sort(numpy_helper.to_array(initializer).ravel())
-            if any(values.shape == c.shape and np.array_equal(values, c) for c in constants):
-                kept.add(initializer.name)
-        float32_nodes = sorted(n.name for n in graph.node if kept & set(n.input))
-        quantize_dynamic(source, target, weight_type=QuantType.QInt8, nodes_to_exclude=float32_nodes)
+        kept = {initializer.name for initializer in graph.initializer
+                if int(np.prod(initializer.dims)) in constants.sizes and numpy_helper.to_array(initializer) in constants}
+        weights = {initializer.name for initializer in graph.initializer}
+        products = [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm", "Conv") and weights & set(n.input)]
+        # The nodes are in the order they compute (ONNX sorts them): the first and last products
+        # (the images' embedding, the logits) stay float32 too.
+        float32_nodes = sorted({n.name for n in graph.node if kept & set(n.input)} | {products[0], products[-1]})
+        quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=float32_nodes)
         # What the quantizer left float32 and is large: the probability constants, and constants
         # no product reads as a weight (a content encoding's (heads, N, N) position logits).
         halved = store_float16(target)
@@ -132,51 +151,88 @@ class TFLiteDynamicRange(Quantized):
 
 
 class OpenVINOInt8(Quantized):
-    """NNCF's int8 weight compression of the OpenVINO IR (``assets.extra/openvino/model.xml``):
-    the products' weights stored int8 (per output channel, asymmetric), the activations computed
-    in the plugin's precision. (NNCF's full quantization, int8 activations too, moved the classes
-    of trained models past the agreement guard: docs/export.md.)"""
+    """NNCF's post-training quantization of the OpenVINO IR (``assets.extra/openvino/model.xml``)
+    with calibration: the products with weights (``MatMul`` with a constant, ``Convolution``) take
+    int8 weights (per output channel) and int8 activations, their ranges measured on calibration
+    images (`calibration_images`); every other op computes in the plugin's precision (bfloat16 on
+    CPUs with AVX512_BF16 or AMX). Left out of the int8 products: those of the attention
+    probabilities (a precomputed ``(heads, N, N)`` constant or its factors, or queries against
+    keys; int8 per row of a trained model's dense constant moved 0.7-1.6% of its classes), and the
+    first and last products (the images' embedding, the logits). Quantizing every op NNCF would (the layer norms' means and
+    variances too) moves a trained model's classes past the agreement guard."""
 
     name = "openvino_int8"
     quantizes = "openvino"
     what = "int8 OpenVINO model"
+    calibrates = True
     file = os.path.join(EXTRA, "openvino", "model_int8.xml")
-    route = ("NNCF int8 weight compression of the OpenVINO IR (int8 weights per output channel; activations in the "
+    route = ("NNCF post-training quantization of the OpenVINO IR, calibrated on images (int8 weights and activations "
+             "of the products with weights, except the first and last and the attention probabilities'; all else in the "
              "plugin's precision: bfloat16 on CPUs with AVX512_BF16 or AMX, else float32)")
     packages = ("nncf",)
-    missing = ("--precision=int8 with --formats=...,openvino compresses the IR with NNCF: pip install nncf (or "
+    missing = ("--precision=int8 with --formats=...,openvino quantizes the IR with NNCF: pip install nncf (or "
                "sa-conv[openvino]).")
 
     def write(self, job: ExportJob) -> dict:
-        return self.quantize(job.directory)
+        images, source = job.calibration()
+        return {**self.quantize(job.directory, job.serving, images), "calibration_images": f"{len(images)} {source}"}
 
-    def quantize(self, version_dir: str) -> dict:
-        """`write` from the float32 IR of ``version_dir``."""
+    @staticmethod
+    def quantized_products(model, probabilities: ProbabilityConstants) -> list:
+        """The friendly names of ``model``'s (an ``openvino.Model``) products quantized to int8,
+        in the order they compute: every ``MatMul`` whose second input is a constant (through a
+        ``Convert`` where the IR stores it in another type) other than attention ``probabilities``,
+        and every ``Convolution``; the first and last left out."""
+        def constant(node):
+            while node.get_type_name() == "Convert":
+                node = node.input(0).get_source_output().get_node()
+            return node if node.get_type_name() == "Constant" else None
+
+        def weight(op):
+            found = constant(op.input(1).get_source_output().get_node())
+            return found is not None and found.get_data() not in probabilities
+
+        products = [op.get_friendly_name() for op in model.get_ordered_ops()
+                    if op.get_type_name() == "Convolution" or (
+                        op.get_type_name() == "MatMul" and constant(op.input(0).get_source_output().get_node()) is None
+                        and weight(op))]
+        return products[1:-1]
+
+    def quantize(self, version_dir: str, serving, images: np.ndarray) -> dict:
+        """`write` from the float32 IR of ``version_dir`` and the serving copy ``serving``,
+        calibrated on uint8 ``images`` ``(N, H, W, C)``; returns what ``metadata.json`` records."""
         import nncf
         import openvino
 
         source = os.path.join(version_dir, EXTRA, "openvino", "model.xml")
         target = os.path.join(version_dir, self.file)
-        # NNCF logs a table of what it compressed at INFO: the export's console is its own progress
-        # and results (metadata.json records the count of int8 constants).
+        model = openvino.Core().read_model(source)
+        chosen = self.quantized_products(model, ProbabilityConstants(serving))
+        others = {op.get_type_name() for op in model.get_ops()} - {"MatMul", "Convolution", "Constant", "Parameter",
+                                                                    "Result"}
+        left = [op.get_friendly_name() for op in model.get_ops()
+                if op.get_type_name() in ("MatMul", "Convolution") and op.get_friendly_name() not in chosen]
+        # NNCF logs its progress and what it quantized at INFO: the export's console is its own
+        # progress and results (metadata.json records the products).
         logger = logging.getLogger("nncf")
         level = logger.level
         logger.setLevel(max(level, logging.WARNING))
         try:
-            compressed = nncf.compress_weights(openvino.Core().read_model(source),
-                                               mode=nncf.CompressWeightsMode.INT8_ASYM)
+            quantized = nncf.quantize(
+                model, nncf.Dataset([images[i: i + 1].astype(np.float32) for i in range(len(images))]),
+                subset_size=len(images), ignored_scope=nncf.IgnoredScope(names=left, types=sorted(others),
+                                                                         validate=False))
         finally:
             logger.setLevel(level)
-        openvino.save_model(compressed, target, compress_to_fp16=False)
+        openvino.save_model(quantized, target, compress_to_fp16=False)
         return {"route": self.route, "file": self.file,
                 "megabytes": os.path.getsize(target.replace(".xml", ".bin")) / 2**20,
                 "float32_megabytes": os.path.getsize(source.replace(".xml", ".bin")) / 2**20,
-                "int8_constants": sum(op.get_type_name() == "Constant" and op.get_element_type().to_string() in ("u8", "i8")
-                                      for op in compressed.get_ops()),
+                "int8_products": len(chosen),
                 "inference_precision": openvino_default_precision()}
 
     def runner(self, path):
-        return openvino_runner(path)  # the plugin's default precision for the activations: what a server runs
+        return openvino_runner(path)  # the plugin's default precision for the rest: what a server runs
 
 
 QUANTIZED = (OnnxDynamicInt8(), TFLiteDynamicRange(), OpenVINOInt8())

@@ -14,6 +14,10 @@ probabilities ``P`` and hands them to the aggregation `choose` picked when the l
   separate: the exact ``O(N (H + W))`` sum of `sa_conv.separable`, its gradient by autodiff or,
   with ``recompute_gradient``, recomputed head by head. Attention dropout has masks per
   probability, which only the dense form has: with a dropout seed it takes `DenseSum`'s.
+* `ConstantSum`: ``P`` as a serving copy's dense constant ``(heads, N, N)``, the sum one product
+  with ``P`` as its right operand, the form runtimes read as a weight: OpenVINO's plugin computes
+  it in its own precision (an ``Einsum`` of a constant broadcast over the batch it computes in
+  float32), TFLite's dynamic range quantizes it per row of ``P``.
 * `QueryMajorSum`: ``P`` as ``(batch, query, heads, key)``, for encodings that compute in that
   layout (``query_major``: the content serving forms, whose queries then need no transpose).
 
@@ -29,7 +33,7 @@ from keras import ops
 
 from sa_conv import seeded_dropout, separable
 
-__all__ = ["Aggregation", "DenseSum", "Factors", "QueryMajorSum", "SeparableSum", "choose", "dense_probabilities",
+__all__ = ["Aggregation", "ConstantSum", "DenseSum", "Factors", "QueryMajorSum", "SeparableSum", "choose", "dense_probabilities",
            "multiplied_out", "separable_with_constants", "softmax"]
 
 
@@ -118,6 +122,22 @@ class DenseSum(Aggregation):
         return ops.reshape(outputs, (-1, height, width, value_dense.units))
 
 
+class ConstantSum(Aggregation):
+    """``sum_h P_h X W^(h) + b`` from a serving copy's constant probabilities ``(heads, N, N)``:
+    the pixels ``(batch * D, N)`` times ``P`` key-major, ``(N, heads * N)`` (columns ``[head,
+    query]``), one product whose right operand is the constant, then the value map (no dropout)."""
+
+    def __call__(self, inputs, probabilities, value_dense, dtype, dropout_seed=None):
+        if dropout_seed is not None:
+            raise ValueError("Constant probabilities serve; they take no attention dropout.")
+        _, height, width, d = inputs.shape
+        heads, n = probabilities.shape[0], height * width
+        x = ops.reshape(ops.transpose(ops.reshape(ops.cast(inputs, dtype), (-1, n, d)), (0, 2, 1)), (-1, n))
+        key_major = ops.reshape(ops.transpose(ops.cast(probabilities, dtype), (2, 0, 1)), (n, heads * n))
+        mixed = ops.transpose(ops.reshape(ops.matmul(x, key_major), (-1, d, heads, n)), (0, 3, 2, 1))
+        return value_dense(ops.reshape(mixed, (-1, height, width, heads * d)))
+
+
 class QueryMajorSum(Aggregation):
     """``sum_h P_h X W^(h) + b`` from probabilities ``(batch, query, heads, key)``: the layout in
     which a content form computes its logits from untransposed queries ``(batch, N, heads, d)``
@@ -171,12 +191,15 @@ def choose(encoding, fast_position_attention="auto", grid=None, dropout_rate=0.0
     """The aggregation of attention with the registered ``encoding`` (its spec) on a ``grid``
     ``(H, W)`` (None: assume the separable sum pays): `SeparableSum` for a position-only encoding
     whose logits separate, with ``fast_position_attention`` True, or ``"auto"`` where ``pays(H, W)``
-    (default `separable.separable_pays`, measured in training); `QueryMajorSum` for an encoding
-    that computes query-major; `DenseSum` otherwise."""
+    (default `separable.separable_pays`, measured in training); `ConstantSum` for other frozen
+    position-only probabilities; `QueryMajorSum` for an encoding that computes query-major;
+    `DenseSum` otherwise."""
     if encoding.query_major:
         return QueryMajorSum()
     separable_form = (bool(fast_position_attention) and encoding.position_only and encoding.separable
                       and not (fast_position_attention == "auto" and grid is not None and not pays(*grid)))
     if separable_form:
         return SeparableSum(dropout_rate, recompute_gradient)
+    if encoding.serves_only and encoding.position_only:
+        return ConstantSum()
     return DenseSum(dropout_rate, recompute_gradient, shared=encoding.position_only)

@@ -465,22 +465,64 @@ def test_int8_export_writes_a_quantized_onnx_file_that_picks_float32s_classes(co
     assert meta["verification"]["max_abs_error"]["saved_model"] <= 1e-5
 
 
-def test_int8_openvino_stores_int8_weights_and_keeps_the_probability_constants_float(confident_model, tmp_path,
-                                                                                      monkeypatch):
-    """With --formats=...,openvino the int8 export adds NNCF's int8 weight compression of the IR,
-    under the same agreement guard; the precomputed attention probabilities (here a dense
-    (heads, N, N) constant read by an Einsum) are not weights and stay float32."""
+def _fed_by_fake_quantize(ir) -> set:
+    """The friendly names of the ops of the OpenVINO model ``ir`` that read an activation through
+    a ``FakeQuantize`` (the int8 activations NNCF inserted)."""
+    return {target.get_node().get_friendly_name() for op in ir.get_ops() if op.get_type_name() == "FakeQuantize"
+            and op.input(0).get_source_output().get_node().get_type_name() != "Constant"
+            for target in op.output(0).get_target_inputs()}
+
+
+def _int8_weight(matmul):
+    """``(shape, number of scales)`` of the int8 constant the OpenVINO ``matmul`` reads as its
+    weight (``Constant`` int8 -> ``Convert`` -> ``Multiply`` by the scales, as NNCF stores it), or None."""
+    scaled = matmul.input(1).get_source_output().get_node()
+    if scaled.get_type_name() != "Multiply":
+        return None
+    sources = [i.get_source_output().get_node() for i in scaled.inputs()]
+    converted = [node for node in sources if node.get_type_name() == "Convert"]
+    scales = [node for node in sources if node.get_type_name() == "Constant"]
+    if not converted or not scales:
+        return None
+    constant = converted[0].input(0).get_source_output().get_node()
+    if constant.get_element_type().to_string() != "i8":
+        return None
+    return tuple(constant.get_output_shape(0)), int(np.prod(scales[0].get_output_shape(0)))
+
+
+def test_int8_openvino_quantizes_the_products_with_weights_calibrated_on_images(confident_model, tiny_cifar, tmp_path,
+                                                                                monkeypatch):
+    """With --formats=...,openvino the int8 export adds NNCF's quantization of the IR, calibrated
+    on the images given (or the run's training images): int8 activations into the products with
+    weights but the first and last, nothing else (a layer norm's mean and variance in int8 move a
+    trained model's classes), under the same agreement guard; a precomputed dense (heads, N, N)
+    probability constant is the weight of a product and stays float32, its product out of int8."""
     pytest.importorskip("nncf")
     import openvino
 
     model, root = confident_model
-    held_out, version, meta = _int8_export(root, tmp_path, ("saved_model", "openvino"))
-    files = meta["precision"]["files"]
+    calibration = tmp_path / "calibration.npy"
+    np.save(calibration, tiny_cifar[1].train.images[100:160])
+    version = export_lib.export(model_path=str(root / "m.keras"), export_dir=str(tmp_path / "out"), precision="int8",
+                                formats=("saved_model", "openvino"), agreement_images=str(root / "held_out.npz"),
+                                calibration_images=str(calibration), tf_serving_files=False, log=lambda s: None)
+    with open(os.path.join(version, "assets.extra", "metadata.json")) as f:
+        files = json.load(f)["precision"]["files"]
     assert sorted(files) == ["onnx", "openvino"]
     record = files["openvino"]
     assert record["route"] == int8.OpenVINOInt8.route and record["file"] == "assets.extra/openvino/model_int8.xml"
-    assert record["top1_agreement"] >= 0.99 and record["int8_constants"] > 0
-    assert record["megabytes"] < record["float32_megabytes"] / 2
+    assert record["top1_agreement"] >= 0.99 and record["calibration_images"] == f"60 images of {calibration}"
+    ir = openvino.Core().read_model(os.path.join(version, record["file"]))
+    products = [op.get_friendly_name() for op in ir.get_ordered_ops() if op.get_type_name() == "MatMul"
+                and op.input(1).get_source_output().get_node().get_type_name() != "Parameter"]
+    # One block: the embedding, the value map, the MLP's two maps, the logits.
+    quantized = int8.OpenVINOInt8.quantized_products(openvino.Core().read_model(
+        os.path.join(version, "assets.extra", "openvino", "model.xml")),
+        int8.ProbabilityConstants(sa_conv.freeze_for_inference(model)))
+    assert len(quantized) == record["int8_products"] == 3
+    assert _fed_by_fake_quantize(ir) == set(quantized)
+    assert products[0] not in quantized and products[-1] not in quantized
+    held_out = np.load(root / "held_out.npz")["images"]
     probabilities = runtimes.openvino_runner(os.path.join(version, record["file"]))(held_out)
     assert np.mean(probabilities.argmax(-1) == model.predict(held_out, verbose=0).argmax(-1)) >= 0.99
     # A dense constant of probabilities (random weights: the guard is not this part's subject).
@@ -491,13 +533,25 @@ def test_int8_openvino_stores_int8_weights_and_keeps_the_probability_constants_f
     version = export_lib.export(model_path=str(tmp_path / "dense.keras"), export_dir=str(tmp_path / "dense"),
                                 precision="int8", formats=("saved_model", "openvino"), tf_serving_files=False,
                                 log=lambda s: None)
+    with open(os.path.join(version, "assets.extra", "metadata.json")) as f:
+        assert json.load(f)["precision"]["files"]["openvino"]["calibration_images"] == "300 generated images"
     ir = openvino.Core().read_model(os.path.join(version, int8.OpenVINOInt8.file))
-    [einsum] = [op for op in ir.get_ops() if op.get_type_name() == "Einsum"]
-    constant = next(i.get_source_output().get_node() for i in einsum.inputs()
-                    if i.get_source_output().get_node().get_type_name() == "Constant")
-    assert constant.get_element_type().to_string() == "f32" and len(constant.get_output_shape(0)) == 3
-    assert any(op.get_type_name() == "Constant" and op.get_element_type().to_string() in ("u8", "i8")
-               for op in ir.get_ops())
+    fed = _fed_by_fake_quantize(ir)
+    n, heads = 16 * 16, dense.get_layer("block_0").attention.num_heads
+    weights = {op.get_friendly_name(): _int8_weight(op) for op in ir.get_ops() if op.get_type_name() == "MatMul"}
+    # The constant is the weight of one product (sa_conv.aggregation.ConstantSum), kept float32
+    # and out of the int8 products (the value map and the MLP's two).
+    [probabilities] = [op for op in ir.get_ops() if op.get_type_name() == "MatMul"
+                       and op.input(1).get_source_output().get_node().get_type_name() == "Constant"
+                       and tuple(op.input(1).get_source_output().get_node().get_output_shape(0)) in ((heads * n, n),
+                                                                                                  (n, heads * n))]
+    assert probabilities.input(1).get_source_output().get_node().get_element_type().to_string() == "f32"
+    assert probabilities.get_friendly_name() not in fed and len(fed) == 3
+    assert sum(weight is not None for weight in weights.values()) == 3
+    assert not any(op.get_type_name() == "Einsum" for op in ir.get_ops())
+    with pytest.raises(export_lib.ExportError, match="--calibration_images calibrates the int8 OpenVINO file"):
+        export_lib.export(model_path=str(tmp_path / "dense.keras"), export_dir=str(tmp_path / "none"),
+                          precision="int8", calibration_images=str(calibration), log=lambda s: None)
 
 
 def test_int8_tflite_is_dynamic_range_int8_weights_and_float_activations(confident_model, tmp_path):
@@ -581,8 +635,11 @@ def test_int8_keeps_precomputed_probabilities_float32(tmp_path):
     assert stored
     casts = [n for n in after.node if n.op_type == "Cast" and n.input[0] in stored]
     assert len(casts) == len(stored) and all(c.attribute[0].i == onnx.TensorProto.FLOAT for c in casts)
-    readers = [n for n in after.node if n.name in kept]
-    assert all({c.output[0] for c in casts} & set(n.input) for n in readers)
+    # The float32 products: those reading the constants (through the casts), and the first and last.
+    readers = {n.name for n in after.node if {c.output[0] for c in casts} & set(n.input)}
+    weights = {i.name for i in before.initializer}
+    products = [n.name for n in before.node if n.op_type in ("MatMul", "Gemm") and weights & set(n.input)]
+    assert readers and set(kept) == readers | {products[0], products[-1]} and not readers & {products[0], products[-1]}
     assert not [i for i in after.initializer if i.data_type == onnx.TensorProto.FLOAT
                 and int(np.prod(i.dims)) == probabilities.size]  # no float32 copy left behind
     # What the float16 storage alone changes: the float32 file with its constants stored so
@@ -798,7 +855,8 @@ def test_int8_export_of_every_paper_preset_writes_a_smaller_quantized_file(prese
     # small size the content encoding's position constants (kept float16) weigh more.
     assert record["megabytes"] <= record["float32_megabytes"] / (3 if tiers.is_paper_size(preset) else 2)
     ops = {node.op_type for node in onnx.load(os.path.join(version, record["file"])).graph.node}
-    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops
+    # ResNet18's one matmul is its logits, kept float32 with its first convolution.
+    assert {"ConvInteger" if preset == "resnet18" else "MatMulInteger", "DynamicQuantizeLinear"} <= ops
 
 
 def test_bfloat16_export_refusals_and_auto(confident_model, tmp_path, monkeypatch):

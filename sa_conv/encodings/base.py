@@ -270,6 +270,10 @@ class EncodingSpec:
     def query_major(self) -> bool:
         return self.cls.query_major
 
+    @property
+    def serves_only(self) -> bool:
+        return self.cls.serves_only
+
 
 FROZEN_PREFIX = "frozen:"
 _FROZEN_FORMS: dict[str, type] = {}
