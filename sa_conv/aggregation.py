@@ -18,6 +18,10 @@ probabilities ``P`` and hands them to the aggregation `choose` picked when the l
   with ``P`` as its right operand, the form runtimes read as a weight: OpenVINO's plugin computes
   it in its own precision (an ``Einsum`` of a constant broadcast over the batch it computes in
   float32), TFLite's dynamic range quantizes it per row of ``P``.
+* `MixtureSum`: ``P`` as a `Mixture` (gated attention): ``(1 - g_h) C_h X + G_h X``, a content
+  half per example and a positional half shared by the batch, summed without forming the batch's
+  ``(batch, heads, N, N)`` mixture (whose gradient reduces that tensor over the batch and for the
+  gates); with attention dropout, `DenseSum`'s dropped sum of the mixture.
 * `QueryMajorSum`: ``P`` as ``(batch, query, heads, key)``, for encodings that compute in that
   layout (``query_major``: the content serving forms, whose queries then need no transpose).
 
@@ -33,7 +37,7 @@ from keras import ops
 
 from sa_conv import seeded_dropout, separable
 
-__all__ = ["Aggregation", "ConstantSum", "DenseSum", "Factors", "QueryMajorSum", "SeparableSum", "choose", "dense_probabilities",
+__all__ = ["Aggregation", "ConstantSum", "DenseSum", "Factors", "Mixture", "MixtureSum", "QueryMajorSum", "SeparableSum", "choose", "dense_probabilities",
            "multiplied_out", "separable_with_constants", "softmax"]
 
 
@@ -43,6 +47,22 @@ class Factors(NamedTuple):
 
     row: object
     col: object
+
+
+class Mixture(NamedTuple):
+    """Probabilities ``P_h = w_h C_h + G_h`` as their parts: ``content`` ``C`` ``(batch, heads, N, N)``,
+    its weights ``content_weights`` ``w`` ``(heads,)`` and ``positional`` ``G`` ``(heads, N, N)``,
+    shared by the batch (gated attention: ``w = 1 - g``, ``G = g`` times the positional softmax)."""
+
+    content: object
+    content_weights: object
+    positional: object
+
+
+def mixed_out(mixture):
+    """A `Mixture` as dense ``(batch, heads, N, N)`` probabilities."""
+    content, weights, positional = mixture
+    return ops.reshape(weights, (-1, 1, 1)) * content + positional[None]
 
 
 def softmax(logits):
@@ -66,6 +86,8 @@ def dense_probabilities(probabilities, batch):
     broadcast over the ``batch``."""
     if isinstance(probabilities, Factors):
         probabilities = multiplied_out(probabilities)
+    if isinstance(probabilities, Mixture):
+        probabilities = mixed_out(probabilities)
     if len(probabilities.shape) == 3:
         probabilities = ops.broadcast_to(probabilities[None], (batch,) + tuple(probabilities.shape))
     return probabilities
@@ -138,6 +160,28 @@ class ConstantSum(Aggregation):
         return value_dense(ops.reshape(mixed, (-1, height, width, heads * d)))
 
 
+class MixtureSum(Aggregation):
+    """``sum_h (w_h C_h + G_h) X W^(h) + b`` from a `Mixture`: ``w_h (C_h X) + G_h X``, the
+    content product per example, the positional one shared by the batch; with a dropout seed,
+    `DenseSum`'s dropped sum of the mixture."""
+
+    def __init__(self, dropout_rate=0.0, recompute_gradient=False):
+        self.dropped = DenseSum(dropout_rate, recompute_gradient, shared=False)
+
+    def takes_factors(self, dropout):
+        return not dropout
+
+    def __call__(self, inputs, probabilities, value_dense, dtype, dropout_seed=None):
+        if dropout_seed is not None:
+            return self.dropped(inputs, probabilities, value_dense, dtype, dropout_seed)
+        _, height, width, d = inputs.shape
+        content, weights, positional = (ops.cast(part, dtype) for part in probabilities)
+        x = ops.reshape(ops.cast(inputs, dtype), (-1, height * width, d))
+        mixed = (ops.einsum("bhqk,bkd->bqhd", content, x) * ops.reshape(weights, (-1, 1))
+                 + ops.einsum("hqk,bkd->bqhd", positional, x))
+        return value_dense(ops.reshape(mixed, (-1, height, width, positional.shape[0] * d)))
+
+
 class QueryMajorSum(Aggregation):
     """``sum_h P_h X W^(h) + b`` from probabilities ``(batch, query, heads, key)``: the layout in
     which a content form computes its logits from untransposed queries ``(batch, N, heads, d)``
@@ -193,7 +237,7 @@ def choose(encoding, fast_position_attention="auto", grid=None, dropout_rate=0.0
     whose logits separate, with ``fast_position_attention`` True, or ``"auto"`` where ``pays(H, W)``
     (default `separable.separable_pays`, measured in training); `ConstantSum` for other frozen
     position-only probabilities; `QueryMajorSum` for an encoding that computes query-major;
-    `DenseSum` otherwise."""
+    `MixtureSum` for one whose probabilities are a `Mixture`; `DenseSum` otherwise."""
     if encoding.query_major:
         return QueryMajorSum()
     separable_form = (bool(fast_position_attention) and encoding.position_only and encoding.separable
@@ -202,4 +246,6 @@ def choose(encoding, fast_position_attention="auto", grid=None, dropout_rate=0.0
         return SeparableSum(dropout_rate, recompute_gradient)
     if encoding.serves_only and encoding.position_only:
         return ConstantSum()
+    if encoding.mixes:
+        return MixtureSum(dropout_rate, recompute_gradient)
     return DenseSum(dropout_rate, recompute_gradient, shared=encoding.position_only)

@@ -251,6 +251,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
             if factored:  # a tuple from an encoding that writes its own
                 return aggregation.Factors(*self.position_encoding.factor_probabilities(height, width))
             return self.position_encoding.probabilities(height, width)
+        if factored:  # the parts its aggregation sums without forming P (gated: a Mixture)
+            return self.position_encoding.factor_probabilities(height, width, *self.queries_and_keys(inputs))
         return self.position_encoding.probabilities(height, width, *self.queries_and_keys(inputs))
 
     def call(self, inputs, training=None, return_attention_scores=False, dropout_seed=None):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import sa_conv
-from sa_conv import MultiHeadSelfAttention2D, heads, inspection, serving
+from sa_conv import MultiHeadSelfAttention2D, aggregation, heads, inspection, serving
 from sa_conv.attention_init import grid_shifts
 
 GRID, DIM = 6, 18
@@ -50,6 +50,23 @@ def test_probabilities_are_the_gated_mixture_of_a_content_and_a_positional_softm
     np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
     _, scores = layer(x, return_attention_scores=True)
     np.testing.assert_allclose(_np(scores), expected, atol=2e-6)
+    # Eq. (6) from the two halves (aggregation.MixtureSum), as from the mixture they make.
+    assert isinstance(layer.aggregation_for((GRID, GRID)), aggregation.MixtureSum)
+    mixed = np.einsum("bhqk,bkd->bqhd", expected, flat).reshape(2, GRID, GRID, 9 * DIM)
+    want = mixed @ _np(layer.value_dense.kernel) + _np(layer.value_dense.bias)
+    np.testing.assert_allclose(_np(layer(x)), want, atol=2e-5)
+
+
+def test_attention_dropout_drops_the_mixture_as_the_dense_sum_does():
+    """With attention dropout the mask is per probability: the mixture is formed and dropped as
+    `aggregation.DenseSum` drops any other content attention's."""
+    layer, x = _layer(attention_dropout=0.5)
+    seed = layer.dropout.seed_generator.next()
+    dropped = _np(layer(x, training=True, dropout_seed=seed))
+    dense = aggregation.DenseSum(0.5, shared=False)(x, layer.attention_probabilities(x), layer.value_dense, "float32",
+                                                    seed)
+    np.testing.assert_allclose(dropped, _np(dense), atol=1e-5)
+    assert not np.allclose(dropped, _np(layer(x)), atol=1e-3)
 
 
 def test_gates_start_at_convit_s_value_and_the_positional_half_on_the_grid():

@@ -39,9 +39,9 @@ def trains_separable(config: ModelConfig, attention_dropout: float | None = None
     (its masks are per probability, which only the dense path has; ``attention_dropout``: None =
     ``config``'s) and ``fast_position_attention`` True, or ``"auto"`` on a grid where it pays."""
     dropout = config.attention_dropout if attention_dropout is None else attention_dropout
-    chosen = aggregation.choose(get_encoding(config.encoding), config.fast_position_attention,
-                                (config.grid_size, config.grid_size), dropout)
-    return chosen.takes_factors(dropout=dropout > 0)
+    encoding = get_encoding(config.encoding)
+    chosen = aggregation.choose(encoding, config.fast_position_attention, (config.grid_size, config.grid_size), dropout)
+    return encoding.position_only and chosen.takes_factors(dropout=dropout > 0)
 
 
 def attention_dropout_bytes(config: ModelConfig) -> int:

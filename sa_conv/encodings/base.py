@@ -103,7 +103,10 @@ class RelativeEncoding(keras.layers.Layer):
       the encoding is a frozen one, which serves and does not train, and whether it takes queries
       and keys ``(batch, N, heads, d)`` and returns probabilities ``(batch, N, heads, N)``
       (query, head, key: `sa_conv.aggregation.QueryMajorSum` sums them without a transpose).
-    * ``factor_probabilities(height, width)``: the softmax of each of `factor_logits`.
+    * ``factor_probabilities(height, width)``: the softmax of each of `factor_logits`; for an
+      encoding that ``mixes``, ``factor_probabilities(height, width, queries, keys)``: its
+      probabilities as a `sa_conv.aggregation.Mixture` of a per-example and a shared part
+      (`sa_conv.aggregation.MixtureSum` sums them without forming ``P``).
     * ``probability_constants()``: a frozen encoding's variables that hold attention probabilities
       (the int8 ONNX route keeps their products float32); none for the others.
     * ``build(input_shape)``: Keras's; the attention layer passes its input shape
@@ -124,6 +127,7 @@ class RelativeEncoding(keras.layers.Layer):
     maps_keys = True
     serves_only = False
     query_major = False
+    mixes = False
 
     def __init__(self, **kwargs):
         kwargs["dtype"] = "float32"  # logits and softmax in float32, also under mixed precision
@@ -273,6 +277,10 @@ class EncodingSpec:
     @property
     def serves_only(self) -> bool:
         return self.cls.serves_only
+
+    @property
+    def mixes(self) -> bool:
+        return self.cls.mixes
 
 
 FROZEN_PREFIX = "frozen:"

@@ -7,6 +7,7 @@ import math
 import keras
 from keras import ops
 
+from sa_conv import aggregation
 from sa_conv.encodings.base import RelativeEncoding, register_encoding
 from sa_conv.encodings.content import ContentEncoding
 from sa_conv.encodings.quadratic import QuadraticEncoding
@@ -33,6 +34,7 @@ class GatedPositionalEncoding(RelativeEncoding):
 
     position_only = False
     convolutional_init = True
+    mixes = True
 
     def __init__(self, num_heads, query_dim, center_init_std=2.0, spread_init_std=0.01, gate_init=1.0, seed=None,
                  **kwargs):
@@ -98,11 +100,18 @@ class GatedPositionalEncoding(RelativeEncoding):
         raise ValueError("Gated attention mixes two softmaxes: it has probabilities (probabilities()), not one set "
                          "of logits.")
 
+    def factor_probabilities(self, height, width, queries=None, keys=None):
+        """The mixture's parts for queries and keys ``(batch, heads, N, d)`` (`aggregation.Mixture`):
+        the content softmax ``(batch, heads, N, N)``, its weights ``1 - g_h`` and ``g_h`` times the
+        positional softmax ``(heads, N, N)``."""
+        content = ops.softmax(ContentEncoding.content_logits(queries, keys) / math.sqrt(queries.shape[-1]), axis=-1)
+        gates = self.gates()
+        return aggregation.Mixture(content, 1.0 - gates,
+                                   ops.reshape(gates, (-1, 1, 1)) * self.positional_probabilities(height, width))
+
     def probabilities(self, height, width, queries=None, keys=None):
         """The mixture ``P`` for queries and keys ``(batch, heads, N, d)``: ``(batch, heads, N, N)``."""
-        content = ops.softmax(ContentEncoding.content_logits(queries, keys) / math.sqrt(queries.shape[-1]), axis=-1)
-        gates = ops.reshape(self.gates(), (-1, 1, 1))
-        return (1.0 - gates) * content + (gates * self.positional_probabilities(height, width))[None]
+        return aggregation.mixed_out(self.factor_probabilities(height, width, queries, keys))
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "query_dim": self.query_dim,
