@@ -13,11 +13,11 @@
   kernels, slower than its float32 file (``benchmarks/tflite_runtimes.py``).
 * ``openvino`` (`OpenVINOInt8`, with ``--formats=...,openvino``): NNCF's post-training
   quantization of the OpenVINO IR calibrated on images, ``assets.extra/openvino/model_int8.xml``:
-  int8 weights and activations of the products with weights, the rest (the attention
-  probabilities' products included) in the plugin's precision (bfloat16 on CPUs with AVX512_BF16
-  or AMX).
-* The SavedModel stays float32 (`SAVED_MODEL_DTYPE`): the int8 files are the ONNX and TFLite
-  routes. Which file serves fastest on which CPU is measured by ``benchmarks/serving.py``
+  int8 weights and activations of the products with weights but the first and last, the rest
+  (the attention probabilities' products included) in the plugin's precision (bfloat16 on CPUs
+  with AVX512_BF16 or AMX).
+* The SavedModel stays float32 (`SAVED_MODEL_DTYPE`): the int8 files are the ONNX, TFLite and
+  OpenVINO routes. Which file serves fastest on which CPU is measured by ``benchmarks/serving.py``
   (``docs/performance.md``), not decided here.
 
 Products with precomputed attention probabilities (values in [0, 1], a (heads, N, N) constant
