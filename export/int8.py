@@ -100,8 +100,9 @@ class OnnxDynamicInt8(Quantized):
         target = os.path.join(version_dir, self.file)
         constants = ProbabilityConstants(serving)
         graph = onnx.load(source).graph
-        kept = {initializer.name for initializer in graph.initializer
-                if int(np.prod(initializer.dims)) in constants.sizes and numpy_helper.to_array(initializer) in constants}
+        kept = {initializer.name for initializer in graph.initializer  # (sizes first: to_array copies)
+                if int(np.prod(initializer.dims)) in constants.sizes
+                and numpy_helper.to_array(initializer) in constants}
         weights = {initializer.name for initializer in graph.initializer}
         products = [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm", "Conv") and weights & set(n.input)]
         # The nodes are in the order they compute (ONNX sorts them): the first and last products
@@ -157,9 +158,9 @@ class OpenVINOInt8(Quantized):
     images (`calibration_images`); every other op computes in the plugin's precision (bfloat16 on
     CPUs with AVX512_BF16 or AMX). Left out of the int8 products: those of the attention
     probabilities (a precomputed ``(heads, N, N)`` constant or its factors, or queries against
-    keys; int8 per row of a trained model's dense constant moved 0.7-1.6% of its classes), and the
-    first and last products (the images' embedding, the logits). Quantizing every op NNCF would (the layer norms' means and
-    variances too) moves a trained model's classes past the agreement guard."""
+    keys), whose small entries a per-tensor activation scale rounds to zero, and the first and
+    last products (the images' embedding, the logits). Quantizing every op NNCF would (the layer
+    norms' means and variances too) moves a trained model's classes past the agreement guard."""
 
     name = "openvino_int8"
     quantizes = "openvino"
@@ -167,8 +168,8 @@ class OpenVINOInt8(Quantized):
     calibrates = True
     file = os.path.join(EXTRA, "openvino", "model_int8.xml")
     route = ("NNCF post-training quantization of the OpenVINO IR, calibrated on images (int8 weights and activations "
-             "of the products with weights, except the first and last and the attention probabilities'; all else in the "
-             "plugin's precision: bfloat16 on CPUs with AVX512_BF16 or AMX, else float32)")
+             "of the products with weights but the first and last and those of attention probabilities; all else in "
+             "the plugin's precision: bfloat16 on CPUs with AVX512_BF16 or AMX, else float32)")
     packages = ("nncf",)
     missing = ("--precision=int8 with --formats=...,openvino quantizes the IR with NNCF: pip install nncf (or "
                "sa-conv[openvino]).")

@@ -37,8 +37,9 @@ from keras import ops
 
 from sa_conv import seeded_dropout, separable
 
-__all__ = ["Aggregation", "ConstantSum", "DenseSum", "Factors", "Mixture", "MixtureSum", "QueryMajorSum", "SeparableSum", "choose", "dense_probabilities",
-           "multiplied_out", "separable_with_constants", "softmax"]
+__all__ = ["Aggregation", "ConstantSum", "DenseSum", "Factors", "Mixture", "MixtureSum", "QueryMajorSum",
+           "SeparableSum", "choose", "dense_probabilities", "mixed_out", "multiplied_out", "separable_with_constants",
+           "softmax"]
 
 
 class Factors(NamedTuple):
