@@ -41,9 +41,11 @@ def test_resolve_and_training_policy():
 def test_this_machine_gets_an_answer_and_the_task_records_it(tmp_path, monkeypatch):
     """`detect` reads this machine (whatever it is); the Task resolves auto once and the trainer
     writes the policy and its reason to config.json."""
+    import dataclasses
     import json
 
     from trainers import train as train_lib
+    from trainers.task import Task
     from trainers.config import make_config
 
     dtype, why = precision.detect()
@@ -61,6 +63,14 @@ def test_this_machine_gets_an_answer_and_the_task_records_it(tmp_path, monkeypat
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())
     assert recorded["precision"] == {"policy": "mixed_bfloat16", "why": "auto: CPU with amx_bf16 (fed by the test)"}
     assert any("precision mixed_bfloat16 (auto: CPU with amx_bf16" in line for line in logs)
+    # Resumed on a CPU without the units, the run goes on in the precision it started with; a new one
+    # in the same place decides afresh.
+    monkeypatch.setattr(precision, "detect", lambda: ("float32", "CPU without avx512_bf16 (fed by the test)"))
+    resumed = Task(dataclasses.replace(config, epochs=2, max_steps=2), log=logs.append)
+    assert resumed.precision == "mixed_bfloat16"
+    assert resumed.precision_reason == "auto, kept from the run resumed (auto: CPU with amx_bf16 (fed by the test))"
+    fresh = Task(dataclasses.replace(config, model_dir=str(tmp_path / "other")), log=logs.append)
+    assert fresh.precision == "float32"
 
 
 def sa_blocks_dtype(model):

@@ -68,11 +68,18 @@ def resolve(requested: str, detector=None) -> tuple[str, str]:
     return requested, "requested"
 
 
-def training_policy(requested: str, detector=None) -> tuple[str, str]:
+def training_policy(requested: str, detector=None, resumed: dict | None = None) -> tuple[str, str]:
     """The Keras dtype policy of ``--mixed_precision=requested`` and why: ``"auto"`` gives
     ``"mixed_bfloat16"`` (float32 variables, bfloat16 compute) where `choose` says bfloat16, else
-    ``"float32"``; any other value is taken as given."""
+    ``"float32"``; any other value is taken as given.
+
+    ``resumed``: the ``precision`` a run being resumed recorded (``{"policy", "why"}`` of its
+    ``config.json``). ``"auto"`` keeps it, so that a run resumed on another CPU class goes on in
+    the precision its epochs so far were trained in (emulated, and slower, where the CPU lacks
+    the units) instead of changing it mid-run."""
     if requested != "auto":
         return requested, "requested"
+    if resumed and resumed.get("policy"):
+        return resumed["policy"], f"auto, kept from the run resumed ({resumed.get('why', 'recorded')})"
     dtype, why = resolve("auto", detector)
     return ("mixed_bfloat16" if dtype == "bfloat16" else "float32"), why

@@ -32,11 +32,19 @@ from trainers import data as data_lib
 from trainers import footprint
 from sa_conv.errors import ConfigError
 from sa_conv.reference import REFERENCE_MEAN, REFERENCE_STD
-from trainers import precision
+from trainers import precision, run_files
 from trainers.config import TrainConfig, default_jit_compile, default_keep_freed_memory
 from trainers.optimizers import PyTorchSGD
 from trainers.schedule import make_schedule
 
+
+
+def resumed_precision(model_dir: str | None) -> dict | None:
+    """The ``precision`` (``{"policy", "why"}``) the run in ``model_dir`` recorded in its
+    ``config.json``, if it has finished an epoch (so a rerun resumes it); else None."""
+    if not model_dir or not run_files.read_history(model_dir):
+        return None
+    return (run_files.read_config(model_dir) or {}).get("precision")
 
 
 def data_model_fields(config: TrainConfig, dataset: data_lib.ImageData) -> dict:
@@ -147,8 +155,10 @@ class Task:
                  log: Callable[[str], None] = print, model_fields: dict | None = None):
         config.validate()
         self.config, self.log = config, log
-        # --mixed_precision=auto decided once, from the hardware (trainers.precision).
-        self.precision, self.precision_reason = precision.training_policy(config.mixed_precision)
+        # --mixed_precision=auto decided once, from the hardware (trainers.precision), when the run
+        # starts: a resumed run keeps what it started with.
+        self.precision, self.precision_reason = precision.training_policy(
+            config.mixed_precision, resumed=resumed_precision(config.model_dir))
         try:  # the preset and overrides first: their errors need no data
             sa_conv.get_config(config.model, **config.model_overrides(), **(model_fields or {}))
         except ValueError as exc:
