@@ -10,6 +10,7 @@ from __future__ import annotations
 from sa_conv.separable import separable_pays
 from sa_conv.config import ModelConfig
 from sa_conv.encodings import get_encoding
+from sa_conv.resnet import RESNETS, ResNetSpec
 
 
 def attention_layer_flops(config: ModelConfig, fast: bool, frozen: bool = False) -> dict:
@@ -38,13 +39,14 @@ def attention_layer_flops(config: ModelConfig, fast: bool, frozen: bool = False)
     return parts
 
 
-def resnet18_flops(image_size: int = 32, num_classes: int = 10) -> int:
-    """Forward FLOPs of the CIFAR ResNet18 (convolutions and the classifier)."""
+def resnet_flops(spec: ResNetSpec, image_size: int = 32, num_classes: int = 10) -> int:
+    """Forward FLOPs of a CIFAR ResNet of `sa_conv.resnet.ResNetSpec` ``spec`` (convolutions and
+    the classifier)."""
     total, size, channels = 0, image_size, 3
-    total += 2 * size * size * 9 * channels * 64
-    channels = 64
-    for stage, width in enumerate((64, 128, 256, 512)):
-        for block in range(2):
+    total += 2 * size * size * 9 * channels * spec.widths[0]
+    channels = spec.widths[0]
+    for stage, (count, width) in enumerate(zip(spec.blocks, spec.widths)):
+        for block in range(count):
             stride = 2 if stage > 0 and block == 0 else 1
             out = size // stride
             total += 2 * out * out * 9 * channels * width  # first 3x3
@@ -58,8 +60,8 @@ def resnet18_flops(image_size: int = 32, num_classes: int = 10) -> int:
 def forward_flops(config: ModelConfig, fast: bool = True, frozen: bool = False) -> int:
     """Forward FLOPs per image. ``fast``: the separable path where it applies (inference, or
     training without attention dropout); ``frozen``: of the served copy (`attention_layer_flops`)."""
-    if config.architecture == "resnet18":
-        return resnet18_flops(config.image_size, config.num_classes)
+    if config.architecture in RESNETS:
+        return resnet_flops(RESNETS[config.architecture], config.image_size, config.num_classes)
     g = config.grid_size
     embedding = 2 * g * g * (3 * config.pooling_width**2) * config.hidden_size
     block = sum(attention_layer_flops(config, fast, frozen).values())

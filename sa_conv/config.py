@@ -8,16 +8,18 @@ from typing import Optional
 from sa_conv.attention_init import get_attention_init
 from sa_conv.encodings import get_encoding
 from sa_conv.initializers import INITIALIZATIONS
+from sa_conv.resnet import RESNETS
 
-ARCHITECTURES = ("attention", "resnet18")
+ARCHITECTURES = ("attention", *RESNETS)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Every field of a model. Attention fields are ignored by ``architecture="resnet18"``.
+    """Every field of a model. Attention fields are ignored by the ResNets.
 
     Attributes:
-      architecture: ``"attention"`` (the paper's fully-attentional classifier) or ``"resnet18"``.
+      architecture: ``"attention"`` (the paper's fully-attentional classifier) or a CIFAR ResNet
+        (a name in `sa_conv.resnet.RESNETS`: ``"resnet18"``, ``"resnet20"``).
       encoding: relative positional encoding of the attention layers (a name in `sa_conv.ENCODINGS`).
       num_layers: transformer blocks.
       num_heads: heads per attention layer (K*K heads express a KxK convolution).
@@ -25,6 +27,9 @@ class ModelConfig:
       mlp_size: intermediate size of each block's MLP.
       pooling_width: width of the invertible pooling at the input (1 = no pooling).
       dropout: dropout after attention and MLP outputs.
+      stochastic_depth: in training, the rate at which the last block's residual branches are
+        dropped whole per example (stochastic depth); earlier blocks' rates fall linearly to 0
+        at the first. Transformer blocks and ResNet BasicBlocks alike.
       attention_dropout: dropout on the attention probabilities.
       layer_norm_epsilon: LayerNorm epsilon.
       max_grid_size: largest grid side of the learned encodings' tables (P).
@@ -69,6 +74,7 @@ class ModelConfig:
     pooling_width: int = 2
     dropout: float = 0.1
     attention_dropout: float = 0.1
+    stochastic_depth: float = 0.0
     layer_norm_epsilon: float = 1e-12
     max_grid_size: int = 16
     position_embedding_dim: Optional[int] = None
@@ -111,7 +117,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        for name in ("dropout", "attention_dropout"):
+        for name in ("dropout", "attention_dropout", "stochastic_depth"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
         if not isinstance(self.remat, bool):
@@ -170,6 +176,7 @@ PRESETS: dict[str, ModelConfig] = {
     # ConViT's gated positional self-attention, its positional half starting as a 3x3 convolution.
     "sa_gated": _PAPER.replace(encoding="gated", attention_init="convolutional"),
     "resnet18": ModelConfig(architecture="resnet18"),
+    "resnet20": ModelConfig(architecture="resnet20"),
     "sa_quadratic_small": _PAPER.replace(**_SMALL),
     "sa_quadratic_full_small": _PAPER.replace(encoding="quadratic_full", **_SMALL),
     "sa_learned_small": _PAPER.replace(encoding="learned", **_SMALL),

@@ -10,7 +10,7 @@ from sa_conv.config import ModelConfig, get_config
 from sa_conv.initializers import bias_for, dense_initializers
 from sa_conv.invertible_pooling import InvertiblePooling
 from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
-from sa_conv.resnet import build_resnet
+from sa_conv.resnet import RESNETS, build_resnet
 from sa_conv.transformer import ServingTransformerBlock, TransformerBlock
 
 
@@ -66,6 +66,8 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier",
             # The last block's backward pass runs right after its forward pass: recomputing it
             # would cost a forward pass and lower no peak.
             remat=config.remat and i < config.num_layers - 1,
+            # Stochastic depth rising linearly with depth, from 0 at the first block (as timm's ViTs).
+            drop_path=config.stochastic_depth * i / max(config.num_layers - 1, 1),
             name=f"block_{i}",
             dtype=dtype,
         )(x)
@@ -88,10 +90,11 @@ def build_model(name_or_config: str | ModelConfig = "sa_quadratic_small", name: 
         config, name = name_or_config.replace(**overrides), name or "sa_model"
     else:
         config, name = get_config(name_or_config, **overrides), name or name_or_config
-    if config.architecture == "resnet18":
-        mean, std = _statistics(config)
-        return build_resnet(config.image_size, config.num_classes, name=name, image_channels=config.image_channels,
-                            pixel_mean=mean, pixel_std=std, initialization=config.initialization, dtype=dtype)
+    if config.architecture in RESNETS:
+        mean, std, spec = *_statistics(config), RESNETS[config.architecture]
+        return build_resnet(config.image_size, config.num_classes, spec.blocks, spec.widths, name=name,
+                            image_channels=config.image_channels, pixel_mean=mean, pixel_std=std,
+                            initialization=config.initialization, dtype=dtype, stochastic_depth=config.stochastic_depth)
     return build_attention_classifier(config, name=name, dtype=dtype)
 
 

@@ -41,6 +41,10 @@ class TransformerBlock(keras.layers.Layer):
 
     ``y = LN(x + Dropout(Dense(MHSA(x))))``, ``z = LN(y + Dropout(Dense(GELU(Dense(y)))))``.
 
+    With ``drop_path`` above 0 (stochastic depth, Huang et al. 2016), training also drops each
+    of the two residual branches of an example whole, at that rate, rescaling kept ones by
+    ``1 / (1 - drop_path)``: ``y = LN(x + DropPath(Dropout(Dense(MHSA(x)))))``, the same for ``z``.
+
     Input and output shape: ``(batch, H, W, hidden)``. Keyword arguments not listed are passed
     to `MultiHeadSelfAttention2D` through ``attention_config``.
 
@@ -64,7 +68,9 @@ class TransformerBlock(keras.layers.Layer):
 
     Sublayers: ``attention``, ``attention_output`` (dense), ``attention_output_dropout`` (at rate
     ``dropout``; the attention's own ``attention_dropout`` acts on its probabilities),
-    ``attention_norm``, ``intermediate``, ``output``, ``output_dropout``, ``output_norm``.
+    ``attention_norm``, ``intermediate``, ``output``, ``output_dropout``, ``output_norm`` and,
+    with ``drop_path``, ``drop_path`` (a `keras.layers.Dropout` whose seed generator draws both
+    branches' keep-masks).
 
     Its serving copy (`ServingTransformerBlock`) is built from a trained block by
     `sa_conv.serving.freeze_for_inference`.
@@ -82,10 +88,14 @@ class TransformerBlock(keras.layers.Layer):
         attention_config=None,
         bias_initializer="zeros",
         remat=False,
+        drop_path=0.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.remat = bool(remat)
+        self.drop_path_rate = float(drop_path)
+        if not 0.0 <= self.drop_path_rate < 1.0:
+            raise ValueError(f"drop_path must be in [0, 1), got {drop_path}.")
         self.mlp_size = int(mlp_size)
         self.dropout_rate = float(dropout)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
@@ -126,6 +136,8 @@ class TransformerBlock(keras.layers.Layer):
         self.output_dense = self._sublayer(dense, "output", self.mlp_size, units=hidden)
         self.output_dropout = self._sublayer(keras.layers.Dropout, "output_dropout", rate=self.dropout_rate)
         self.output_norm = self._sublayer(norm, "output_norm", epsilon=self.layer_norm_epsilon)
+        if self.drop_path_rate > 0:  # only then: the variables of blocks without it stay as they were
+            self.drop_path = self._sublayer(keras.layers.Dropout, "drop_path", rate=self.drop_path_rate)
         mlp_shape = tuple(input_shape[:-1]) + (self.mlp_size,)
         for layer, shape in (
             (self.attention_norm, input_shape), (self.intermediate, input_shape), (self.output_dense, mlp_shape),
@@ -134,18 +146,19 @@ class TransformerBlock(keras.layers.Layer):
             layer.build(shape)
 
     def _mask_seeds(self, inputs):
-        """The seeds of the block's three dropouts for this call (None where the rate is 0), each
-        advancing its dropout layer's seed generator once."""
+        """The seeds of the block's three dropouts and of its stochastic depth for this call (None
+        where the rate is 0), each advancing its dropout layer's seed generator once."""
 
         def seed(layer):
             # Tied to the input (`after`): the masks' shapes are static, so without it the
             # runtime draws every block's masks at the start of the step, all alive at once.
             return None if layer.rate <= 0 else after(layer.seed_generator.next(), inputs)
 
-        return seed(self.attention.dropout), seed(self.attention_output_dropout), seed(self.output_dropout)
+        paths = seed(self.drop_path) if self.drop_path_rate > 0 else None
+        return seed(self.attention.dropout), seed(self.attention_output_dropout), seed(self.output_dropout), paths
 
     def call(self, inputs, training=None, return_attention_scores=False):
-        seeds = self._mask_seeds(inputs) if training else (None, None, None)
+        seeds = self._mask_seeds(inputs) if training else (None, None, None, None)
         if not (self.remat and training) or return_attention_scores:
             return self._block(inputs, *seeds, return_attention_scores=return_attention_scores)
         if seeds[0] is not None and self.attention.aggregation_for(tuple(inputs.shape[1:3])).recomputes_dropout_gradient:
@@ -153,24 +166,30 @@ class TransformerBlock(keras.layers.Layer):
             return rematerialize(self._tail, inputs, attended, *seeds[1:])
         return rematerialize(self._block, inputs, *seeds)
 
-    def _block(self, inputs, attention_seed=None, attention_output_seed=None, output_seed=None,
+    def _block(self, inputs, attention_seed=None, attention_output_seed=None, output_seed=None, path_seed=None,
                return_attention_scores=False):
-        """The block from its input and its dropouts' seeds (None: no dropout there)."""
+        """The block from its input and its dropouts' and stochastic depth's seeds (None: none there)."""
         attended = self.attention(inputs, training=attention_seed is not None, dropout_seed=attention_seed,
                                   return_attention_scores=return_attention_scores)
         if return_attention_scores:
             attended, probs = attended
-            return self._tail(inputs, attended, attention_output_seed, output_seed), probs
-        return self._tail(inputs, attended, attention_output_seed, output_seed)
+            return self._tail(inputs, attended, attention_output_seed, output_seed, path_seed), probs
+        return self._tail(inputs, attended, attention_output_seed, output_seed, path_seed)
 
-    def _tail(self, inputs, attended, attention_output_seed=None, output_seed=None):
-        """The block after the attention: output map, dropouts, residuals, LayerNorms and MLP."""
+    def _tail(self, inputs, attended, attention_output_seed=None, output_seed=None, path_seed=None):
+        """The block after the attention: output map, dropouts, stochastic depth, residuals,
+        LayerNorms and MLP."""
         shape = (ops.shape(inputs)[0],) + tuple(inputs.shape[1:])
+        # One draw for both branches: (batch, 1, 1, 2), a keep per example and branch.
+        paths = None if path_seed is None else draw_keep_mask((shape[0], 1, 1, 2), path_seed, self.drop_path_rate)
         x = apply_keep_mask(self.attention_output(attended), self._keep(shape, attention_output_seed), self.dropout_rate)
-        x = self.attention_norm(inputs + x)
+        x = self.attention_norm(inputs + self._drop_path(x, paths, 0))
         y = apply_keep_mask(self.output_dense(exact_gelu(self.intermediate(x))), self._keep(shape, output_seed),
                             self.dropout_rate)
-        return self.output_norm(x + y)
+        return self.output_norm(x + self._drop_path(y, paths, 1))
+
+    def _drop_path(self, branch, paths, index):
+        return branch if paths is None else apply_keep_mask(branch, paths[..., index:index + 1], self.drop_path_rate)
 
     def _keep(self, shape, seed):
         return None if seed is None else draw_keep_mask(shape, seed, self.dropout_rate)
@@ -188,6 +207,8 @@ class TransformerBlock(keras.layers.Layer):
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "attention_config": self.attention_config,
             "remat": self.remat,
+            # Only when on: the configs of blocks without it stay as they were.
+            **({"drop_path": self.drop_path_rate} if self.drop_path_rate else {}),
         }
 
 
@@ -225,12 +246,12 @@ class ServingTransformerBlock(TransformerBlock):
                              "train. Train the model it was made from, then freeze that again.")
         return super().call(inputs, training=False, return_attention_scores=return_attention_scores)
 
-    def _tail(self, inputs, attended, attention_output_seed=None, output_seed=None):
+    def _tail(self, inputs, attended, attention_output_seed=None, output_seed=None, path_seed=None):
         x = self.attention_norm(inputs + attended)
         return self.output_norm(x + self.output_dense(exact_gelu(self.intermediate(x))))
 
     def get_config(self):
         config = super().get_config()
-        for trained_only in ("dropout", "remat"):
-            config.pop(trained_only)
+        for trained_only in ("dropout", "remat", "drop_path"):
+            config.pop(trained_only, None)
         return config

@@ -9,6 +9,9 @@ from benchmarks import flops
 def test_resnet18_matches_the_known_count():
     # CIFAR ResNet18: 0.556 G multiply-adds per 32x32 image (the usual figure), 2 FLOPs each.
     assert flops.forward_flops(sa_conv.get_config("resnet18")) == pytest.approx(2 * 0.5565e9, rel=0.005)
+    # ResNet20 (He et al. 2016): about 41 M multiply-adds, 40.55 M of them in its convolutions with
+    # zero-padded shortcuts; the two 1x1 projections here add 0.26 M.
+    assert flops.forward_flops(sa_conv.get_config("resnet20")) == pytest.approx(2 * (40.55e6 + 0.262e6), rel=0.002)
 
 
 def test_attention_parts_by_hand():

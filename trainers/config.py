@@ -16,7 +16,9 @@ from sa_conv.config import PRESETS
 from trainers.data import DATASETS, get_source
 from sa_conv.encodings import get_encoding
 from sa_conv.errors import ConfigError, SaConvError
-from trainers.optimizers import MOMENTUM_FORMS
+from trainers import augmentation
+from trainers.optimizers import MOMENTUM_FORMS, OPTIMIZERS
+from trainers.recipes import RECIPES
 from trainers.schedule import SCHEDULES
 
 REMAT = ("none", "blocks", "auto")
@@ -26,7 +28,7 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
 # Fields of sa_conv.ModelConfig that the trainer exposes as flags (None = the preset's value).
 MODEL_OVERRIDES = (
     "encoding", "num_layers", "num_heads", "hidden_size", "mlp_size", "dropout", "attention_dropout",
-    "attention_init", "locality_strength", "locality_distance",
+    "attention_init", "locality_strength", "locality_distance", "stochastic_depth",
 )
 
 _field = cli.config_field
@@ -39,6 +41,12 @@ MAX_IMAGE_SIZE = 1024
 
 @dataclasses.dataclass
 class TrainConfig:
+    recipe: str = _field(
+        "paper",
+        "Named defaults of the training settings (trainers.recipes): paper (the paper's SGD, weight decay and "
+        "pad-crop-flip) or small_data (AdamW, RandAugment, random erasing, MixUp/CutMix, label smoothing, "
+        "stochastic depth, a moving average of the weights: docs/little_data.md). A config file and flags "
+        "override any of them.", tuple(RECIPES))
     model: str = _field("sa_quadratic_small", "Model preset.", tuple(PRESETS))
     encoding: Optional[str] = _field(None, "Override the preset's positional encoding.")
     num_layers: Optional[int] = _field(None, "Override the preset's number of transformer blocks.")
@@ -47,6 +55,9 @@ class TrainConfig:
     mlp_size: Optional[int] = _field(None, "Override the preset's MLP size.")
     dropout: Optional[float] = _field(None, "Override the preset's dropout.")
     attention_dropout: Optional[float] = _field(None, "Override the preset's attention dropout.")
+    stochastic_depth: Optional[float] = _field(
+        None, "Drop rate of the last block's residual branches in training, per example (stochastic depth; "
+        "earlier blocks' rates fall linearly to 0 at the first). Default: the preset's (0).")
     attention_init: Optional[str] = _field(
         None, "How attention starts (default: the preset's; random for all but sa_gated*): random, convolutional "
         "(each head at one shift of the KxK grid, Theorem 1; position-only encodings and gated) or mimetic "
@@ -87,7 +98,12 @@ class TrainConfig:
     epochs: int = _field(300, "Training epochs.")
     global_batch_size: int = _field(100, "Global batch size, split across replicas.")
     eval_batch_size: int = _field(500, "Global batch size for validation and test.")
-    learning_rate: float = _field(0.1, "Peak learning rate (SGD).")
+    optimizer: str = _field(
+        "sgd",
+        "sgd (with --momentum; --weight_decay is L2 added to the gradient, as PyTorch's SGD) or adamw "
+        "(keras.optimizers.AdamW; --weight_decay is decoupled, w -= lr * weight_decay * w, as PyTorch's "
+        "AdamW).", tuple(OPTIMIZERS))
+    learning_rate: float = _field(0.1, "Peak learning rate.")
     momentum: float = _field(0.9, "SGD momentum.")
     momentum_form: str = _field(
         "keras",
@@ -98,7 +114,7 @@ class TrainConfig:
     )
     weight_decay: float = _field(
         1e-4,
-        "L2 weight decay (added to the gradient, as PyTorch's SGD) on every variable but those the model "
+        "Weight decay (as --optimizer says) on every variable but those the model "
         "declares (sa_conv.no_weight_decay: the attention centers and spreads, as the reference implementation) "
         "and those named in --no_weight_decay.",
     )
@@ -118,6 +134,20 @@ class TrainConfig:
     lr_milestones: str = _field("80,150,250", "Epochs at which the step schedule divides the lr.")
     lr_decay_factor: float = _field(10.0, "Divisor of the lr at each milestone (step schedule).")
     label_smoothing: float = _field(0.0, "Label smoothing of the cross-entropy.")
+    augmentation: str = _field(
+        "pad_crop_flip",
+        "Comma-separated training augmentations (trainers.augmentation), seeded: pad_crop_flip (the paper's "
+        "pad by 4, random crop, flip), rand_augment, random_erasing (per example, in that order after "
+        "pad_crop_flip), mixup, cutmix (per batch, mixing the labels; with both, a coin picks one per batch).")
+    rand_augment_ops: int = _field(2, "Operations RandAugment applies to each image.")
+    rand_augment_factor: float = _field(0.5, "Strength of RandAugment's operations, in [0, 1].")
+    random_erasing: float = _field(0.25, "Probability that random_erasing erases a rectangle of an image.")
+    mixup_alpha: float = _field(0.8, "MixUp's weights follow Beta(alpha, alpha).")
+    cutmix_alpha: float = _field(1.0, "CutMix's mixing weights follow Beta(alpha, alpha); alpha in (0, 1].")
+    ema_momentum: Optional[float] = _field(
+        None,
+        "Keep an exponential moving average of the weights (keras optimizer use_ema) with this momentum; "
+        "validation, the test, the saved models and snapshots use the average. Unset: off.")
     seed: int = _field(0, "Seed of initialization, data split, shuffling and augmentation.")
     mixed_precision: str = _field(
         "float32",
@@ -238,6 +268,20 @@ class TrainConfig:
                 f"--validation_size must be positive, got {self.validation_size}: model selection "
                 "needs a validation split (the test split is only for the final evaluation)."
             )
+        augmentation.parse(self.augmentation)
+        if self.rand_augment_ops < 1 or not 0 <= self.rand_augment_factor <= 1:
+            raise ConfigError(f"--rand_augment_ops must be positive and --rand_augment_factor in [0, 1], got "
+                              f"{self.rand_augment_ops} and {self.rand_augment_factor}.")
+        if not 0 <= self.random_erasing <= 1:
+            raise ConfigError(f"--random_erasing is a probability, got {self.random_erasing}.")
+        if self.mixup_alpha <= 0 or not 0 < self.cutmix_alpha <= 1:
+            raise ConfigError(f"--mixup_alpha must be positive and --cutmix_alpha in (0, 1] (keras.layers.CutMix), "
+                              f"got {self.mixup_alpha} and {self.cutmix_alpha}.")
+        if self.ema_momentum is not None and not 0 < self.ema_momentum < 1:
+            raise ConfigError(f"--ema_momentum must be in (0, 1), got {self.ema_momentum}.")
+        if self.ema_momentum is not None and self.prune_degenerate_heads:
+            raise ConfigError("--prune_degenerate_heads changes the model's variables, which --ema_momentum "
+                              "averages; choose one.")
         if self.reset_degenerate_heads and self.prune_degenerate_heads:
             raise ConfigError(
                 "--reset_degenerate_heads and --prune_degenerate_heads both act on degenerate heads; "
@@ -265,9 +309,13 @@ def default_keep_freed_memory(model_config) -> bool:
 
 
 def make_config(file_values: dict | None = None, overrides: dict | None = None) -> TrainConfig:
-    """Defaults, then the config file's values, then ``overrides`` (e.g. flags set on the command
-    line); type-checked and validated."""
-    return cli.make(TrainConfig, {**(file_values or {}), **(overrides or {})})
+    """Defaults, then the ``--recipe``'s (`trainers.recipes`), then the config file's values, then
+    ``overrides`` (e.g. flags set on the command line); type-checked and validated."""
+    values = {**(file_values or {}), **(overrides or {})}
+    recipe = values.get("recipe") or TrainConfig.recipe
+    if recipe not in RECIPES:
+        raise ConfigError(f"--recipe={recipe!r} is not one of: {', '.join(RECIPES)}.")
+    return cli.make(TrainConfig, {**RECIPES[recipe], **values})
 
 
 def read_config_file(path: str) -> dict:

@@ -725,8 +725,9 @@ def augment(image, seed, padding: int = CROP_PADDING):
 
 
 def make_dataset(split: Split | FileSplit, batch_size: int, training: bool, seed: int | None = 0,
-                 drop_remainder: bool | None = None, image_size: int | None = None):
-    """A `tf.data.Dataset` of ``(images uint8 (batch, S, S, C), labels int64 (batch,))``.
+                 drop_remainder: bool | None = None, image_size: int | None = None, augmentation=None):
+    """A `tf.data.Dataset` of ``(images uint8 (batch, S, S, C), labels int64 (batch,))`` (with a
+    mixing ``augmentation`` in training: ``(images float32, labels float32 (batch, classes))``).
 
     Args:
       split: the images and labels: in memory (`Split`), or files (`FileSplit`, decoded here on
@@ -735,12 +736,15 @@ def make_dataset(split: Split | FileSplit, batch_size: int, training: bool, seed
         into per-replica batches of ``batch_size / num_replicas``.
       training: shuffle (reshuffled every epoch) and augment, repeat is left to the caller. In
         memory: the paper's pad, crop and flip (`augment`); files: `resize_and_crop`'s random crop
-        and flip.
+        and flip; then ``augmentation``'s.
       seed: makes shuffling and augmentation deterministic; None for nondeterministic.
       drop_remainder: defaults to ``training`` (equal batches for every replica and for XLA).
       image_size: the side ``S`` of the images yielded; None: the split's own. In-memory images of
         another size go through `resize_and_crop` first (training pads by `CROP_PADDING` scaled
         by the resize). A `FileSplit` has its size already.
+      augmentation: in training, a `trainers.augmentation.Pipeline` (its ``crops``: whether the
+        crop and flip above happen; ``example`` and ``batch``: its stages); None: the crop and
+        flip alone.
     """
     import tensorflow as tf
 
@@ -761,11 +765,15 @@ def make_dataset(split: Split | FileSplit, batch_size: int, training: bool, seed
     resize = not files and (size, size) != tuple(split.image_shape[:2])
     padding = max(1, round(CROP_PADDING * size / own)) if resize else CROP_PADDING
 
+    crops = training and (augmentation is None or augmentation.crops)
+
     def image_of(item, seed_pair=None):
         if files:
-            return resize_and_crop(image_files.decode(item, split.channels), size, training, seed_pair)
-        image = resize_and_crop(item, size) if resize else item
-        return augment(image, seed_pair, padding) if training else image
+            image = resize_and_crop(image_files.decode(item, split.channels), size, crops, seed_pair)
+        else:
+            image = resize_and_crop(item, size) if resize else item
+            image = augment(image, seed_pair, padding) if crops else image
+        return augmentation.example(image, seed_pair) if training and augmentation is not None else image
 
     ds = tf.data.Dataset.from_tensor_slices((list(split.paths) if files else split.images, split.labels))
     options = tf.data.Options()
@@ -785,6 +793,12 @@ def make_dataset(split: Split | FileSplit, batch_size: int, training: bool, seed
         ds = ds.map(lambda item, label: (image_of(item), label), num_parallel_calls=tf.data.AUTOTUNE,
                     deterministic=True)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    if training and augmentation is not None and augmentation.mixes:
+        # A stream of its own: the examples' seeds stay those of a run without the batch stage.
+        seeds = tf.data.Dataset.random(seed=None if seed is None else seed + 1, rerandomize_each_iteration=True)
+        ds = tf.data.Dataset.zip((ds, seeds.batch(2))).map(
+            lambda batch, s: augmentation.batch(batch[0], batch[1], s),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=seed is not None)
     return ds.prefetch(tf.data.AUTOTUNE)
 
 

@@ -1,4 +1,5 @@
-"""SGD with PyTorch's momentum formulation, for runs that must match the reference's training.
+"""``--optimizer``: how a run's optimizer is made (`OPTIMIZERS`), and SGD with PyTorch's momentum
+formulation, for runs that must match the reference's training.
 
 Keras's SGD keeps ``m = mu m - lr g`` and adds ``m`` to the weights; PyTorch's
 (``torch.optim.SGD``, which the reference's ``train.py`` uses) keeps ``b = mu b + g`` and
@@ -38,3 +39,31 @@ class PyTorchSGD(keras.optimizers.SGD):
         config = super().get_config()
         config.pop("nesterov", None)
         return config
+
+
+class SGD:
+    """``--optimizer=sgd``: `keras.optimizers.SGD` (or `PyTorchSGD`, ``--momentum_form``) with
+    ``--momentum``. Weight decay is coupled: the loss gains ``weight_decay / 2 * sum w^2``."""
+
+    couples_weight_decay = True
+
+    @staticmethod
+    def make(config, schedule, spared, **options):
+        sgd = PyTorchSGD if config.momentum_form == "pytorch" else keras.optimizers.SGD
+        return sgd(schedule, momentum=config.momentum, **options)
+
+
+class AdamW:
+    """``--optimizer=adamw``: `keras.optimizers.AdamW` (Loshchilov and Hutter, 2019), decoupled
+    weight decay ``w -= lr * weight_decay * w`` on every variable but ``spared``."""
+
+    couples_weight_decay = False
+
+    @staticmethod
+    def make(config, schedule, spared, **options):
+        optimizer = keras.optimizers.AdamW(schedule, weight_decay=config.weight_decay, **options)
+        optimizer.exclude_from_weight_decay(var_list=spared)
+        return optimizer
+
+
+OPTIMIZERS = {"sgd": SGD, "adamw": AdamW}

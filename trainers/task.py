@@ -34,7 +34,8 @@ from sa_conv.errors import ConfigError
 from sa_conv.reference import REFERENCE_MEAN, REFERENCE_STD
 from trainers import precision, run_files
 from trainers.config import TrainConfig, default_jit_compile, default_keep_freed_memory
-from trainers.optimizers import PyTorchSGD
+from trainers.augmentation import Pipeline
+from trainers.optimizers import OPTIMIZERS
 from trainers.schedule import make_schedule
 
 
@@ -184,6 +185,7 @@ class Task:
         # from the data, so the model and its exports take this dataset's raw pixels.
         self.model_config = resolve_model_config(
             config, dataset, config.global_batch_size // replicas, log, model_fields)
+        self.augmentation = Pipeline(config, self.model_config.num_classes)
         self.steps_per_epoch = len(self.train_split) // config.global_batch_size
         if self.steps_per_epoch < 1:
             raise ConfigError(
@@ -212,11 +214,14 @@ class Task:
             steps_per_update=self.steps_per_epoch if c.lr_update == "epoch" else 1)
 
     def build_optimizer(self, model: keras.Model, schedule) -> keras.optimizers.Optimizer:
-        """SGD (``--momentum_form``) following ``schedule``, loss-scaled under mixed_float16, built
+        """``--optimizer`` (`trainers.optimizers.OPTIMIZERS`) following ``schedule``, keeping the
+        weights' moving average with ``--ema_momentum``, loss-scaled under mixed_float16, built
         for ``model``'s variables (in the caller's strategy scope, the model's)."""
         c = self.config
-        sgd = PyTorchSGD if c.momentum_form == "pytorch" else keras.optimizers.SGD
-        optimizer = sgd(schedule, momentum=c.momentum)
+        decayed = {id(v) for v in self.decayed_variables(model)}
+        spared = [v for v in model.trainable_variables if id(v) not in decayed]
+        ema = {} if c.ema_momentum is None else dict(use_ema=True, ema_momentum=c.ema_momentum)
+        optimizer = OPTIMIZERS[c.optimizer].make(c, schedule, spared, **ema)
         if self.precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
@@ -245,8 +250,9 @@ class Task:
     # ------------------------------------------------------------------------- steps
 
     def per_example_loss(self, labels, logits):
-        """Cross-entropy (with ``--label_smoothing``) per example, float32: ``(batch,)``."""
-        one_hot = tf.one_hot(labels, self.model_config.num_classes)
+        """Cross-entropy (with ``--label_smoothing``) per example, float32: ``(batch,)``. ``labels``:
+        class indices ``(batch,)``, or one-hot ``(batch, classes)`` (mixed by MixUp or CutMix)."""
+        one_hot = labels if len(labels.shape) == 2 else tf.one_hot(labels, self.model_config.num_classes)
         loss = keras.losses.CategoricalCrossentropy(
             from_logits=True, label_smoothing=self.config.label_smoothing, reduction=None)
         return loss(one_hot, tf.cast(logits, tf.float32))
@@ -254,15 +260,19 @@ class Task:
     @staticmethod
     def sums(per_example, labels, logits):
         """``[sum of losses, correct predictions, examples]`` of a batch: summed across replicas
-        and batches, they give the mean loss and accuracy."""
+        and batches, they give the mean loss and accuracy. With mixed labels, a prediction is
+        correct when it is the label's largest class."""
+        if len(labels.shape) == 2:
+            labels = tf.argmax(labels, -1)
         correct = tf.cast(tf.equal(tf.argmax(logits, -1), tf.cast(labels, tf.int64)), tf.float32)
         count = tf.cast(tf.shape(labels)[0], tf.float32)
         return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct), count])
 
     def gradients(self, model: keras.Model, optimizer, images, labels, decayed=None):
-        """One replica's gradients of its share of the global batch's mean loss plus the coupled
-        L2 term ``weight_decay / 2 * sum w^2`` over ``decayed`` (default `decayed_variables`), as
-        PyTorch's ``SGD(weight_decay=)`` adds ``weight_decay * w`` to the gradient; loss-scaled
+        """One replica's gradients of its share of the global batch's mean loss plus, where the
+        optimizer couples weight decay (SGD), the L2 term ``weight_decay / 2 * sum w^2`` over
+        ``decayed`` (default `decayed_variables`), as PyTorch's ``SGD(weight_decay=)`` adds
+        ``weight_decay * w`` to the gradient; loss-scaled
         when ``optimizer`` scales. Returns ``(gradients, sums)`` (`sums`)."""
         c = self.config
         decayed = self.decayed_variables(model) if decayed is None else decayed
@@ -270,7 +280,7 @@ class Task:
             logits = model(images, training=True)
             per_example = self.per_example_loss(labels, logits)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=c.global_batch_size)
-            if c.weight_decay and decayed:
+            if c.weight_decay and decayed and OPTIMIZERS[c.optimizer].couples_weight_decay:
                 l2 = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in decayed])
                 loss += tf.nn.scale_regularization_loss(0.5 * c.weight_decay * l2)
             scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
@@ -308,7 +318,7 @@ class Task:
         deterministic order per epoch, so a resumed epoch sees the data the lost one did."""
         seed = self.config.seed * 100_003 + epoch
         return data_lib.make_dataset(self.train_split, self.config.global_batch_size, training=True, seed=seed,
-                                     image_size=self.model_config.image_size)
+                                     image_size=self.model_config.image_size, augmentation=self.augmentation)
 
     def images(self, split, count: int) -> np.ndarray:
         """The first ``count`` images of ``split`` as the model sees them in evaluation, uint8."""

@@ -30,6 +30,7 @@ from trainers import process
 
 process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -174,6 +175,24 @@ class Trainer:
         """Loss and accuracy of the current model on ``split``."""
         return distribute.evaluate(self.strategy, self.eval_step, self.task.eval_dataset(split))
 
+    @contextlib.contextmanager
+    def averaged_weights(self):
+        """Within it, the model holds the moving average of its weights (``--ema_momentum``), as
+        validation and the saved models see it; after, the trained weights again. Without an
+        average, the model as it is."""
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        if not optimizer.use_ema:
+            yield
+            return
+        variables = self.model.trainable_variables
+        trained = [v.numpy() for v in variables]
+        optimizer.finalize_variable_values(variables)
+        try:
+            yield
+        finally:
+            for variable, value in zip(variables, trained):
+                variable.assign(value)
+
     # ----------------------------------------------------------------------------- loops
 
     def _run_epoch(self, epoch: int, step: int, callbacks) -> tuple[dict, int, float]:
@@ -289,7 +308,8 @@ class Trainer:
             train_metrics, step, seconds = self._run_epoch(epoch, step, callbacks)
             train_seconds += seconds
             callbacks.on_test_begin()
-            val_metrics = self.evaluate(self.task.val_split)
+            with self.averaged_weights():
+                val_metrics = self.evaluate(self.task.val_split)
             callbacks.on_test_end({"loss": val_metrics["loss"], "accuracy": val_metrics["accuracy"]})
             record = {
                 "epoch": epoch + 1, "step": step, "learning_rate": float(self.schedule(step - 1)),
@@ -312,7 +332,8 @@ class Trainer:
             if save:
                 self._write_summaries(writers, record)
                 if self.chief and record["val_accuracy"] > best:
-                    checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, run_files.BEST_MODEL))
+                    with self.averaged_weights():
+                        checkpoints.save_keras_atomically(self.model, os.path.join(self.output_dir, run_files.BEST_MODEL))
                 if self._snapshot_due(epoch + 1):
                     self._snapshot(epoch + 1)
                 # The epoch's wall time: its steps, validation and artefacts (one checkpoint aside).
@@ -364,6 +385,9 @@ class Trainer:
 
     def _finish(self, history, resumed_from, train_seconds, wall_start) -> dict:
         params = count_parameters(self.model)  # after any --prune_degenerate_heads
+        # From here the model is what the run delivers: with --ema_momentum, the average (as fit does).
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        optimizer.finalize_variable_values(self.model.trainable_variables)
         test = self.evaluate(self.task.test_split)
         last = history[-1] if history else {}
         best = max(history, key=lambda h: h["val_accuracy"]) if history else {}
@@ -412,7 +436,8 @@ class Trainer:
         # Written before the epoch's checkpoint: a run killed in between redoes the epoch and
         # writes the same snapshot again.
         files.makedirs(os.path.dirname(self.snapshot_path(epoch)))
-        checkpoints.save_keras_atomically(self.model, self.snapshot_path(epoch))
+        with self.averaged_weights():
+            checkpoints.save_keras_atomically(self.model, self.snapshot_path(epoch))
 
     def _prune_degenerate_heads(self, record):
         found = pruning.heads_to_prune(self.model, self.log)
