@@ -1,5 +1,6 @@
 """``sa-conv-visualize`` (``python -m programs.visualize``): attention figures and locality
-metrics of a trained model (see `sa_conv.plotting.visualize` for what is written)."""
+metrics of a trained model (see `sa_conv.plotting.visualize` for what is written), or with
+``--augmented=N`` a grid of a run's first N training images as its ``--augmentation`` makes them."""
 
 from __future__ import annotations
 
@@ -32,8 +33,16 @@ class VisualizeConfig:
     query_pixel: Optional[str] = _field(None, "row,col on the attention grid (default: the center).")
     dataset: Optional[str] = _field(None, "Dataset of the test indices (default: the run's, else cifar10).")
     data_dir: Optional[str] = _field(None, "Its data_dir (default: the run's).")
+    augmented: int = _field(
+        0, "Instead of attention figures, write augmented.png: the first N training images of the run in "
+        "--model_dir (from its config.json, written when it starts) as its first epoch's augmentation makes "
+        "them, with their labels (mixed ones as weights).")
 
     def validate(self):
+        if self.augmented < 0:
+            raise ConfigError(f"--augmented must be >= 0, got {self.augmented}.")
+        if self.augmented and not self.model_dir:
+            raise ConfigError("--augmented shows a run's augmentation: give its --model_dir.")
         if bool(self.model_dir) == bool(self.model_path):
             raise ConfigError("Give exactly one of --model_dir or --model_path.")
         self.query()
@@ -116,9 +125,45 @@ def write_figures(model, images, output_dir, query=None, image_names=None, log=p
     return {"paths": written, "metrics": metrics, "query": query}
 
 
+def augmented_titles(labels, names) -> list[str]:
+    """Each label's caption: its class, or for a mixed (one-hot) label its classes and weights."""
+    labels = np.asarray(labels)
+    if labels.ndim == 1:
+        return [names[int(label)] for label in labels]
+    return [" + ".join(f"{row[c]:.2f} {names[c]}" for c in np.argsort(-row) if row[c] > 1e-3) for row in labels]
+
+
+def write_augmented(model_dir: str, count: int, output_dir: str, log=print) -> str:
+    """Writes ``output_dir/augmented.png``: the first ``count`` training images of the run in
+    ``model_dir`` (its recorded settings) as its first epoch's augmentation makes them."""
+    from trainers.config import TrainConfig, make_config
+    from trainers.task import Task
+
+    recorded = run_files.read_config(model_dir)
+    if recorded is None:
+        raise ConfigError(f"{model_dir} has no {run_files.CONFIG}: start the run (its settings are written first).")
+    names = set(cli.field_names(TrainConfig))
+    task = Task(make_config(overrides={k: v for k, v in recorded.items() if k in names}), log=lambda line: None)
+    images, labels = [], []
+    for batch_images, batch_labels in task.train_dataset(0):
+        images.extend(batch_images.numpy())
+        labels.extend(batch_labels.numpy())
+        if len(images) >= count:
+            break
+    figure = plotting.image_grid_figure(images[:count], augmented_titles(labels[:count], task.label_names),
+                                        title=f"augmentation: {task.config.augmentation or 'none'}")
+    path = _save(figure, os.path.join(output_dir, "augmented.png"))
+    log(f"Wrote {path}")
+    return path
+
+
 def visualize_run(config: VisualizeConfig, log=print) -> dict:
-    """Flag-free entry point: loads the model and images, writes the figures."""
+    """Flag-free entry point: loads the model and images, writes the figures (or, with
+    ``--augmented``, the grid of augmented training images)."""
     config.validate()
+    if config.augmented:
+        os.makedirs(config.output_dir, exist_ok=True)
+        return {"paths": [write_augmented(config.model_dir, config.augmented, config.output_dir, log)]}
     path = config.model_path or os.path.join(config.model_dir, run_files.MODEL)
     if not os.path.isfile(path):
         raise ConfigError(f"{path!r} does not exist.")

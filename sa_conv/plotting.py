@@ -159,6 +159,22 @@ def centers_figure(model, query):
     return fig
 
 
+def image_grid_figure(images, titles, columns: int = 8, title=""):
+    """A grid of ``images`` (``(n, H, W, C)`` pixels in [0, 255], uint8 or float), each with its
+    title (e.g. its label), ``columns`` to a row."""
+    rows = -(-len(images) // columns)
+    fig = Figure(figsize=(1.6 * columns, 1.8 * rows))
+    for i, (image, caption) in enumerate(zip(images, titles)):
+        ax = fig.add_subplot(rows, columns, i + 1)
+        ax.imshow(np.clip(np.asarray(image, np.float32), 0, 255).astype(np.uint8).squeeze())
+        ax.set_title(caption, fontsize=7)
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def figure_png(fig) -> bytes:
     """The figure as PNG bytes."""
     buffer = io.BytesIO()

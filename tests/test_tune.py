@@ -212,6 +212,20 @@ def test_named_spaces_are_valid():
         assert space["base_model"]
 
 
+def test_small_data_spaces_search_the_recipe_alike_for_attention_and_resnet20(tmp_path):
+    """The two small-data spaces differ in their model alone, and a trial keeps the recipe's
+    settings but the ones it searches."""
+    from trainers.config import make_config
+
+    attention, resnet = tune_lib.SEARCH_SPACES["small_data"], tune_lib.SEARCH_SPACES["small_data_resnet"]
+    assert attention["hyperparameters"] == resnet["hyperparameters"]
+    assert (attention["base_model"], resnet["base_model"]) == ("sa_quadratic_small", "resnet20")
+    base = make_config(overrides=dict(recipe="small_data", dataset="synthetic"))
+    trial = tune_lib.trial_config(base, resnet, {"learning_rate": 1e-3, "stochastic_depth": 0.05}, 3, str(tmp_path))
+    assert (trial.model, trial.learning_rate, trial.stochastic_depth, trial.epochs) == ("resnet20", 1e-3, 0.05, 3)
+    assert (trial.optimizer, trial.augmentation, trial.ema_momentum) == (base.optimizer, base.augmentation, 0.999)
+
+
 def test_an_unreadable_search_file_stops_the_resume_with_its_name(tmp_path):
     """oracle.json left empty by a search killed mid-write (before writes were atomic): the
     rerun names the file and the two ways on, instead of keras-tuner's JSONDecodeError."""

@@ -15,6 +15,7 @@ from keras import ops
 import sa_conv
 from sa_conv import conversion, inspection, plotting
 from sa_conv.attention import MultiHeadSelfAttention2D
+from sa_conv.errors import ConfigError
 from programs.visualize import write_figures
 from tests.conftest import PROJECT_ROOT
 
@@ -184,3 +185,31 @@ def test_cli(small_model, tmp_path, cifar10_mini_dir):
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert bad.returncode == 2 and "outside the 16x16 attention grid" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_augmented_grid_shows_a_runs_training_images_with_their_labels(tmp_path):
+    """--augmented=N draws the run's first training images of epoch 1 as its settings make them
+    (recorded in config.json), titled with their classes, mixed ones with their weights."""
+    from PIL import Image
+
+    from programs import visualize
+    from trainers import train as train_lib
+    from trainers.config import make_config
+
+    run = tmp_path / "run"
+    config = make_config(overrides=dict(model="sa_quadratic_small", num_layers=1, dataset="synthetic", epochs=1,
+                                        max_steps=1, global_batch_size=50, validation_size=100, strategy="one_device",
+                                        augmentation="pad_crop_flip,mixup", model_dir=str(run)))
+    train_lib.Trainer(config, log=lambda line: None, interactive=False).run()
+    result = visualize.visualize_run(visualize.VisualizeConfig(model_dir=str(run), augmented=12,
+                                                               output_dir=str(tmp_path / "out")), log=lambda line: None)
+    (path,) = result["paths"]
+    with Image.open(path) as image:
+        width, height = image.size
+    assert path.endswith("augmented.png") and width > 2 * height > 0  # 8 columns, 2 rows
+    names = ["cat", "dog", "ship"]
+    assert visualize.augmented_titles(np.array([2, 0]), names) == ["ship", "cat"]
+    assert visualize.augmented_titles(np.array([[0.25, 0.0, 0.75], [0.0, 1.0, 0.0]]), names) == \
+        ["0.75 ship + 0.25 cat", "1.00 dog"]
+    with pytest.raises(ConfigError, match="--augmented shows a run's augmentation: give its --model_dir"):
+        visualize.VisualizeConfig(model_path="m.keras", augmented=4).validate()

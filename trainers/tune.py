@@ -16,8 +16,8 @@ Search spaces are lists of hyperparameters in one JSON form (``--search_space`` 
         {"name": "learning_rate", "type": "float", "min": 0.01, "max": 0.3, "sampling": "log"},
         {"name": "dropout", "type": "fixed", "value": 0.0}]}
 
-Names are model fields (`MODEL_HYPERPARAMETERS`) or optimizer settings
-(`OPTIMIZER_HYPERPARAMETERS`). The space is checked before any trial starts.
+Names are model fields (`MODEL_HYPERPARAMETERS`) or training settings
+(`TRAINING_HYPERPARAMETERS`). The space is checked before any trial starts.
 
 Distributed search uses keras-tuner's own mode, the same command on every process: a chief holds
 the oracle and workers run trials in parallel, each with the trainer's loop and its own
@@ -61,8 +61,9 @@ from trainers.task import Task, resolve_model_config
 from trainers.train import Trainer, train
 
 MODEL_HYPERPARAMETERS = ("encoding", "num_heads", "num_layers", "hidden_size", "mlp_size", "dropout",
-                         "attention_dropout")
-OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "weight_decay", "warmup_ratio", "momentum", "label_smoothing")
+                         "attention_dropout", "stochastic_depth")
+TRAINING_HYPERPARAMETERS = ("learning_rate", "weight_decay", "warmup_ratio", "momentum", "label_smoothing",
+                            "rand_augment_factor", "random_erasing", "mixup_alpha", "cutmix_alpha", "ema_momentum")
 TUNERS = ("hyperband", "bayesian", "random")
 TYPES = ("choice", "int", "float", "fixed")
 
@@ -70,6 +71,15 @@ _OPTIMIZER = [
     {"name": "learning_rate", "type": "float", "min": 0.01, "max": 0.3, "sampling": "log"},
     {"name": "weight_decay", "type": "float", "min": 1e-5, "max": 1e-3, "sampling": "log"},
     {"name": "warmup_ratio", "type": "float", "min": 0.0, "max": 0.1},
+]
+# The small-data recipe's (--recipe=small_data) settings around its defaults: the same space for
+# an attention preset and for ResNet20, so that both get the same search.
+_SMALL_DATA = [
+    {"name": "learning_rate", "type": "float", "min": 2e-4, "max": 2e-3, "sampling": "log"},
+    {"name": "weight_decay", "type": "float", "min": 0.01, "max": 0.1, "sampling": "log"},
+    {"name": "rand_augment_factor", "type": "float", "min": 0.1, "max": 0.9, "step": 0.2},
+    {"name": "stochastic_depth", "type": "float", "min": 0.0, "max": 0.2, "step": 0.05},
+    {"name": "label_smoothing", "type": "float", "min": 0.0, "max": 0.2, "step": 0.05},
 ]
 SEARCH_SPACES = {
     # The paper's model family at CPU size: encodings, K*K heads, width, depth, regularization.
@@ -93,6 +103,10 @@ SEARCH_SPACES = {
         *_OPTIMIZER,
     ]},
     "resnet": {"base_model": "resnet18", "hyperparameters": list(_OPTIMIZER)},
+    # With --recipe=small_data: its learning rate, weight decay, augmentation strength, stochastic
+    # depth and label smoothing, on an attention preset and on the small ResNet.
+    "small_data": {"base_model": "sa_quadratic_small", "hyperparameters": list(_SMALL_DATA)},
+    "small_data_resnet": {"base_model": "resnet20", "hyperparameters": list(_SMALL_DATA)},
     # A few-second space for smoke tests.
     "tiny": {"base_model": "sa_quadratic_small", "hyperparameters": [
         {"name": "encoding", "type": "choice", "values": ["quadratic", "learned"]},
@@ -174,9 +188,9 @@ def validate_search_space(space: dict) -> None:
         if not isinstance(entry, dict) or "name" not in entry or "type" not in entry:
             raise ConfigError(f"{where}: each entry needs 'name' and 'type'.")
         name, kind = entry["name"], entry["type"]
-        if name not in MODEL_HYPERPARAMETERS + OPTIMIZER_HYPERPARAMETERS:
+        if name not in MODEL_HYPERPARAMETERS + TRAINING_HYPERPARAMETERS:
             raise ConfigError(f"{where}: unknown hyperparameter; known: "
-                              f"{', '.join(MODEL_HYPERPARAMETERS + OPTIMIZER_HYPERPARAMETERS)}.")
+                              f"{', '.join(MODEL_HYPERPARAMETERS + TRAINING_HYPERPARAMETERS)}.")
         if name in seen:
             raise ConfigError(f"{where}: {name!r} appears twice.")
         seen.add(name)
