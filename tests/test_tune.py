@@ -275,3 +275,20 @@ def test_range_bounds_of_the_wrong_type_are_named(entry, message):
     """Found by tests/test_fuzz.py (hypothesis): a string bound reached the comparison as a TypeError."""
     with pytest.raises(tune_lib.ConfigError, match=message):
         tune_lib.load_search_space({"hyperparameters": [entry]})
+
+
+def test_searches_of_one_seed_try_the_same_points():
+    """The oracle draws from the trainer's --seed: a search repeats, and the small-data searches
+    of an attention preset and of resnet20 try the same settings."""
+    import keras_tuner as kt
+
+    def draws(seed, space):
+        oracle = tune_lib.make_oracle(tune_lib.TuneConfig(tuner="random", max_trials=4, search_space=space), seed)
+        hp = kt.HyperParameters()
+        tune_lib.define_hyperparameters(hp, tune_lib.SEARCH_SPACES[space])
+        oracle.update_space(hp)
+        return [oracle.populate_space(str(i))["values"] for i in range(4)]
+
+    first = draws(0, "small_data")
+    assert first == draws(0, "small_data_resnet") and first != draws(1, "small_data")
+    assert len({tuple(sorted(values.items())) for values in first}) == 4

@@ -417,15 +417,24 @@ class RandomTuner(_Tuner, kt.RandomSearch):
     pass
 
 
-def make_tuner(config: TuneConfig, hypermodel, strategy):
+def make_oracle(config: TuneConfig, seed: int | None = None):
+    """The oracle of ``config.tuner``; ``seed`` (the trainer's ``--seed``) seeds its draws, so that a
+    search repeats, and two searches of one space try the same points."""
     objective = kt.Objective(config.objective, "max" if config.objective == "val_accuracy" else "min")
+    seed = None if seed is None else seed + 1  # keras-tuner's oracles take a seed of 0 for none
+    if config.tuner == "hyperband":
+        return HyperbandOracle(objective, max_epochs=config.max_epochs, factor=3, seed=seed)
+    if config.tuner == "bayesian":
+        return BayesianOracle(objective, max_trials=config.max_trials, seed=seed)
+    return RandomOracle(objective, max_trials=config.max_trials, seed=seed)
+
+
+def make_tuner(config: TuneConfig, hypermodel, strategy, seed: int | None = None):
+    """The tuner of ``config.tuner`` over `make_oracle`'s oracle."""
     common = dict(directory=config.directory, project_name=config.project_name, overwrite=config.overwrite,
                   executions_per_trial=config.executions_per_trial, distribution_strategy=strategy)
-    if config.tuner == "hyperband":
-        return HyperbandTuner(hypermodel, HyperbandOracle(objective, max_epochs=config.max_epochs, factor=3), **common)
-    if config.tuner == "bayesian":
-        return BayesianTuner(hypermodel, BayesianOracle(objective, max_trials=config.max_trials), **common)
-    return RandomTuner(hypermodel, RandomOracle(objective, max_trials=config.max_trials), **common)
+    tuner = {"hyperband": HyperbandTuner, "bayesian": BayesianTuner}.get(config.tuner, RandomTuner)
+    return tuner(hypermodel, make_oracle(config, seed), **common)
 
 
 # ------------------------------------------------------------------------------ reports
@@ -505,7 +514,7 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
     project_dir = os.path.join(config.directory, config.project_name)
     if not config.overwrite:
         check_resumable(project_dir)
-    tuner = make_tuner(config, hypermodel, strategy)
+    tuner = make_tuner(config, hypermodel, strategy, seed=base.seed)
     kwargs = {} if config.tuner == "hyperband" else {"epochs": config.max_epochs}
     tuner.search(**kwargs)  # on the chief: serves the oracle until every trial has ended
     if role == "worker":
