@@ -28,20 +28,31 @@ ATTENTION_ENCODINGS = ("quadratic", "quadratic_full", "learned", "sinusoidal", "
 SUBSET_SEED = 1234  # which images a percentage keeps: the same for every variant and seed
 SHAPE_CLASSES = ("circle", "square", "triangle", "cross", "ring")
 NUMBER_FLAGS = ("locality_strength", "locality_distance")  # a variant's @STRENGTH/DISTANCE
+RESNETS = ("resnet18", "resnet20")
 log = functools.partial(print, file=sys.stderr, flush=True)  # a study's progress, beside what it prints
 
 
 def parse_variant(name: str) -> dict:
-    """The trainer flags of variant ``resnet18`` or ``ENCODING[+INIT[@STRENGTH[/DISTANCE]]]``: the preset
-    ``sa_ENCODING_small`` (``content``: ``content_plus_learned_bias``) with ``attention_init``, ``locality_strength``
-    and ``locality_distance``; ValueError naming the forms."""
-    if name == "resnet18":
+    """The trainer flags of variant ``resnet18``, ``resnet20`` or ``ENCODING[+INIT[@STRENGTH[/DISTANCE]]]``: the
+    preset ``sa_ENCODING_small`` (``content``: ``content_plus_learned_bias``) with ``attention_init``,
+    ``locality_strength`` and ``locality_distance``; any of them ``:RECIPE`` for that ``--recipe``
+    (`trainers.recipes`); ValueError naming the forms."""
+    name, _, recipe = name.partition(":")
+    if recipe:
+        from trainers.recipes import RECIPES
+
+        if recipe not in RECIPES or recipe == "paper":  # the paper's: the variant without a suffix
+            raise ValueError(f"Unknown recipe {recipe!r} in variant {name}:{recipe}; choose from "
+                             f"{', '.join(r for r in RECIPES if r != 'paper')}.")
+        return {**parse_variant(name), "recipe": recipe}
+    if name in RESNETS:
         return {"model": name}
     match = re.fullmatch(r"([a-z_]+)(?:\+([a-z]+)(?:@([0-9.]+)(?:/([0-9.]+))?)?)?", name)
     encoding = SHORT_NAMES.get(match.group(1), match.group(1)) if match else None
     if encoding not in ATTENTION_ENCODINGS:
-        raise ValueError(f"Unknown variant {name!r}: write resnet18 or ENCODING[+INIT[@STRENGTH]] with ENCODING one "
-                         f"of {', '.join(ATTENTION_ENCODINGS)} (or content).")
+        raise ValueError(f"Unknown variant {name!r}: write {' or '.join(RESNETS)} or ENCODING[+INIT[@STRENGTH]], "
+                         f"then :RECIPE if not the paper's, with ENCODING one of {', '.join(ATTENTION_ENCODINGS)} "
+                         "(or content).")
     init = match.group(2)
     if init:
         from sa_conv.attention_init import ATTENTION_INITS  # Keras: only when a variant names one
@@ -61,11 +72,14 @@ def variant_name(name: str) -> str:
     """The one spelling of variant ``name`` reports key its runs by, so that two spellings find the same runs: the
     short encoding name, numbers in their shortest positional form (``@0.1``). ValueError as `parse_variant`."""
     flags = parse_variant(name)
+    recipe = f":{flags['recipe']}" if "recipe" in flags else ""
+    if flags["model"] in RESNETS:
+        return flags["model"] + recipe
     encoding = flags["model"].removeprefix("sa_").removesuffix("_small")
     short = {full: short for short, full in SHORT_NAMES.items()}.get(encoding, encoding)
     init = f"+{flags['attention_init']}" if "attention_init" in flags else ""
     numbers = "/".join(np.format_float_positional(flags[f], trim="-") for f in NUMBER_FLAGS if f in flags)
-    return short + init + (f"@{numbers}" if numbers else "")
+    return short + init + (f"@{numbers}" if numbers else "") + recipe
 
 
 def parse_dataset(name: str) -> tuple[str, float | None]:

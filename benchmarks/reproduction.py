@@ -3,8 +3,11 @@
     .venv/bin/python -m benchmarks.reproduction --dry_run  # the plan, and where each run stands
     .venv/bin/python -m benchmarks.reproduction            # the study: every run docs/reproduction.md reports
     .venv/bin/python -m benchmarks.reproduction --models=gated --seeds=3,4 --output=/tmp/more.json
+    # the little-data study: the small-data recipe (MODEL:small_data) in bfloat16 where the CPU has it
+    .venv/bin/python -m benchmarks.reproduction --models=quadratic:small_data,resnet20:small_data,resnet20 \
+        --seeds=0,1,2 --epochs=240 --mixed_precision=auto --output=benchmarks/results/little_data.json
 
-A plan of data-efficiency variants trained with the trainer's defaults on the study engine (`trainers.study`), a
+A plan of data-efficiency variants trained with the trainer's defaults (or a variant's recipe) on the study engine (`trainers.study`), a
 reader of each run's snapshots (`read_run`), a summary over seeds (`summarize`) and the paper's `claims` checked on
 it; ``tools/performance_tables.py`` makes ``docs/reproduction.md``'s tables and figures from the report.
 """
@@ -68,14 +71,16 @@ def plan(models=None, seeds=None, epochs=None) -> list[tuple[str, int, int]]:
     return [(model, seed, epochs_) for models_, seeds_, epochs_ in parts for model in models_ for seed in seeds_]
 
 
-def study_runs(runs_to_make, data_dir: str, snapshot_every: int | None = None):
+def study_runs(runs_to_make, data_dir: str, snapshot_every: int | None = None, precision: str = "float32"):
     """The `trainers.study.Run` of each ``(model, seed, epochs)``, with the trainer's defaults but what the study
-    fixes; by default at most `SNAPSHOTS` snapshots a run (the trainer also keeps the last epoch's)."""
+    fixes; by default at most `SNAPSHOTS` snapshots a run (the trainer also keeps the last epoch's). ``precision``:
+    their ``--mixed_precision`` (float32, the default, is left out of the flags, as the recorded runs have it)."""
     from trainers.study import Run
 
+    fixed = {} if precision == "float32" else {"mixed_precision": precision}
     return [Run(run_key(model, seed, epochs),
                 {**data_efficiency.parse_variant(model), "dataset": "cifar10", "data_dir": data_dir,
-                 "epochs": epochs, "seed": seed, "snapshot_every": snapshot_every or -(-epochs // SNAPSHOTS)})
+                 "epochs": epochs, "seed": seed, "snapshot_every": snapshot_every or -(-epochs // SNAPSHOTS), **fixed})
             for model, seed, epochs in runs_to_make]
 
 
@@ -281,8 +286,7 @@ def starts_at_random(model: str) -> bool:
     """Whether ``model``'s attention starts from its random initialization (not a convolution)."""
     import sa_conv
 
-    return model == "resnet18" or sa_conv.get_config(data_efficiency.parse_variant(model)["model"]).attention_init \
-        == "random"
+    return sa_conv.get_config(data_efficiency.parse_variant(model)["model"]).attention_init == "random"
 
 
 def main_budget(runs: dict) -> int | None:
@@ -391,7 +395,11 @@ def main():
     parser.add_argument("--prune_snapshots", action="store_true",
                         help="delete a read run's snapshots but the first and last")
     parser.add_argument("--note", help="a note kept in the report (e.g. why fewer seeds)")
+    parser.add_argument("--mixed_precision", default="float32", choices=("float32", "auto", "mixed_bfloat16"),
+                        help="the runs' --mixed_precision (the recorded study's: float32)")
     args = harness.parse(parser)
+    # The study's trials live under the report's name: another report is another plan, in its own directory.
+    name = os.path.splitext(os.path.basename(args.output))[0]
     if args.snapshot_every is not None and (args.epochs is None or args.snapshot_every < 1):
         parser.error("--snapshot_every needs --epochs and is positive: the study's budgets keep their own spacing.")
     if args.epochs is not None and args.epochs < 1:
@@ -414,9 +422,10 @@ def main():
     sizes = {"training_images": len(data.train), "test_images": len(data.test)}
     report = study.Report(args.output, derive=lambda runs: {**derive(runs), "data": sizes}, keep=keep, note=args.note)
     recorded = report.read()["runs"]
-    runs = study_runs([r for r in runs_to_make if run_key(*r) not in recorded], data_dir, args.snapshot_every)
+    runs = study_runs([r for r in runs_to_make if run_key(*r) not in recorded], data_dir, args.snapshot_every,
+                      args.mixed_precision)
     if args.dry_run:
-        states = study.status("reproduction", runs, args.directory)
+        states = study.status(name, runs, args.directory)
         for key in (run_key(*r) for r in runs_to_make):
             print(f"{key}: {'recorded' if key in recorded else states[key]}")
         return
@@ -424,7 +433,7 @@ def main():
     def read(model_dir, run):
         return read_run(model_dir, run, args.locality_images, args.prune_snapshots, data_efficiency.log)
 
-    study.run_study("reproduction", runs, read, report.record, os.path.abspath(args.directory), log=data_efficiency.log)
+    study.run_study(name, runs, read, report.record, os.path.abspath(args.directory), log=data_efficiency.log)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,16 @@ def test_variant_and_dataset_names():
             ("quadratic+convolutional@1.0/2.00", "quadratic+convolutional@1/2",
              {**quadratic, "locality_strength": 1.0, "locality_distance": 2.0}),
             ("quadratic+convolutional@0.00001", "quadratic+convolutional@0.00001",
-             {**quadratic, "locality_strength": 1e-5})]:
+             {**quadratic, "locality_strength": 1e-5}),
+            ("resnet20", "resnet20", {"model": "resnet20"}),
+            ("resnet20:small_data", "resnet20:small_data", {"model": "resnet20", "recipe": "small_data"}),
+            ("quadratic+convolutional@0.10:small_data", "quadratic+convolutional@0.1:small_data",
+             {**quadratic, "locality_strength": 0.1, "recipe": "small_data"})]:
         assert de.parse_variant(spelling) == de.parse_variant(name) == flags
         assert de.variant_name(spelling) == de.variant_name(name) == name
     bad = [(name, "ENCODING") for name in ("conv", "quadratic+", "quadratic@1", "Quadratic", "content_plus")]
-    for name, error in bad + [("learned+convolutional@0.1.2", "are numbers")]:
+    recipes = [("quadratic:paper", "Unknown recipe 'paper'"), ("resnet20:big_data", "Unknown recipe 'big_data'")]
+    for name, error in bad + recipes + [("learned+convolutional@0.1.2", "are numbers")]:
         for parse in (de.parse_variant, de.variant_name):
             with pytest.raises(ValueError, match=error):
                 parse(name)

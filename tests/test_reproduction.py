@@ -122,6 +122,10 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
         == [1, 1, 2, 5, 5, 20]
     with pytest.raises(ValueError, match="Unknown initialization 'convlutional'.*random, convolutional"):
         rp.plan(["learned+convlutional"], [0], 2)
+    # A study in bfloat16 where the CPU has it: the precision joins the flags, not the keys.
+    [bf16] = rp.study_runs([("resnet20:small_data", 1, 240)], "/d", precision="auto")
+    assert bf16.key == "resnet20:small_data|seed=1|epochs=240"
+    assert make_config(overrides=bf16.flags).mixed_precision == "auto" and bf16.flags["recipe"] == "small_data"
 
 
 @pytest.mark.parametrize("flags, error", [
