@@ -126,7 +126,8 @@ def write_figures(model, images, output_dir, query=None, image_names=None, log=p
 
 
 def augmented_titles(labels, names) -> list[str]:
-    """Each label's caption: its class, or for a mixed (one-hot) label its classes and weights."""
+    """Each label's caption: its class (``labels`` ``(n,)`` class indices), or for mixed labels
+    (``(n, classes)``, one-hot weights) its classes and weights, largest first."""
     labels = np.asarray(labels)
     if labels.ndim == 1:
         return [names[int(label)] for label in labels]

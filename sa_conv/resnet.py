@@ -53,7 +53,7 @@ def _basic_block(x, filters, stride, name, initialization, dtype=None, drop_path
     shortcut = x
     y = _conv_bn(x, filters, 3, stride, f"{name}_1", initialization=initialization, dtype=dtype)
     y = _conv_bn(y, filters, 3, 1, f"{name}_2", relu=False, initialization=initialization, dtype=dtype)
-    if drop_path > 0:  # the whole branch of an example, rescaled by 1 / (1 - rate)
+    if drop_path > 0:  # only then: the layers of a ResNet without stochastic depth stay as they were
         y = keras.layers.Dropout(drop_path, noise_shape=(None, 1, 1, 1), name=f"{name}_drop_path", dtype=dtype)(y)
     if stride != 1 or x.shape[-1] != filters:
         shortcut = _conv_bn(x, filters, 1, stride, f"{name}_shortcut", relu=False, initialization=initialization,

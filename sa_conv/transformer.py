@@ -48,8 +48,8 @@ class TransformerBlock(keras.layers.Layer):
     Input and output shape: ``(batch, H, W, hidden)``. Keyword arguments not listed are passed
     to `MultiHeadSelfAttention2D` through ``attention_config``.
 
-    One call path (`_block`): in training the block draws its three dropout masks from seeds
-    (booleans, `sa_conv.seeded_dropout`, one seed per dropout layer and call) and applies them
+    One call path (`_block`): in training the block draws its dropout masks (and stochastic
+    depth's) from seeds (booleans, `sa_conv.seeded_dropout`, one seed per layer and call) and applies them
     with ``where``, so the backward pass keeps booleans rather than float masks; in inference
     there are no seeds and no dropout.
 

@@ -63,7 +63,7 @@ def test_recipe_sets_defaults_that_a_config_file_and_flags_override():
     (dict(random_erasing=2.0), "--random_erasing is a probability"),
     (dict(mixup_alpha=0.0), "--mixup_alpha must be positive"),
     (dict(cutmix_alpha=2.0), "--cutmix_alpha in \\(0, 1\\]"),
-    (dict(ema_momentum=1.0), "--ema_momentum must be in \\(0, 1\\)"),
+    (dict(ema_momentum=1.0), "--ema_momentum must be in \\[0, 1\\) \\(0: off\\)"),
     (dict(ema_momentum=0.99, prune_degenerate_heads=True), "which --ema_momentum averages; choose one"),
     (dict(optimizer="lamb"), "--optimizer='lamb' is not one of: sgd, adamw"),
 ])
@@ -218,9 +218,15 @@ def test_ema_run_evaluates_and_saves_the_average(tmp_path):
     """With --ema_momentum the validation loss, the saved model and the test are those of the
     weights' moving average; the checkpoint keeps the trained weights and their average, so a
     Trainer restoring it has both."""
-    config = _config(ema_momentum=0.9, epochs=1, max_steps=6, model_dir=str(tmp_path), learning_rate=0.05)
+    config = _config(ema_momentum=0.9, epochs=1, max_steps=6, model_dir=str(tmp_path), learning_rate=0.05,
+                     snapshot_every=1)
     trainer = train_lib.Trainer(config, log=lambda line: None, interactive=False)
+    trainer.prepare()
+    initial = [v.numpy() for v in trainer.model.trainable_variables]
     results = trainer.run()
+    start = keras.models.load_model(tmp_path / "snapshots" / "epoch_000.keras")  # before any step: no average yet
+    for weight, value in zip(start.trainable_variables, initial, strict=True):
+        np.testing.assert_array_equal(weight.numpy(), value)
     saved = keras.models.load_model(tmp_path / "model.keras")
     again = train_lib.Trainer(config, log=lambda line: None, interactive=False)
     again.prepare()
@@ -238,6 +244,27 @@ def test_ema_run_evaluates_and_saves_the_average(tmp_path):
     assert results["test_loss"] == pytest.approx(trainer.evaluate(trainer.task.test_split)["loss"], rel=1e-6)
     with again.averaged_weights():
         assert again.evaluate(again.task.test_split)["loss"] == pytest.approx(results["test_loss"], rel=1e-6)
+
+
+def test_ema_averages_the_batch_norm_statistics_too(tmp_path):
+    """A ResNet's averaged weights are evaluated with averaged moving statistics, not with those of
+    the last steps' weights; --ema_momentum=0 turns the average off under the small_data recipe."""
+    config = _config(model="resnet20", ema_momentum=0.5, epochs=1, max_steps=4, model_dir=str(tmp_path),
+                     learning_rate=0.05)
+    trainer = train_lib.Trainer(config, log=lambda line: None, interactive=False)
+    trainer.prepare()
+    trainer.train_epochs(0, [], save=False)
+    statistics = [v for v in trainer.model.non_trainable_weights if "moving_mean" in v.path]
+    assert statistics and len(trainer.task.averaged_variables(trainer.model)) == \
+        len(trainer.model.trainable_variables) + len(trainer.model.non_trainable_weights)
+    live = [v.numpy() for v in statistics]
+    with trainer.averaged_weights():
+        averaged = [v.numpy() for v in statistics]
+    assert all(not np.allclose(a, b) for a, b in zip(live, averaged))
+    for v, value in zip(statistics, live):
+        np.testing.assert_array_equal(v.numpy(), value)
+    off = Task(_config(recipe="small_data", ema_momentum=0.0))
+    assert not off.build_optimizer(off.build_model(), 0.001).use_ema
 
 
 # ------------------------------------------------------------------------------ stochastic depth

@@ -390,7 +390,10 @@ def test_resume_with_other_model_flags_names_them(tmp_path):
     for changed, named in ((dict(num_layers=2), r"--num_layers=1 \(this run: --num_layers=2\)"),
                            (dict(model="sa_learned_small", num_layers=None),
                             r"--model=sa_quadratic_small \(this run: --model=sa_learned_small\); "
-                            r"--num_layers=1 \(this run: no --num_layers\)")):
+                            r"--num_layers=1 \(this run: no --num_layers\)"),
+                           (dict(optimizer="adamw", ema_momentum=0.9),
+                            r"--optimizer=sgd \(this run: --optimizer=adamw\); "
+                            r"no --ema_momentum \(this run: --ema_momentum=0.9\)")):
         logs = []
         with pytest.raises(ConfigError, match=rf"checkpoints in .* were written by a run with other model flags: "
                                               rf"{named}\. To resume it, pass its flags .*another --model_dir"):

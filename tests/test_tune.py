@@ -277,6 +277,18 @@ def test_range_bounds_of_the_wrong_type_are_named(entry, message):
         tune_lib.load_search_space({"hyperparameters": [entry]})
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--search_space=small_data"], "searches the small_data recipe's settings: add --recipe=small_data"),
+    (["--search_space=tiny", "--tuner=hyperband", "--ema_momentum=0.99"], "would start from zero"),
+])
+def test_searches_the_recipe_cannot_run_are_refused_before_any_trial(flags, message, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trainers.tune", *flags, "--dataset=synthetic",
+                           f"--directory={tmp_path / 'd'}"], cwd=PROJECT_ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
 def test_searches_of_one_seed_try_the_same_points():
     """The oracle draws from the trainer's --seed: a search repeats, and the small-data searches
     of an attention preset and of resnet20 try the same settings."""

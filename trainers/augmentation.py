@@ -55,7 +55,8 @@ class Augmentation:
         return None
 
     def apply(self, images, labels, seeds: SeedStream):
-        """``(images, labels)`` augmented; ``images`` float32, ``labels`` one-hot in the batch stage."""
+        """``(images, labels)`` augmented: ``images`` float32 ``(batch, H, W, C)`` in [0, 255];
+        ``labels`` one-hot ``(batch, classes)`` in the batch stage (mixed there), None per example."""
         transformation = self.layer.get_random_transformation(images, training=True, seed=seeds)
         images = self.layer.transform_images(images, transformation, training=True)
         if self.per_batch:
@@ -168,8 +169,9 @@ class Pipeline:
         return tf.cast(tf.clip_by_value(tf.round(images[0]), *VALUE_RANGE), tf.uint8)
 
     def batch(self, images, labels, seed):
-        """A batch ``(images, int labels)`` through the batch stage: ``(float32 images, one-hot
-        float32 labels)`` mixed by one of the per-batch augmentations (a coin picks between two)."""
+        """A batch (``images`` ``(batch, H, W, C)``, int ``labels`` ``(batch,)``) through the batch
+        stage: float32 images and one-hot float32 labels ``(batch, classes)``, mixed by one of the
+        per-batch augmentations (a coin picks between two)."""
         seeds = SeedStream(seed)
         images, labels = tf.cast(images, tf.float32), tf.one_hot(labels, self.num_classes)
         if len(self.per_batch) == 1:

@@ -45,7 +45,7 @@ class TrainConfig:
         "paper",
         "Named defaults of the training settings (trainers.recipes): paper (the paper's SGD, weight decay and "
         "pad-crop-flip) or small_data (AdamW, RandAugment, random erasing, MixUp/CutMix, label smoothing, "
-        "stochastic depth, a moving average of the weights: docs/little_data.md). A config file and flags "
+        "stochastic depth, a moving average of the weights: docs/training.md). A config file and flags "
         "override any of them.", tuple(RECIPES))
     model: str = _field("sa_quadratic_small", "Model preset.", tuple(PRESETS))
     encoding: Optional[str] = _field(None, "Override the preset's positional encoding.")
@@ -146,8 +146,9 @@ class TrainConfig:
     cutmix_alpha: float = _field(1.0, "CutMix's mixing weights follow Beta(alpha, alpha); alpha in (0, 1].")
     ema_momentum: Optional[float] = _field(
         None,
-        "Keep an exponential moving average of the weights (keras optimizer use_ema) with this momentum; "
-        "validation, the test, the saved models and snapshots use the average. Unset: off.")
+        "Keep an exponential moving average of the weights and of the normalizations' moving statistics "
+        "(keras optimizer use_ema) with this momentum; validation, the test, the saved models and snapshots use "
+        "the average. Unset or 0: off.")
     seed: int = _field(0, "Seed of initialization, data split, shuffling and augmentation.")
     mixed_precision: str = _field(
         "float32",
@@ -277,9 +278,9 @@ class TrainConfig:
         if self.mixup_alpha <= 0 or not 0 < self.cutmix_alpha <= 1:
             raise ConfigError(f"--mixup_alpha must be positive and --cutmix_alpha in (0, 1] (keras.layers.CutMix), "
                               f"got {self.mixup_alpha} and {self.cutmix_alpha}.")
-        if self.ema_momentum is not None and not 0 < self.ema_momentum < 1:
-            raise ConfigError(f"--ema_momentum must be in (0, 1), got {self.ema_momentum}.")
-        if self.ema_momentum is not None and self.prune_degenerate_heads:
+        if self.ema_momentum is not None and not 0 <= self.ema_momentum < 1:
+            raise ConfigError(f"--ema_momentum must be in [0, 1) (0: off), got {self.ema_momentum}.")
+        if self.ema_momentum and self.prune_degenerate_heads:
             raise ConfigError("--prune_degenerate_heads changes the model's variables, which --ema_momentum "
                               "averages; choose one.")
         if self.reset_degenerate_heads and self.prune_degenerate_heads:

@@ -724,6 +724,10 @@ def augment(image, seed, padding: int = CROP_PADDING):
     return tf.image.stateless_random_flip_left_right(cropped, seed=seeds[1])
 
 
+# The offset of the batch augmentations' seed stream from the examples' (`make_dataset`).
+BATCH_STREAM = 1 << 40
+
+
 def make_dataset(split: Split | FileSplit, batch_size: int, training: bool, seed: int | None = 0,
                  drop_remainder: bool | None = None, image_size: int | None = None, augmentation=None):
     """A `tf.data.Dataset` of ``(images uint8 (batch, S, S, C), labels int64 (batch,))`` (with a
@@ -794,8 +798,10 @@ def make_dataset(split: Split | FileSplit, batch_size: int, training: bool, seed
                     deterministic=True)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     if training and augmentation is not None and augmentation.mixes:
-        # A stream of its own: the examples' seeds stay those of a run without the batch stage.
-        seeds = tf.data.Dataset.random(seed=None if seed is None else seed + 1, rerandomize_each_iteration=True)
+        # A stream of its own, far from every epoch's seed (``seed + 1`` is the next epoch's): the
+        # examples' seeds stay those of a run without the batch stage.
+        seeds = tf.data.Dataset.random(seed=None if seed is None else seed + BATCH_STREAM,
+                                       rerandomize_each_iteration=True)
         ds = tf.data.Dataset.zip((ds, seeds.batch(2))).map(
             lambda batch, s: augmentation.batch(batch[0], batch[1], s),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=seed is not None)

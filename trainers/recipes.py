@@ -3,7 +3,7 @@
 * ``paper``: the trainer's own defaults, the paper's recipe (SGD 0.1, momentum 0.9, L2 weight
   decay 1e-4, cosine after a 5% warm-up, the pad-crop-flip augmentation).
 * ``small_data``: the recipe of the models that made attention competitive on small datasets
-  (DeiT, CCT, ConViT; docs/little_data.md): AdamW with decoupled weight decay, spared on biases
+  (DeiT, CCT, ConViT): AdamW with decoupled weight decay, spared on biases
   and normalizations, label smoothing, RandAugment and random erasing per image, MixUp or CutMix
   per batch, stochastic depth and a moving average of the weights.
 """

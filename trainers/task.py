@@ -215,17 +215,26 @@ class Task:
 
     def build_optimizer(self, model: keras.Model, schedule) -> keras.optimizers.Optimizer:
         """``--optimizer`` (`trainers.optimizers.OPTIMIZERS`) following ``schedule``, keeping the
-        weights' moving average with ``--ema_momentum``, loss-scaled under mixed_float16, built
-        for ``model``'s variables (in the caller's strategy scope, the model's)."""
+        moving average of `averaged_variables` with ``--ema_momentum``, loss-scaled under
+        mixed_float16, built for ``model``'s variables (in the caller's strategy scope, the model's)."""
         c = self.config
         decayed = {id(v) for v in self.decayed_variables(model)}
         spared = [v for v in model.trainable_variables if id(v) not in decayed]
-        ema = {} if c.ema_momentum is None else dict(use_ema=True, ema_momentum=c.ema_momentum)
+        ema = dict(use_ema=True, ema_momentum=c.ema_momentum) if c.ema_momentum else {}
         optimizer = OPTIMIZERS[c.optimizer].make(c, schedule, spared, **ema)
         if self.precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)
+        # Keras averages the variables an optimizer is built for, and steps only those given a
+        # gradient: built for the moving statistics too, it averages them without stepping them.
+        optimizer.build(self.averaged_variables(model) if ema else model.trainable_variables)
         return optimizer
+
+    def averaged_variables(self, model: keras.Model) -> list:
+        """What ``--ema_momentum`` averages: the trainable variables, then the other weights
+        (BatchNormalization's moving statistics), as timm's model EMA averages a model's whole
+        state: the averaged weights are evaluated with statistics averaged alike, not with those
+        of the last steps' weights."""
+        return [*model.trainable_variables, *model.non_trainable_weights]
 
     def decayed_variables(self, model: keras.Model) -> list:
         """``model``'s variables under weight decay: all but those the model declares

@@ -62,8 +62,9 @@ def weights_checksum(model: keras.Model) -> str:
     return digest.hexdigest()
 
 
-# The model flags a run records: named when a restart's differ and its checkpoints do not restore.
-MODEL_FLAGS = ("model", *MODEL_OVERRIDES, "dataset", "image_size")
+# The flags a run's checkpoint layout follows (the model's, and the optimizer's slots and averages): named
+# when a restart's differ and its checkpoints do not restore.
+MODEL_FLAGS = ("model", *MODEL_OVERRIDES, "dataset", "image_size", "optimizer", "ema_momentum")
 
 
 def changed_model_flags(recorded: dict, config: TrainConfig) -> list[str]:
@@ -177,14 +178,15 @@ class Trainer:
 
     @contextlib.contextmanager
     def averaged_weights(self):
-        """Within it, the model holds the moving average of its weights (``--ema_momentum``), as
-        validation and the saved models see it; after, the trained weights again. Without an
-        average, the model as it is."""
+        """Within it, the model holds the moving average of its weights (``--ema_momentum``,
+        `Task.averaged_variables`), as validation and the saved models see it; after, the trained
+        weights again. Without an average, or before the first step (Keras starts the average
+        there), the model as it is."""
         optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        if not optimizer.use_ema:
+        if not optimizer.use_ema or int(optimizer.iterations.numpy()) == 0:
             yield
             return
-        variables = self.model.trainable_variables
+        variables = self.task.averaged_variables(self.model)
         trained = [v.numpy() for v in variables]
         optimizer.finalize_variable_values(variables)
         try:
@@ -387,7 +389,8 @@ class Trainer:
         params = count_parameters(self.model)  # after any --prune_degenerate_heads
         # From here the model is what the run delivers: with --ema_momentum, the average (as fit does).
         optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        optimizer.finalize_variable_values(self.model.trainable_variables)
+        if optimizer.use_ema and int(optimizer.iterations.numpy()):
+            optimizer.finalize_variable_values(self.task.averaged_variables(self.model))
         test = self.evaluate(self.task.test_split)
         last = history[-1] if history else {}
         best = max(history, key=lambda h: h["val_accuracy"]) if history else {}

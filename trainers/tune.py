@@ -57,6 +57,7 @@ from sa_conv.errors import ConfigError
 from trainers import distribute
 from trainers.checkpoints import TrainingError
 from trainers.config import TrainConfig, default_keep_freed_memory, make_config
+from trainers.recipes import RECIPES
 from trainers.task import Task, resolve_model_config
 from trainers.train import Trainer, train
 
@@ -105,8 +106,8 @@ SEARCH_SPACES = {
     "resnet": {"base_model": "resnet18", "hyperparameters": list(_OPTIMIZER)},
     # With --recipe=small_data: its learning rate, weight decay, augmentation strength, stochastic
     # depth and label smoothing, on an attention preset and on the small ResNet.
-    "small_data": {"base_model": "sa_quadratic_small", "hyperparameters": list(_SMALL_DATA)},
-    "small_data_resnet": {"base_model": "resnet20", "hyperparameters": list(_SMALL_DATA)},
+    "small_data": {"base_model": "sa_quadratic_small", "recipe": "small_data", "hyperparameters": list(_SMALL_DATA)},
+    "small_data_resnet": {"base_model": "resnet20", "recipe": "small_data", "hyperparameters": list(_SMALL_DATA)},
     # A few-second space for smoke tests.
     "tiny": {"base_model": "sa_quadratic_small", "hyperparameters": [
         {"name": "encoding", "type": "choice", "values": ["quadratic", "learned"]},
@@ -182,6 +183,8 @@ def validate_search_space(space: dict) -> None:
     base = space.get("base_model", "sa_quadratic_small")
     if base not in sa_conv.PRESETS:
         raise ConfigError(f"search space base_model {base!r} is not a preset ({', '.join(sa_conv.PRESETS)}).")
+    if space.get("recipe", "paper") not in RECIPES:
+        raise ConfigError(f"search space recipe {space['recipe']!r} is not one of {', '.join(RECIPES)}.")
     seen = set()
     for i, entry in enumerate(space["hyperparameters"]):
         where = f"search space entry {i} ({entry.get('name', '?') if isinstance(entry, dict) else entry!r})"
@@ -507,6 +510,13 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
     if role == "worker" and config.overwrite:
         raise ConfigError("--overwrite on a worker would delete the shared search; only the chief may start over.")
     space = load_search_space(config.search_space)  # before any trial
+    if space.get("recipe", base.recipe) != base.recipe:
+        raise ConfigError(f"--search_space={config.search_space} searches the {space['recipe']} recipe's settings: "
+                          f"add --recipe={space['recipe']}.")
+    if config.tuner == "hyperband" and base.ema_momentum:
+        raise ConfigError("--tuner=hyperband continues trials from their weights with a new optimizer, whose average "
+                          "of the weights (--ema_momentum) would start from zero: use --tuner=random or bayesian, or "
+                          "--ema_momentum=0.")
     strategy = strategy or distribute.create_strategy(base.strategy)
     dataset = data_lib.load_dataset(base.dataset, base.data_dir, seed=base.seed)
     process.keep_freed_memory(search_keeps_freed_memory(base, space, dataset, strategy))
