@@ -7,9 +7,9 @@
     .venv/bin/python -m benchmarks.reproduction --models=quadratic:small_data,resnet20:small_data,resnet20 \
         --seeds=0,1,2 --epochs=240 --mixed_precision=auto --output=benchmarks/results/little_data.json
 
-A plan of data-efficiency variants trained with the trainer's defaults (or a variant's recipe) on the study engine (`trainers.study`), a
-reader of each run's snapshots (`read_run`), a summary over seeds (`summarize`) and the paper's `claims` checked on
-it; ``tools/performance_tables.py`` makes ``docs/reproduction.md``'s tables and figures from the report.
+A plan of data-efficiency variants trained with the trainer's defaults (or a variant's recipe) on the study engine
+(`trainers.study`), a reader of each run's snapshots (`read_run`), a summary over seeds (`summarize`) and the paper's
+`claims` checked on it; ``tools/performance_tables.py`` makes ``docs/reproduction.md``'s tables and figures from the report.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from sa_conv.initializers import bias_for, dense_initializers
 from sa_conv.invertible_pooling import InvertiblePooling
 from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
 from sa_conv.resnet import RESNETS, build_resnet
+from sa_conv.seeded_dropout import stochastic_depth_rates
 from sa_conv.transformer import ServingTransformerBlock, TransformerBlock
 
 
@@ -57,6 +58,7 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier",
     if config.attention_init != "random":  # only then: the configs of existing models stay as they were
         attention_config.update(attention_init=config.attention_init, locality_strength=config.locality_strength,
                                 locality_distance=config.locality_distance)
+    drop_paths = stochastic_depth_rates(config.stochastic_depth, config.num_layers)
     for i in range(config.num_layers):
         x = TransformerBlock(
             config.mlp_size,
@@ -66,8 +68,7 @@ def build_attention_classifier(config: ModelConfig, name: str = "sa_classifier",
             # The last block's backward pass runs right after its forward pass: recomputing it
             # would cost a forward pass and lower no peak.
             remat=config.remat and i < config.num_layers - 1,
-            # Stochastic depth rising linearly with depth, from 0 at the first block (as timm's ViTs).
-            drop_path=config.stochastic_depth * i / max(config.num_layers - 1, 1),
+            drop_path=drop_paths[i],
             name=f"block_{i}",
             dtype=dtype,
         )(x)

@@ -11,6 +11,7 @@ import dataclasses
 import keras
 
 from sa_conv.initializers import FanInUniform
+from sa_conv.seeded_dropout import stochastic_depth_rates
 from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
 
 # PyTorch's BatchNorm defaults, as in the reference implementation.
@@ -76,13 +77,12 @@ def build_resnet(image_size=32, num_classes=10, blocks=(2, 2, 2, 2), widths=(64,
     inputs = keras.Input((image_size, image_size, image_channels), name="image")
     x = PixelNormalization(pixel_mean, pixel_std, name="normalize", dtype=dtype)(inputs)
     x = _conv_bn(x, widths[0], 3, 1, "stem", initialization=initialization, dtype=dtype)
-    total, index = sum(blocks), 0
+    rates = iter(stochastic_depth_rates(stochastic_depth, sum(blocks)))
     for stage, (count, filters) in enumerate(zip(blocks, widths)):
         for block in range(count):
             stride = 2 if stage > 0 and block == 0 else 1
-            rate = stochastic_depth * index / max(total - 1, 1)
-            x = _basic_block(x, filters, stride, f"stage{stage + 1}_block{block + 1}", initialization, dtype, rate)
-            index += 1
+            x = _basic_block(x, filters, stride, f"stage{stage + 1}_block{block + 1}", initialization, dtype,
+                             next(rates))
     x = keras.layers.GlobalAveragePooling2D(name="pool", dtype=dtype)(x)
     dense = {}
     if initialization == "reference":

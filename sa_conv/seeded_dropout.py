@@ -11,13 +11,20 @@ seed: a backward pass keeps the seed, not the mask. The pieces:
 * `seeded_sum_over_heads`: the same from the seed of the mask, with a gradient that draws the
   mask again and recomputes one product per head, keeping no ``(batch, N, N)`` tensor.
 * `rematerialize`: `keras.remat` over a function whose arguments may be None (absent seeds).
+* `stochastic_depth_rates`: the drop rate of each residual block under stochastic depth.
 """
 
 import keras
 from keras import ops
 
 __all__ = ["GivenSeed", "after", "apply_keep_mask", "draw_keep_mask", "rematerialize", "seeded_sum_over_heads",
-           "sum_over_heads"]
+           "stochastic_depth_rates", "sum_over_heads"]
+
+
+def stochastic_depth_rates(rate: float, blocks: int) -> list[float]:
+    """Stochastic depth's drop rate of each of ``blocks`` residual blocks, in order: rising
+    linearly from 0 at the first to ``rate`` at the last (as timm's ViTs and ResNets)."""
+    return [rate * i / max(blocks - 1, 1) for i in range(blocks)]
 
 
 class GivenSeed(keras.random.SeedGenerator):

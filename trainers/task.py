@@ -43,7 +43,7 @@ from trainers.schedule import make_schedule
 def resumed_precision(model_dir: str | None) -> dict | None:
     """The ``precision`` (``{"policy", "why"}``) the run in ``model_dir`` recorded in its
     ``config.json``, if it has finished an epoch (so a rerun resumes it); else None."""
-    if not model_dir or not run_files.read_history(model_dir):
+    if not model_dir or not run_files.epochs_done(model_dir):
         return None
     return (run_files.read_config(model_dir) or {}).get("precision")
 

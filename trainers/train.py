@@ -182,8 +182,8 @@ class Trainer:
         `Task.averaged_variables`), as validation and the saved models see it; after, the trained
         weights again. Without an average, or before the first step (Keras starts the average
         there), the model as it is."""
-        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        if not optimizer.use_ema or int(optimizer.iterations.numpy()) == 0:
+        optimizer = self._averaging_optimizer()
+        if optimizer is None:
             yield
             return
         variables = self.task.averaged_variables(self.model)
@@ -194,6 +194,12 @@ class Trainer:
         finally:
             for variable, value in zip(variables, trained):
                 variable.assign(value)
+
+    def _averaging_optimizer(self):
+        """The optimizer (inside any loss scaling) when it holds an average of the weights: with
+        ``--ema_momentum``, after the first step; else None."""
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        return optimizer if optimizer.use_ema and int(optimizer.iterations.numpy()) else None
 
     # ----------------------------------------------------------------------------- loops
 
@@ -388,8 +394,8 @@ class Trainer:
     def _finish(self, history, resumed_from, train_seconds, wall_start) -> dict:
         params = count_parameters(self.model)  # after any --prune_degenerate_heads
         # From here the model is what the run delivers: with --ema_momentum, the average (as fit does).
-        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        if optimizer.use_ema and int(optimizer.iterations.numpy()):
+        optimizer = self._averaging_optimizer()
+        if optimizer is not None:
             optimizer.finalize_variable_values(self.task.averaged_variables(self.model))
         test = self.evaluate(self.task.test_split)
         last = history[-1] if history else {}
