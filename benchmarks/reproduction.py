@@ -47,6 +47,7 @@ MAP_SEED = 0  # the seed whose attention maps the report keeps (the figures'); t
 DECIMALS = 6  # of a spread's mean and std: the pages show 3
 LAYER_METRICS = ("mean_distance", "mass_3x3", "entropy")
 HEAD_METRICS = (*LAYER_METRICS, "peak_offset")  # what the report keeps of each head at each snapshot
+EQUAL_SIZE = "resnet20"  # the convolution of the small presets' size (1.4-1.6x their parameters)
 CONTENT_GATE = 0.5  # a gate below it weighs a head's content attention above its positional one
 # ``(model, seed, epochs)`` of a `run_key`, ``(model, epochs)`` of a `summary_key`.
 split_key = split_summary_key = data_efficiency.split_key
@@ -290,30 +291,52 @@ def starts_at_random(model: str) -> bool:
 
 
 def main_budget(runs: dict) -> int | None:
-    """The epochs at which the most `MODELS` have a run (on a tie, the most runs, then the larger): the study's budget.
+    """The epochs at which the most models have a run (on a tie, the most runs, then the larger): the study's budget.
     Models first keeps every model in the tables however the runs land; runs next keeps one seed each at a longer
     budget from replacing three."""
     models, counts = collections.defaultdict(set), collections.Counter()
     for model, _, epochs in map(split_key, runs):
-        if model in MODELS:  # comparison variants do not choose it
+        if not is_comparison(model):  # comparison variants do not choose it
             models[epochs].add(model)
             counts[epochs] += 1
     return max(models, key=lambda e: (len(models[e]), counts[e], e)) if models else None
 
 
+def is_comparison(model: str) -> bool:
+    """Whether ``model`` is a comparison variant (another initialization, ``+INIT``), not one of the study's models."""
+    return "+" in model
+
+
+def study_models(summary: dict, epochs: int) -> list[str]:
+    """The models (not comparison variants) with a `summarize` entry at ``epochs``: `MODELS` first in their order,
+    then the others (recipe variants, ``resnet20``) by preset order of `MODELS` and name."""
+    found = {split_summary_key(key)[0] for key in summary if split_summary_key(key)[1] == epochs}
+
+    def order(model):
+        preset = model.partition(":")[0]
+        return model not in MODELS, MODELS.index(preset) if preset in MODELS else len(MODELS), model
+    return sorted((model for model in found if not is_comparison(model)), key=order)
+
+
+def _matches(ours: dict, theirs: dict) -> tuple[float, float | None, str]:
+    """``(gap, noise, verdict)`` of accuracy ``ours`` against ``theirs``: held above it or within the spread, partly
+    within twice, else not here."""
+    gap, noise = round(ours["mean"] - theirs["mean"], 6), _noise(ours, theirs)
+    return gap, noise, ("held" if gap >= 0 or (noise is not None and -gap <= noise) else
+                        "partly" if noise is not None and -gap <= 2 * noise else "not here")
+
+
 def claims(summary: dict, epochs: int) -> list[dict]:
-    """The paper's claims on `summarize`'s entries of the `MODELS` at ``epochs``: rows of the claim, the model, the
-    spreads compared, the seeds and a verdict ``held``, ``partly`` (the right way, not beyond the spread) or ``not
+    """The paper's claims on `summarize`'s entries of the `study_models` at ``epochs``: rows of the claim, the model,
+    the spreads compared, the seeds and a verdict ``held``, ``partly`` (the right way, not beyond the spread) or ``not
     here``. Localized heads emerge (Sec. 4.2): from the first snapshot to the last, the first layer's mean distance
     falls and its 3x3 mass rises (models that start at random). Deeper layers attend to larger regions: the last
-    layer's mean distance ends above the first's. Attention matches ResNet18's accuracy (Table 1): above it or within
-    the spread (``partly``: within twice the spread)."""
+    layer's mean distance ends above the first's. Attention matches ResNet18's accuracy (Table 1), and under a recipe
+    ``:RECIPE`` that of `EQUAL_SIZE` under the same recipe (the paper compares at similar size): `_matches`."""
     rows = []
     resnet = summary.get(summary_key("resnet18", epochs))
-    for model in MODELS:
-        entry = summary.get(summary_key(model, epochs))
-        if entry is None:
-            continue
+    for model in study_models(summary, epochs):
+        entry = summary[summary_key(model, epochs)]
         seeds, locality = len(entry["seeds"]), entry.get("locality")
         end = locality[max(locality, key=int)] if locality else []
         if locality and starts_at_random(model):
@@ -331,13 +354,21 @@ def claims(summary: dict, epochs: int) -> list[dict]:
             rows.append({"claim": "deeper layers attend to larger regions", "model": model, "first_layer": first,
                          "last_layer": last, "seeds": seeds,
                          "verdict": "held" if wider and _differs(first, last) else "partly" if wider else "not here"})
-        if resnet is not None and model != "resnet18":
-            ours, theirs = entry["test_accuracy"], resnet["test_accuracy"]
-            gap, noise = round(ours["mean"] - theirs["mean"], 6), _noise(ours, theirs)
-            verdict = ("held" if gap >= 0 or (noise is not None and -gap <= noise) else
-                       "partly" if noise is not None and -gap <= 2 * noise else "not here")
-            rows.append({"claim": "attention matches ResNet18's accuracy", "model": model, "accuracy": ours,
-                         "resnet18": theirs, "difference": gap, "spread": noise, "seeds": seeds, "verdict": verdict})
+        flags = data_efficiency.parse_variant(model)
+        if flags["model"] in data_efficiency.RESNETS:
+            continue
+        if "recipe" not in flags and resnet is not None:
+            gap, noise, verdict = _matches(entry["test_accuracy"], resnet["test_accuracy"])
+            rows.append({"claim": "attention matches ResNet18's accuracy", "model": model,
+                         "accuracy": entry["test_accuracy"], "resnet18": resnet["test_accuracy"], "difference": gap,
+                         "spread": noise, "seeds": seeds, "verdict": verdict})
+        convolution = f"{EQUAL_SIZE}:{flags['recipe']}" if "recipe" in flags else None
+        if convolution and summary_key(convolution, epochs) in summary:
+            theirs = summary[summary_key(convolution, epochs)]["test_accuracy"]
+            gap, noise, verdict = _matches(entry["test_accuracy"], theirs)
+            rows.append({"claim": "attention matches a ResNet of its size", "model": model,
+                         "accuracy": entry["test_accuracy"], "convolution": convolution, "against": theirs,
+                         "difference": gap, "spread": noise, "seeds": seeds, "verdict": verdict})
     return rows
 
 

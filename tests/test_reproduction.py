@@ -475,3 +475,51 @@ def test_a_last_layer_farther_than_uniform_attention_is_said_to_attend_to_far_pi
     # Theorem 1 comes first, from the tests that check it, not from the runs.
     assert cells[0][:2] == [
         "a self-attention layer of K² heads can express any KxK convolution (Theorem 1)", "`sa_conv.conversion`"]
+
+
+def test_the_little_data_page_compares_recipes_and_the_equal_size_claim_joins_the_claims(pages, tmp_path, monkeypatch):
+    """The little-data report (recipe variants and ResNet-20 at 8 epochs) beside the reproduction report's paper-recipe
+    runs: one table best first, the heads' locality paper → small_data, a curve per preset and recipe, and the claim
+    at equal size on the reproduction page."""
+    paper = _report_runs()
+    pages(paper)
+    little = {}
+    for seed, shift in enumerate((0.0, 0.02, 0.04)):
+        little[rp.run_key("quadratic:small_data", seed, 8)] = _run(
+            {0: 0.1, 6: 0.55 + shift, 8: 0.6 + shift}, {e: [4.0 - e / 4, 6.5] for e in (0, 6, 8)},
+            {e: [0.2 + e / 40, 0.1] for e in (0, 6, 8)}, parameters=175_000, cpu="cpu A", median_epoch_seconds=30.0)
+        little[rp.run_key("resnet20:small_data", seed, 8)] = _run({0: 0.1, 6: 0.6, 8: 0.64 + shift},
+                                                                   parameters=272_000, cpu="cpu A")
+        little[rp.run_key("resnet20", seed, 8)] = _run({0: 0.1, 6: 0.5, 8: 0.55 + shift}, parameters=272_000)
+    files.write_json(str(tmp_path / "little_data.json"), {
+        "runs": little, "summary": rp.summarize(little), "budget": rp.main_budget(little),
+        "data": {"training_images": 100, "test_images": 50}})
+    assert rp.main_budget(little) == 8
+    # Best first; the paper recipe's runs of the same preset and ResNet18 from the other report; not the learned one.
+    assert [row[:5] for row in _cells(performance_tables.little_data())] == [
+        ["`resnet20`", "small_data", "272,000", "0.660 ± 0.020", "3"],
+        ["`sa_quadratic_small`", "small_data", "175,000", "0.620 ± 0.020", "3"],
+        ["`resnet18`", "paper", "11,000,000", "0.610 ± 0.010", "3"],
+        ["`resnet20`", "paper", "272,000", "0.570 ± 0.020", "3"],
+        ["`sa_quadratic_small`", "paper", "175,000", "0.490 ± 0.010", "3"]]
+    # Layer 0 of the quadratic model ends at 2.05 grid pixels under both recipes (heads at 2 and 2.1), its mass at
+    # 0.1 + 8/20 under the paper's and 0.2 + 8/40 here.
+    cells = _cells(performance_tables.little_data_locality())
+    assert cells[0] == ["`sa_quadratic_small`", "0", "2.05 ± 0.00 → 2.05 ± 0.00", "0.50 ± 0.00 → 0.40 ± 0.00",
+                        cells[0][4]] and [row[1] for row in cells] == ["0", "1"]
+    # 0.62 ± 0.02 against ResNet-20's 0.66 ± 0.02 under the same recipe: beyond one std, within two.
+    claims = {tuple(row[:2]): row for row in _cells(performance_tables.reproduction_claims())}
+    assert claims["attention matches a ResNet of its size", "`sa_quadratic_small` (`small_data`)"][2:] == [
+        "0.620 ± 0.020 against `resnet20`'s 0.660 ± 0.020", "3", "**partly**"]
+    assert [r["verdict"] for r in rp.claims(rp.summarize(little), 8) if "convolution" in r] == ["partly"]
+    # No claim of the paper-recipe ResNet-20 or against ResNet18 from this report (it has no ResNet18 run).
+    assert {r["claim"] for r in rp.claims(rp.summarize(little), 8)} == {LOCAL, DEEPER,
+                                                                        "attention matches a ResNet of its size"}
+    axes = pytest.importorskip("matplotlib.axes")
+    styles, real_plot = [], axes.Axes.plot
+    monkeypatch.setattr(axes.Axes, "plot", lambda axis, *a, **k: styles.append((k.get("label"), k.get(
+        "linestyle", "-"))) or real_plot(axis, *a, **k))
+    performance_tables.plot_little_data_curves(tmp_path / "little.png")
+    assert [s for s in styles if s[0]] == [
+        ("sa_quadratic_small (3 seeds), small_data", "-"), ("sa_quadratic_small (3 seeds), paper", "--"),
+        ("resnet20 (3 seeds), paper", "--"), ("resnet20 (3 seeds), small_data", "-")]

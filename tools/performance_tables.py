@@ -375,11 +375,12 @@ def efficiency_targets():
                   "larger standard deviation of the two sides.")
 
 
-def _reproduction():
-    """``(report, budget, {model: its summary at the budget})`` of the reproduction study, in its order of models."""
-    data = _load("reproduction")
-    keys = {m: study.summary_key(m, data["budget"]) for m in study.MODELS}
-    return data, data["budget"], {m: data["summary"][k] for m, k in keys.items() if k in data["summary"]}
+def _reproduction(name="reproduction"):
+    """``(report, budget, {model: its summary at the budget})`` of a study report (`benchmarks.reproduction`), in the
+    order of `benchmarks.reproduction.study_models`."""
+    data = _load(name)
+    return data, data["budget"], {m: data["summary"][study.summary_key(m, data["budget"])]
+                                  for m in study.study_models(data["summary"], data["budget"])}
 
 
 def _runs(data, model, budget):
@@ -411,19 +412,24 @@ def _last_quarter(entry, epochs):
             {True: "yes", False: "no", None: unknown}[entry["flattened"]])
 
 
-def _at_budget():
-    """``(report, budget, cells)`` of the reproduction study: a frame of the cells of its models at the budget."""
-    data, budget, entries = _reproduction()
+def _recipe(model):
+    """The recipe a study model trains with: its ``:RECIPE``, else the paper's."""
+    return efficiency.parse_variant(model).get("recipe", "paper")
+
+
+def _at_budget(name="reproduction"):
+    """``(report, budget, cells)`` of a study report: a frame of the cells of its models at the budget."""
+    data, budget, entries = _reproduction(name)
     rows = []
     for model, e in entries.items():
         runs = _runs(data, model, budget).values()
         fastest = sorted(study.least_disturbed_runs(runs).items())
-        rows.append([_preset(model), ", ".join(f"{c:,}" for c in sorted({r["parameters"] for r in runs})),
-                     len(e["seeds"]), _spread(e["test_accuracy"]),
+        rows.append([_preset(model), _recipe(model), ", ".join(f"{c:,}" for c in sorted({r["parameters"] for r in runs})),
+                     len(e["seeds"]), _spread(e["test_accuracy"]), e["test_accuracy"]["mean"],
                      f"{e['test_accuracy']['min']:.3f}-{e['test_accuracy']['max']:.3f}", *_last_quarter(e, budget),
                      "; ".join(f"{study.training_minutes(run, budget):.0f} ({cpu})" for cpu, run in fastest) or "-"])
-    return data, budget, pd.DataFrame(rows, columns=["model", "parameters", "seeds", "test accuracy", "range",
-                                                     "last quarter", "flattened", "minutes a run (CPU)"])
+    return data, budget, pd.DataFrame(rows, columns=["model", "recipe", "parameters", "seeds", "test accuracy", "mean",
+                                                     "range", "last quarter", "flattened", "minutes a run (CPU)"])
 
 
 def models():
@@ -439,7 +445,9 @@ def models():
 def reproduction_accuracy():
     """Final test accuracy per model at the budget, its spread, whether its curve flattened, a run's minutes."""
     data, budget, cells = _at_budget()
-    return _table(list(cells.columns), cells.values,
+    header = ["model", "parameters", "seeds", "test accuracy", "range", "last quarter", "flattened",
+              "minutes a run (CPU)"]
+    return _table(header, cells[header].values,
                   f"{budget} epochs, {data['data']['test_images']} test images, the last epoch's model. Flattened: "
                   "the last quarter's mean change is below the seeds' std. Minutes: a run's epochs at its least "
                   "disturbed seed's median epoch, per CPU class.")
@@ -542,7 +550,11 @@ def reproduction_claims():
     rows = [["a self-attention layer of K² heads can express any KxK convolution (Theorem 1)", "`sa_conv.conversion`",
              "a convolution's output within 1e-4 in float32 in every case of `tests/test_conversion.py`", "-",
              "**held**"]]
-    for r in study.claims(data["summary"], budget):
+    # The study at equal size under the small-data recipe answers the accuracy claim on its own report.
+    little = _load("little_data") if (RESULTS / "little_data.json").exists() else None
+    equal_size = [] if little is None else [r for r in study.claims(little["summary"], little["budget"])
+                                            if "convolution" in r]
+    for r in study.claims(data["summary"], budget) + equal_size:
         if "start" in r:
             evidence = ", ".join(f"{label} {_spread(r['start'][m], 2)} → {_spread(r['end'][m], 2)}"
                                  for label, m in (("layer 0 distance", "mean_distance"), ("3x3 mass", "mass_3x3")))
@@ -550,13 +562,51 @@ def reproduction_claims():
             far = r["last_layer"]["mean"] > _uniform_attention(r["model"])["mean_distance"]
             evidence = (f"distance, first layer {_spread(r['first_layer'], 2)}, last {_spread(r['last_layer'], 2)}"
                         + (" (beyond uniform attention's: far pixels)" if far else ""))
+        elif "convolution" in r:
+            evidence = f"{_spread(r['accuracy'])} against {_preset(r['convolution'])}'s {_spread(r['against'])}"
         else:
             evidence = f"{_spread(r['accuracy'])} against ResNet18's {_spread(r['resnet18'])}"
-        rows.append([r["claim"], _preset(r["model"]), evidence, r["seeds"], f"**{r['verdict']}**"])
+        model = _preset(r["model"]) + ("" if _recipe(r["model"]) == "paper" else f" (`{_recipe(r['model'])}`)")
+        rows.append([r["claim"], model, evidence, r["seeds"], f"**{r['verdict']}**"])
     return _table("claim | model | measured (mean ± std) | seeds | verdict", rows,
                   "Held: the change goes the paper's way by more than the larger std over seeds (accuracy: within it "
                   "of ResNet18's); partly: by less, with one seed or in one measure (accuracy: within twice); not "
                   "here: otherwise. Emergence is not asked of the gated model, which starts as a convolution.")
+
+
+def little_data():
+    """The little-data study's models, best first, beside the paper recipe's runs of the same presets and ResNet18
+    (docs/reproduction.md's study)."""
+    data, budget, cells = _at_budget("little_data")
+    _, paper_budget, paper = _at_budget("reproduction")
+    paper = paper[paper["model"].isin(set(cells["model"]) | {_preset("resnet18")}) & (paper_budget == budget)]
+    header = ["model", "recipe", "parameters", "test accuracy", "seeds", "minutes a run (CPU)"]
+    frame = pd.concat([cells, paper]).sort_values("mean", ascending=False)
+    return _table(header, frame[header].values,
+                  f"cifar10-mini ({data['data']['training_images']} training images, a tenth held out), {budget} "
+                  "epochs; test accuracy: mean ± std over seeds (the last epoch's model, the weights' average under "
+                  "`small_data`); minutes a run at its least disturbed seed's median epoch, on the CPU named.")
+
+
+def little_data_locality():
+    """Per attention preset and layer, the heads' mean attention distance, 3x3 mass and entropy at the end under the
+    paper's recipe (docs/reproduction.md's study) and under the little-data study's."""
+    _, budget, entries = _reproduction("little_data")
+    _, _, paper = _reproduction()
+    rows = []
+    for model, e in entries.items():
+        before = paper.get(model.partition(":")[0], {}).get("locality")
+        if "locality" not in e or not before:
+            continue
+        ends = [locality[max(locality, key=int)] for locality in (before, e["locality"])]
+        for layer, (a, b) in enumerate(zip(*ends)):
+            rows.append([_preset(model), layer, *(f"{_spread(a[m], 2)} → {_spread(b[m], 2)}"
+                                                  for m in ("mean_distance", "mass_3x3", "entropy"))])
+    uniform = _uniform_attention("learned")
+    return _table("model | layer | distance | 3x3 mass | entropy", rows,
+                  f"Paper's recipe → `small_data`, after {budget} epochs: mean over a layer's heads, then over seeds. "
+                  f"Distance in grid pixels (uniform attention: {uniform['mean_distance']:.2f}), mass in the 3x3 "
+                  f"around the peak, entropy in nats (uniform: {uniform['entropy']:.2f}).")
 
 
 def _plt():
@@ -633,6 +683,31 @@ def plot_reproduction_curves(path):
              title=f"Test accuracy during training ({budget} epochs, cifar10-mini; dashed: other budgets)")
     axis.grid(alpha=0.3)
     # Beside the axes: inside, the legend of eleven lines hid the curves' last epochs.
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _save(figure, path)
+
+
+def plot_little_data_curves(path):
+    """Test accuracy against epochs of the little-data study's models and of the same presets' runs in
+    docs/reproduction.md's study: a colour per preset, solid under a recipe (mean over seeds, band min-max), dashed
+    under the paper's (mean)."""
+    plt = _plt()
+    _, budget, entries = _reproduction("little_data")
+    _, paper_budget, paper = _reproduction()
+    colours = dict(zip(dict.fromkeys(_preset(m) for m in entries), plt.get_cmap("tab10").colors))
+    runs = [*entries.items(), *((m, e) for m, e in paper.items()
+                                if paper_budget == budget and _preset(m) in colours and m not in entries)]
+    figure, axis = plt.subplots(figsize=(10.5, 4.2))
+    for model, e in sorted(runs, key=lambda run: list(colours).index(_preset(run[0]))):
+        epochs, label = sorted(int(k) for k in e["curve"]), f"{_label(model, e)}, {_recipe(model)}"
+        if _recipe(model) == "paper":
+            axis.plot(epochs, [e["curve"][str(k)]["mean"] for k in epochs], linestyle="--", linewidth=1,
+                      color=colours[_preset(model)], label=label)
+        else:
+            _band(axis, epochs, [e["curve"][str(k)] for k in epochs], colours[_preset(model)], label)
+    axis.set(xlabel="epoch", ylabel="test accuracy",
+             title=f"Test accuracy during training ({budget} epochs, cifar10-mini; dashed: the paper's recipe)")
+    axis.grid(alpha=0.3)
     axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(figure, path)
 
