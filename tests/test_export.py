@@ -192,8 +192,9 @@ def test_bad_input_gives_a_clear_error(attention_export, signature, inputs, mess
 
 @pytest.mark.slow
 def test_atomic_write_and_no_silent_overwrite(real_images, tmp_path, monkeypatch):
+    """Without the TF Serving files, which test_tf_serving.py checks: the version's publication is the property."""
     _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
-    out = tmp_path / "out"
+    out, quiet = tmp_path / "out", dict(tf_serving_files=False, log=lambda s: None)
 
     def fail(tmp, target):
         assert os.path.isfile(os.path.join(tmp, export_lib.METADATA))  # everything written but the rename
@@ -203,19 +204,19 @@ def test_atomic_write_and_no_silent_overwrite(real_images, tmp_path, monkeypatch
         patched.setattr(export_lib, "publish", fail)
         with pytest.raises(RuntimeError, match="simulated failure"):
             export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), version=1,
-                              log=lambda s: None)
+                              **quiet)
     assert os.listdir(out / "sa_quadratic_small") == []  # no version, no temporary left behind
-    first = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), log=lambda s: None)
+    first = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), **quiet)
     assert first.endswith(os.path.join("sa_quadratic_small", "1"))
     stamp = os.path.getmtime(os.path.join(first, "saved_model.pb"))
     with pytest.raises(export_lib.ExportError, match="exists.*--overwrite"):
-        export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), version=1, log=lambda s: None)
+        export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), version=1, **quiet)
     assert os.path.getmtime(os.path.join(first, "saved_model.pb")) == stamp
     assert tf.saved_model.load(first).signatures["serving_default"] is not None
-    second = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), log=lambda s: None)
+    second = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), **quiet)
     assert second.endswith("2")
     again = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), version=1,
-                              overwrite=True, log=lambda s: None)
+                              overwrite=True, **quiet)
     assert again == first and sorted(os.listdir(out / "sa_quadratic_small")) == ["1", "2"]
 
 

@@ -185,14 +185,14 @@ def test_weight_decay_follows_what_the_model_declares_not_variable_names(tmp_pat
 # ------------------------------------------------------------------------------ replicas
 
 
-def test_two_replicas_match_one_replica(tmp_path):
+def test_two_replicas_match_one_replica(tiny_cifar, tmp_path):
     """``--strategy=auto`` on 2 logical CPU devices is a MirroredStrategy of 2 replicas: same loss
     curve as 1 replica (OneDeviceStrategy) for the same global batch and seed, under the small-data
     recipe (AdamW, per-image and per-batch augmentation, stochastic depth, the validation of the
     weights' average). The 2 replicas run in a fresh process (devices are set before TF starts);
     the 1 replica in this one."""
-    flags = dict(model="sa_quadratic_small", dataset="synthetic", epochs=2, dropout=0, validation_size=100,
-                 recipe="small_data", ema_momentum=0.9, **TINY_SETTINGS)
+    flags = dict(model="sa_quadratic_small", dataset="cifar10_files", data_dir=tiny_cifar[0], epochs=2, dropout=0,
+                 validation_size=50, recipe="small_data", ema_momentum=0.9, **TINY_SETTINGS)
     train_lib.train(make_config(overrides=dict(flags, strategy="one_device", model_dir=str(tmp_path / "r1"))),
                     log=lambda s: None)
     proc = _cli(*(f"--{k}={v}" for k, v in flags.items()), "--cpu_devices=2", "--strategy=auto",
@@ -208,13 +208,13 @@ def test_two_replicas_match_one_replica(tmp_path):
             assert a[key] == pytest.approx(b[key], rel=2e-3, abs=2e-3), key
 
 
-def test_xla_step_matches_the_default_step(tmp_path):
+def test_xla_step_matches_the_default_step(tiny_cifar, tmp_path):
     """--jit_compile (XLA, off by default) trains to the same loss curve as the default graph step."""
     histories = {}
     for jit in (False, True):
         config = make_config(overrides=dict(
-            model="sa_quadratic_small", num_layers=1, dataset="synthetic", epochs=2, dropout=0.0,
-            global_batch_size=32, validation_size=680, strategy="one_device",  # 10 steps an epoch
+            model="sa_quadratic_small", num_layers=1, dataset="cifar10_files", data_dir=tiny_cifar[0], epochs=2,
+            dropout=0.0, global_batch_size=32, validation_size=50, strategy="one_device",  # 7 steps an epoch
             jit_compile=jit, model_dir=str(tmp_path / f"jit{int(jit)}"),
         ))
         train_lib.train(config, log=lambda s: None)
