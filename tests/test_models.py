@@ -20,6 +20,7 @@ PAPER_PARAMETERS = {
 OTHER_PARAMETERS = {
     "sa_gated": 13_992_450,  # the quadratic model plus per-head query and key maps of D / heads channels
 }
+SMALL_PARAMETERS = {"sa_quadratic_small": 175_323}  # the README's and the studies' small model
 SMALL = [name for name in sa_conv.PRESETS if name.endswith("_small")]
 
 
@@ -40,9 +41,9 @@ def test_preset_list():
     assert len(SMALL) == 7 and {name[: -len("_small")] for name in SMALL} <= set(sa_conv.preset_names())
 
 
-@pytest.mark.parametrize("name", list(PAPER_PARAMETERS) + list(OTHER_PARAMETERS))
+@pytest.mark.parametrize("name", list(PAPER_PARAMETERS) + list(OTHER_PARAMETERS) + list(SMALL_PARAMETERS))
 def test_paper_parameter_counts(name):
-    assert _trainable(sa_conv.build_model(name)) == {**PAPER_PARAMETERS, **OTHER_PARAMETERS}[name]
+    assert _trainable(sa_conv.build_model(name)) == {**PAPER_PARAMETERS, **OTHER_PARAMETERS, **SMALL_PARAMETERS}[name]
 
 
 def _train_step(model, images, labels, steps=2, optimizer=None):
