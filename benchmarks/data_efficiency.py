@@ -37,7 +37,7 @@ def parse_variant(name: str) -> dict:
     preset ``sa_ENCODING_small`` (``content``: ``content_plus_learned_bias``) with ``attention_init``,
     ``locality_strength`` and ``locality_distance``; any of them ``:RECIPE`` for that ``--recipe``
     (`trainers.recipes`); ValueError naming the forms."""
-    name, _, recipe = name.partition(":")
+    name, recipe = split_recipe(name)
     if recipe:
         from trainers.recipes import RECIPES
 
@@ -66,6 +66,12 @@ def parse_variant(name: str) -> dict:
         raise ValueError(f"Variant {name!r}: the strength and distance after @ are numbers, e.g. "
                          f"{match.group(1)}+{init}@0.1/2.") from None
     return {"model": f"sa_{encoding}_small", **({"attention_init": init} if init else {}), **numbers}
+
+
+def split_recipe(name: str) -> tuple[str, str | None]:
+    """``(VARIANT, RECIPE)`` of a variant ``VARIANT:RECIPE``; ``(name, None)`` for one of the paper's recipe."""
+    variant, _, recipe = name.partition(":")
+    return variant, recipe or None
 
 
 def variant_name(name: str) -> str:

@@ -304,7 +304,7 @@ def main_budget(runs: dict) -> int | None:
 
 def is_comparison(model: str) -> bool:
     """Whether ``model`` is a comparison variant (another initialization, ``+INIT``), not one of the study's models."""
-    return "+" in model
+    return "attention_init" in data_efficiency.parse_variant(model)
 
 
 def study_models(summary: dict, epochs: int) -> list[str]:
@@ -313,8 +313,8 @@ def study_models(summary: dict, epochs: int) -> list[str]:
     found = {split_summary_key(key)[0] for key in summary if split_summary_key(key)[1] == epochs}
 
     def order(model):
-        preset = model.partition(":")[0]
-        return model not in MODELS, MODELS.index(preset) if preset in MODELS else len(MODELS), model
+        variant = data_efficiency.split_recipe(model)[0]
+        return model not in MODELS, MODELS.index(variant) if variant in MODELS else len(MODELS), model
     return sorted((model for model in found if not is_comparison(model)), key=order)
 
 

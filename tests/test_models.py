@@ -42,7 +42,7 @@ def test_preset_list():
 
 
 @pytest.mark.parametrize("name", list(PAPER_PARAMETERS) + list(OTHER_PARAMETERS) + list(SMALL_PARAMETERS))
-def test_paper_parameter_counts(name):
+def test_preset_parameter_counts(name):
     assert _trainable(sa_conv.build_model(name)) == {**PAPER_PARAMETERS, **OTHER_PARAMETERS, **SMALL_PARAMETERS}[name]
 
 

@@ -188,9 +188,9 @@ def test_weight_decay_follows_what_the_model_declares_not_variable_names(tmp_pat
 def test_two_replicas_match_one_replica(tiny_cifar, tmp_path):
     """``--strategy=auto`` on 2 logical CPU devices is a MirroredStrategy of 2 replicas: same loss
     curve as 1 replica (OneDeviceStrategy) for the same global batch and seed, under the small-data
-    recipe (AdamW, per-image and per-batch augmentation, stochastic depth, the validation of the
-    weights' average). The 2 replicas run in a fresh process (devices are set before TF starts);
-    the 1 replica in this one."""
+    recipe (AdamW, per-image and per-batch augmentation, the validation of the weights' average;
+    one block, which stochastic depth spares). The 2 replicas run in a fresh process (devices are
+    set before TF starts); the 1 replica in this one."""
     flags = dict(model="sa_quadratic_small", dataset="cifar10_files", data_dir=tiny_cifar[0], epochs=2, dropout=0,
                  validation_size=50, recipe="small_data", ema_momentum=0.9, **TINY_SETTINGS)
     train_lib.train(make_config(overrides=dict(flags, strategy="one_device", model_dir=str(tmp_path / "r1"))),

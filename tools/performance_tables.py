@@ -375,12 +375,13 @@ def efficiency_targets():
                   "larger standard deviation of the two sides.")
 
 
-def _reproduction(name="reproduction"):
-    """``(report, budget, {model: its summary at the budget})`` of a study report (`benchmarks.reproduction`), in the
-    order of `benchmarks.reproduction.study_models`."""
+def _reproduction(name="reproduction", budget=None):
+    """``(report, budget, {model: its summary at the budget})`` of a study report (`benchmarks.reproduction`) at
+    ``budget`` (default: the report's), in the order of `benchmarks.reproduction.study_models`."""
     data = _load(name)
-    return data, data["budget"], {m: data["summary"][study.summary_key(m, data["budget"])]
-                                  for m in study.study_models(data["summary"], data["budget"])}
+    budget = data["budget"] if budget is None else budget
+    return data, budget, {m: data["summary"][study.summary_key(m, budget)]
+                          for m in study.study_models(data["summary"], budget)}
 
 
 def _runs(data, model, budget):
@@ -417,15 +418,17 @@ def _recipe(model):
     return efficiency.parse_variant(model).get("recipe", "paper")
 
 
-def _at_budget(name="reproduction"):
-    """``(report, budget, cells)`` of a study report: a frame of the cells of its models at the budget."""
-    data, budget, entries = _reproduction(name)
+def _at_budget(name="reproduction", budget=None):
+    """``(report, budget, cells)`` of a study report: a frame of the cells of its models at ``budget`` (default: the
+    report's)."""
+    data, budget, entries = _reproduction(name, budget)
     rows = []
     for model, e in entries.items():
         runs = _runs(data, model, budget).values()
         fastest = sorted(study.least_disturbed_runs(runs).items())
-        rows.append([_preset(model), _recipe(model), ", ".join(f"{c:,}" for c in sorted({r["parameters"] for r in runs})),
-                     len(e["seeds"]), _spread(e["test_accuracy"]), e["test_accuracy"]["mean"],
+        parameters = ", ".join(f"{c:,}" for c in sorted({r["parameters"] for r in runs}))
+        rows.append([_preset(model), _recipe(model), parameters, len(e["seeds"]), _spread(e["test_accuracy"]),
+                     e["test_accuracy"]["mean"],
                      f"{e['test_accuracy']['min']:.3f}-{e['test_accuracy']['max']:.3f}", *_last_quarter(e, budget),
                      "; ".join(f"{study.training_minutes(run, budget):.0f} ({cpu})" for cpu, run in fastest) or "-"])
     return data, budget, pd.DataFrame(rows, columns=["model", "recipe", "parameters", "seeds", "test accuracy", "mean",
@@ -562,26 +565,30 @@ def reproduction_claims():
             far = r["last_layer"]["mean"] > _uniform_attention(r["model"])["mean_distance"]
             evidence = (f"distance, first layer {_spread(r['first_layer'], 2)}, last {_spread(r['last_layer'], 2)}"
                         + (" (beyond uniform attention's: far pixels)" if far else ""))
-        elif "convolution" in r:
-            evidence = f"{_spread(r['accuracy'])} against {_preset(r['convolution'])}'s {_spread(r['against'])}"
+        elif "convolution" in r:  # seeds of both sides: the study at equal size may still be under way
+            evidence = (f"{_spread(r['accuracy'])} ({r['accuracy']['n']}) against {_preset(r['convolution'])}'s "
+                        f"{_spread(r['against'])} ({r['against']['n']})")
         else:
             evidence = f"{_spread(r['accuracy'])} against ResNet18's {_spread(r['resnet18'])}"
         model = _preset(r["model"]) + ("" if _recipe(r["model"]) == "paper" else f" (`{_recipe(r['model'])}`)")
         rows.append([r["claim"], model, evidence, r["seeds"], f"**{r['verdict']}**"])
     return _table("claim | model | measured (mean ± std) | seeds | verdict", rows,
                   "Held: the change goes the paper's way by more than the larger std over seeds (accuracy: within it "
-                  "of ResNet18's); partly: by less, with one seed or in one measure (accuracy: within twice); not "
-                  "here: otherwise. Emergence is not asked of the gated model, which starts as a convolution.")
+                  "of the convolution's); partly: by less, with one seed or in one measure (accuracy: within "
+                  "twice); not here: otherwise. Emergence is not asked of the gated model, which starts as a "
+                  "convolution.")
 
 
 def little_data():
     """The little-data study's models, best first, beside the paper recipe's runs of the same presets and ResNet18
     (docs/reproduction.md's study)."""
     data, budget, cells = _at_budget("little_data")
-    _, paper_budget, paper = _at_budget("reproduction")
-    paper = paper[paper["model"].isin(set(cells["model"]) | {_preset("resnet18")}) & (paper_budget == budget)]
+    _, _, paper = _at_budget("reproduction", budget)
+    ran = set(zip(cells["model"], cells["recipe"]))
+    paper = paper[[model in set(cells["model"]) | {_preset("resnet18")} and (model, recipe) not in ran
+                   for model, recipe in zip(paper["model"], paper["recipe"])]]
     header = ["model", "recipe", "parameters", "test accuracy", "seeds", "minutes a run (CPU)"]
-    frame = pd.concat([cells, paper]).sort_values("mean", ascending=False)
+    frame = pd.concat([cells, paper]).sort_values("mean", ascending=False, kind="stable")
     return _table(header, frame[header].values,
                   f"cifar10-mini ({data['data']['training_images']} training images, a tenth held out), {budget} "
                   "epochs; test accuracy: mean ± std over seeds (the last epoch's model, the weights' average under "
@@ -592,10 +599,10 @@ def little_data_locality():
     """Per attention preset and layer, the heads' mean attention distance, 3x3 mass and entropy at the end under the
     paper's recipe (docs/reproduction.md's study) and under the little-data study's."""
     _, budget, entries = _reproduction("little_data")
-    _, _, paper = _reproduction()
+    _, _, paper = _reproduction("reproduction", budget)
     rows = []
     for model, e in entries.items():
-        before = paper.get(model.partition(":")[0], {}).get("locality")
+        before = paper.get(efficiency.split_recipe(model)[0], {}).get("locality")
         if "locality" not in e or not before:
             continue
         ends = [locality[max(locality, key=int)] for locality in (before, e["locality"])]
@@ -604,9 +611,9 @@ def little_data_locality():
                                                   for m in ("mean_distance", "mass_3x3", "entropy"))])
     uniform = _uniform_attention("learned")
     return _table("model | layer | distance | 3x3 mass | entropy", rows,
-                  f"Paper's recipe → `small_data`, after {budget} epochs: mean over a layer's heads, then over seeds. "
-                  f"Distance in grid pixels (uniform attention: {uniform['mean_distance']:.2f}), mass in the 3x3 "
-                  f"around the peak, entropy in nats (uniform: {uniform['entropy']:.2f}).")
+                  f"Paper's recipe → `small_data`, after {budget} epochs: mean over a layer's heads, then over "
+                  f"seeds. Distance in grid pixels (uniform attention: {uniform['mean_distance']:.2f}), mass in the "
+                  f"3x3 around the peak, entropy in nats (uniform: {uniform['entropy']:.2f}).")
 
 
 def _plt():
@@ -693,10 +700,9 @@ def plot_little_data_curves(path):
     under the paper's (mean)."""
     plt = _plt()
     _, budget, entries = _reproduction("little_data")
-    _, paper_budget, paper = _reproduction()
+    _, _, paper = _reproduction("reproduction", budget)
     colours = dict(zip(dict.fromkeys(_preset(m) for m in entries), plt.get_cmap("tab10").colors))
-    runs = [*entries.items(), *((m, e) for m, e in paper.items()
-                                if paper_budget == budget and _preset(m) in colours and m not in entries)]
+    runs = [*entries.items(), *((m, e) for m, e in paper.items() if _preset(m) in colours and m not in entries)]
     figure, axis = plt.subplots(figsize=(10.5, 4.2))
     for model, e in sorted(runs, key=lambda run: list(colours).index(_preset(run[0]))):
         epochs, label = sorted(int(k) for k in e["curve"]), f"{_label(model, e)}, {_recipe(model)}"
