@@ -20,11 +20,12 @@ from benchmarks import data_efficiency as efficiency, reproduction as study  # n
 
 RESULTS = ROOT / "benchmarks" / "results"
 FILES = ("README.md", "docs/performance.md", "docs/reference.md", "docs/training.md", "docs/attention_init.md",
-         "docs/reproduction.md")
+         "docs/reproduction.md", "docs/little_data.md")
 # Each figure: (the report it is drawn from, the function drawing it to a path).
 PLOTS = {"docs/data_efficiency.png": ("data_efficiency", "plot_data_efficiency"),
          **{f"docs/reproduction_{figure}.png": ("reproduction", f"plot_reproduction_{figure}")
-            for figure in ("curves", "locality", "maps_learned", "maps_quadratic", "centers")}}
+            for figure in ("curves", "locality", "maps_learned", "maps_quadratic", "centers")},
+         "docs/little_data_curves.png": ("little_data", "plot_little_data_curves")}
 BATCHES = ("batch1", "batch100")
 
 
@@ -836,6 +837,7 @@ TABLES = {
     "reproduction_gates": ("reproduction", reproduction_gates),
     "reproduction_gated_against_content": ("reproduction", reproduction_gated_against_content),
     "reproduction_budgets": ("reproduction", reproduction_budgets),
+    "little_data": ("little_data", little_data), "little_data_locality": ("little_data", little_data_locality),
     "data_efficiency": ("data_efficiency", data_efficiency),
     "efficiency_targets": ("data_efficiency", efficiency_targets),
     "vs_reference_summary": ("vs_reference", vs_reference_summary), "vs_reference": ("vs_reference", vs_reference_full),
