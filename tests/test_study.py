@@ -111,6 +111,20 @@ def test_a_plan_naming_a_run_twice_or_an_unknown_setting_is_refused(tmp_path):
         study.load_plan(str(bad))
 
 
+def test_a_process_handed_a_run_its_plan_lacks_says_to_share_the_plan(tmp_path):
+    """A chief restarted with a longer plan hands a worker still on the shorter one a run it does
+    not know: the worker stops, naming the fix."""
+    import keras_tuner as kt
+
+    tuner = study.StudyTuner([study.Run("a", TINY)], study.read_results, lambda key, trial_dir: None,
+                             directory=str(tmp_path), project_name="p")
+    hyperparameters = kt.HyperParameters()
+    hyperparameters.Fixed("run", "b")
+    with pytest.raises(kt.errors.FatalError, match="run 'b', which its plan does not have: start the chief and "
+                                                   "every worker with the same plan"):
+        tuner.run_trial(kt.engine.trial.Trial(hyperparameters, trial_id="0"))
+
+
 def test_the_report_keeps_every_run_and_what_it_derives(tmp_path):
     report = study.Report(str(tmp_path / "r.json"), derive=lambda runs: {"count": len(runs)},
                           keep=lambda reading: {"acc": reading["acc"]}, note="why")

@@ -117,8 +117,10 @@ class StudyTuner(tune.TunerFiles, base_tuner.BaseTuner):
         run = self.runs.get(trial.hyperparameters.values["run"])
         if run is None:
             raise kt.errors.FatalError(
-                f"The study's state in {self.project_dir} has run {trial.hyperparameters.values['run']!r}, which "
-                f"this plan does not: run the plan that started it, or give this plan another directory.")
+                f"The study's state in {self.project_dir} hands this process run "
+                f"{trial.hyperparameters.values['run']!r}, which its plan does not have: start the chief and every "
+                f"worker with the same plan (a worker keeps the plan it started with), or give this plan another "
+                f"directory.")
         trial_dir = self.get_trial_dir(trial.trial_id)
         try:
             return {OBJECTIVE.name: train_and_read(run, trial_dir, self.read, self.log)[OBJECTIVE.name]}
