@@ -68,7 +68,10 @@ def test_this_machine_gets_an_answer_and_the_task_records_it(tmp_path, monkeypat
     monkeypatch.setattr(precision, "detect", lambda: ("float32", "CPU without avx512_bf16 (fed by the test)"))
     resumed = Task(dataclasses.replace(config, epochs=2, max_steps=2), log=logs.append)
     assert resumed.precision == "mixed_bfloat16"
-    assert resumed.precision_reason == "auto, kept from the run resumed (auto: CPU with amx_bf16 (fed by the test))"
+    assert resumed.precision_reason == "auto, kept from the resumed run: CPU with amx_bf16 (fed by the test)"
+    # Resumed again, it keeps the first choice's reason, not a longer one each time.
+    assert precision.training_policy("auto", resumed={"policy": "mixed_bfloat16", "why": resumed.precision_reason}) \
+        == ("mixed_bfloat16", resumed.precision_reason)
     fresh = Task(dataclasses.replace(config, model_dir=str(tmp_path / "other")), log=logs.append)
     assert fresh.precision == "float32"
 

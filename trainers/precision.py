@@ -68,6 +68,9 @@ def resolve(requested: str, detector=None) -> tuple[str, str]:
     return requested, "requested"
 
 
+KEPT = "auto, kept from the resumed run: "  # the reason of a precision a resumed run keeps
+
+
 def training_policy(requested: str, detector=None, resumed: dict | None = None) -> tuple[str, str]:
     """The Keras dtype policy of ``--mixed_precision=requested`` and why: ``"auto"`` gives
     ``"mixed_bfloat16"`` (float32 variables, bfloat16 compute) where `choose` says bfloat16, else
@@ -80,6 +83,8 @@ def training_policy(requested: str, detector=None, resumed: dict | None = None) 
     if requested != "auto":
         return requested, "requested"
     if resumed and resumed.get("policy"):
-        return resumed["policy"], f"auto, kept from the run resumed ({resumed.get('why', 'recorded')})"
+        # The first choice's reason, however many times the run was resumed since.
+        first = resumed.get("why", "recorded").removeprefix(KEPT).removeprefix("auto: ")
+        return resumed["policy"], KEPT + first
     dtype, why = resolve("auto", detector)
     return ("mixed_bfloat16" if dtype == "bfloat16" else "float32"), why
