@@ -72,10 +72,10 @@ def test_retrain_best_leaves_an_exportable_model_dir(tiny_cifar, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigkill_then_rerun_reuses_finished_trials(tmp_path):
+def test_sigkill_then_rerun_reuses_finished_trials(tiny_cifar, tmp_path):
     args = [sys.executable, "-m", "trainers.tune", "--search_space=tiny", "--tuner=random", "--max_trials=2",
-            "--max_epochs=1", f"--directory={tmp_path}", "--project_name=p", "--dataset=synthetic",
-            "--global_batch_size=50", "--strategy=one_device"]
+            "--max_epochs=1", f"--directory={tmp_path}", "--project_name=p", "--dataset=cifar10_files",
+            f"--data_dir={tiny_cifar[0]}", "--validation_size=50", "--global_batch_size=50", "--strategy=one_device"]
     proc = subprocess.Popen(args, cwd=PROJECT_ROOT, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:

@@ -154,11 +154,12 @@ def test_attention_summaries_callback_writes_images(small_model, real_images, tm
 
 
 @pytest.mark.slow
-def test_trainer_flag_writes_attention_summaries(tmp_path):
+def test_trainer_flag_writes_attention_summaries(tiny_cifar, tmp_path):
     from trainers.config import make_config
     from trainers.train import train
 
-    train(make_config(overrides=dict(model="sa_quadratic_small", num_layers=1, dataset="synthetic", epochs=2,
+    train(make_config(overrides=dict(model="sa_quadratic_small", num_layers=1, dataset="cifar10_files",
+                                     data_dir=tiny_cifar[0], validation_size=50, epochs=2,
                                      global_batch_size=64, model_dir=str(tmp_path),
                                      attention_summaries_every=1, strategy="one_device")), log=lambda s: None)
     files = os.listdir(tmp_path / "logs" / "attention")
