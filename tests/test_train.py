@@ -231,12 +231,12 @@ def test_xla_is_on_by_default_only_for_content_attention():
     assert default_jit_compile(sa_conv.get_config("sa_quadratic_small", encoding="content_with_relative_keys"))
 
 
-def test_xla_runs_on_one_device_and_a_task_must_fit_the_trainers_replicas(tmp_path):
+def test_xla_runs_on_one_device_and_a_task_must_fit_the_trainers_replicas(small_run, tmp_path):
     """XLA stays on with the default and one-device strategies (no several logical CPU replicas);
     a Task made for another replica count than the Trainer's strategy is refused by name."""
     assert distribute.xla_runs_on(tf.distribute.get_strategy())
     assert distribute.xla_runs_on(tf.distribute.OneDeviceStrategy("/cpu:0"))
-    config = make_config(overrides=dict(SMALL_RUN, model_dir=str(tmp_path)))
+    config = make_config(overrides=dict(small_run, model_dir=str(tmp_path)))
     task = Task(config, replicas=2, log=lambda s: None)
     with pytest.raises(ConfigError, match=r"made for 2 replica\(s\), the strategy has 1: make it with "
                                           r"Task\(config, replicas=1\)"):
@@ -322,8 +322,11 @@ def _stopped_after_first_epoch(config, logs=None):
         train_lib.train(config, log=log)
 
 
-SMALL_RUN = dict(model="sa_quadratic_small", num_layers=1, dataset="synthetic", global_batch_size=100,
-                 eval_batch_size=100, validation_size=100, epochs=2, strategy="one_device")
+@pytest.fixture
+def small_run(tiny_cifar):
+    """A two-epoch run of one block on the tiny_cifar files: 2 steps of 100 an epoch, 50 validation images."""
+    return dict(model="sa_quadratic_small", num_layers=1, dataset="cifar10_files", data_dir=tiny_cifar[0],
+                global_batch_size=100, eval_batch_size=100, validation_size=50, epochs=2, strategy="one_device")
 
 
 @pytest.mark.parametrize("umask, new_file", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
@@ -385,10 +388,10 @@ def test_a_folder_that_cannot_be_locked_is_written_unlocked_with_a_warning(tmp_p
     assert entered == [True]
 
 
-def test_resume_with_other_model_flags_names_them(tmp_path):
+def test_resume_with_other_model_flags_names_them(small_run, tmp_path):
     """A restart whose model flags differ from the stopped run's is refused with those flags named
     (not as unreadable checkpoints); config.json keeps the stopped run's, and its flags resume."""
-    _stopped_after_first_epoch(make_config(overrides=dict(SMALL_RUN, model_dir=str(tmp_path))))
+    _stopped_after_first_epoch(make_config(overrides=dict(small_run, model_dir=str(tmp_path))))
     for changed, named in ((dict(num_layers=2), r"--num_layers=1 \(this run: --num_layers=2\)"),
                            (dict(model="sa_learned_small", num_layers=None),
                             r"--model=sa_quadratic_small \(this run: --model=sa_learned_small\); "
@@ -399,15 +402,15 @@ def test_resume_with_other_model_flags_names_them(tmp_path):
         logs = []
         with pytest.raises(ConfigError, match=rf"checkpoints in .* were written by a run with other model flags: "
                                               rf"{named}\. To resume it, pass its flags .*another --model_dir"):
-            train_lib.train(make_config(overrides=dict(SMALL_RUN, model_dir=str(tmp_path), **changed)),
+            train_lib.train(make_config(overrides=dict(small_run, model_dir=str(tmp_path), **changed)),
                             log=logs.append)
         assert not [line for line in logs if "unreadable" in line]
         assert _json(tmp_path / "config.json")["num_layers"] == 1
-    results = train_lib.train(make_config(overrides=dict(SMALL_RUN, model_dir=str(tmp_path))), log=lambda s: None)
+    results = train_lib.train(make_config(overrides=dict(small_run, model_dir=str(tmp_path))), log=lambda s: None)
     assert results["resumed_from_epoch"] == 1 and results["epochs"] == 2
 
 
-def test_a_stopped_run_resumes_from_its_checkpoint_and_keeps_its_snapshots(tmp_path, monkeypatch):
+def test_a_stopped_run_resumes_from_its_checkpoint_and_keeps_its_snapshots(small_run, tmp_path, monkeypatch):
     """--init_from sets the weights of a run's start only: restarted with the same flags after its
     first epoch, the run trains on from its checkpoint, not from the --init_from model.
     --snapshot_every=2 over 3 epochs keeps epochs 0 (the weights training starts from: the
@@ -416,7 +419,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_keeps_its_snapshots(tmp_p
 
     source = str(tmp_path / "source.keras")
     run = tmp_path / "run"
-    config = make_config(overrides=dict(SMALL_RUN, epochs=3, snapshot_every=2, init_from=source, model_dir=str(run)))
+    config = make_config(overrides=dict(small_run, epochs=3, snapshot_every=2, init_from=source, model_dir=str(run)))
     keras.utils.set_random_seed(1)  # another start than the run's own (seed 0)
     Task(config, log=lambda s: None).build_model().save(source)
     train_epochs, starts = train_lib.Trainer.train_epochs, []
@@ -455,7 +458,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_keeps_its_snapshots(tmp_p
         np.testing.assert_array_equal(a, b)
     assert not all(np.array_equal(a, b) for a, b in zip(weights("snapshots/epoch_002.keras"), weights("model.keras")))
     with pytest.raises(ConfigError, match="--snapshot_every must be >= 0"):
-        make_config(overrides=dict(SMALL_RUN, snapshot_every=-1)).validate()
+        make_config(overrides=dict(small_run, snapshot_every=-1)).validate()
 
 
 def test_checkpoint_holds_the_seed_generators_and_reads_earlier_ones(tmp_path):
