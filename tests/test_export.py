@@ -49,6 +49,23 @@ def attention_export(real_images, made_once):
     return keras.models.load_model(root / "sa.keras"), (root / "version").read_text()
 
 
+@pytest.fixture
+def quadratic_export(real_images, made_once):
+    """``(model, version directory, .keras path)``: one block of ``sa_quadratic_small`` trained a few
+    steps and exported to every float format installed (SavedModel, TFLite, ONNX, OpenVINO's IR),
+    each checked against the model by the export; made once per test run for the tests that read it."""
+    import importlib.util
+
+    def make(root):
+        _trained("sa_quadratic_small", real_images, root / "m.keras", num_layers=1)
+        formats = ["saved_model", "tflite", "onnx"] + (["openvino"] if importlib.util.find_spec("openvino") else [])
+        (root / "version").write_text(export_lib.export(model_path=str(root / "m.keras"), export_dir=str(root / "out"),
+                                                        formats=formats, tf_serving_files=False, log=lambda s: None))
+
+    root = made_once("export-quadratic-small", make)
+    return keras.models.load_model(root / "m.keras"), (root / "version").read_text(), root / "m.keras"
+
+
 def _run_in_fresh_process(code):
     proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -248,10 +265,8 @@ def test_a_format_whose_package_is_missing_names_its_install_before_anything_is_
     fmt.require()  # installed here
 
 
-def test_tflite_format_is_verified(real_images, tmp_path):
-    _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
-    version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
-                                formats=["saved_model", "tflite"], log=lambda s: None)
+def test_tflite_format_is_verified(quadratic_export, real_images):
+    _, version, _ = quadratic_export
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
     assert meta["verification"]["max_abs_error"]["tflite"] < 1e-4
     interpreter = runtimes.tflite_interpreter(os.path.join(version, "assets.extra", "model.tflite"))
@@ -297,26 +312,20 @@ def _check_onnx(version, model, images):
 
 
 @pytest.mark.slow
-def test_onnx_format_is_verified_with_onnx_runtime(real_images, tmp_path):
+def test_onnx_format_is_verified_with_onnx_runtime(quadratic_export, real_images):
     """An attention model; ResNet18's ONNX file is `test_reload_in_a_fresh_process_matches_keras`'s."""
-    model = sa_conv.build_model("sa_quadratic_small", num_layers=1)
-    model.save(tmp_path / "m.keras")
-    version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
-                                formats=["saved_model", "onnx"], log=lambda s: None)
+    model, version, _ = quadratic_export
     _check_onnx(version, model, real_images)
 
 
-def test_openvino_format_writes_an_ir_checked_in_float32_and_records_the_plugins_precision(real_images, tmp_path,
+def test_openvino_format_writes_an_ir_checked_in_float32_and_records_the_plugins_precision(quadratic_export,
+                                                                                          real_images, tmp_path,
                                                                                           monkeypatch):
     """``--formats=openvino``: OpenVINO's IR beside the SavedModel, checked against the Keras model
     in float32 whatever the CPU, with the precision the plugin picks by itself recorded. An IR of
     other weights is refused by that check."""
     pytest.importorskip("openvino")
-    keras.utils.set_random_seed(0)
-    model = sa_conv.build_model("sa_quadratic_small", num_layers=1)
-    model.save(tmp_path / "m.keras")
-    version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
-                                formats=["saved_model", "openvino"], tf_serving_files=False, log=lambda s: None)
+    model, version, path = quadratic_export
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
     record = meta["files"]["openvino"]
     assert record["file"] == "assets.extra/openvino/model.xml" and record["checked_inference_precision"] == "f32"
@@ -333,7 +342,7 @@ def test_openvino_format_writes_an_ir_checked_in_float32_and_records_the_plugins
     monkeypatch.setattr(formats.OpenVINO, "write", lambda self, job: write(self, dataclasses.replace(
         job, serving=sa_conv.freeze_for_inference(other))))
     with pytest.raises(export_lib.ExportError, match="The OpenVINO model disagrees with the Keras model"):
-        export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "refused"),
+        export_lib.export(model_path=str(path), export_dir=str(tmp_path / "refused"),
                           formats=["saved_model", "openvino"], tf_serving_files=False, log=lambda s: None)
     assert list((tmp_path / "refused").glob("*/*")) == []
 
@@ -917,17 +926,14 @@ def test_the_serving_benchmark_skips_a_side_for_the_packages_its_format_declares
                        "openvino": ["openvino"], "openvino_int8": ["openvino", "nncf"]}
 
 
-def test_every_runtime_side_of_the_serving_benchmark_reads_the_exported_files(real_images, tmp_path):
+def test_every_runtime_side_of_the_serving_benchmark_reads_the_exported_files(quadratic_export, real_images):
     """What `benchmarks/serving.py` times is what the export wrote, in each runtime: LiteRT's
     probabilities, ONNX Runtime's logits of the ONNX file and OpenVINO's of the IR, equal to the
     Keras model's."""
     from benchmarks import serving as serving_benchmark
 
     pytest.importorskip("openvino")
-    model = _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
-    version = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "out"),
-                                formats=["saved_model", "tflite", "onnx", "openvino"], tf_serving_files=False,
-                                log=lambda s: None)
+    model, version, _ = quadratic_export
     images = real_images[:2]
     logits = model(images.astype(np.float32)).numpy()
     for side, file in serving_benchmark.runtime_files().items():
