@@ -9,7 +9,8 @@
 
 A plan of data-efficiency variants trained with the trainer's defaults (or a variant's recipe) on the study engine
 (`trainers.study`), a reader of each run's snapshots (`read_run`), a summary over seeds (`summarize`) and the paper's
-`claims` checked on it; ``tools/performance_tables.py`` makes ``docs/reproduction.md``'s tables and figures from the report.
+`claims` checked on it; ``tools/performance_tables.py`` makes ``docs/reproduction.md``'s tables and figures from the
+report.
 """
 
 from __future__ import annotations
@@ -318,12 +319,14 @@ def study_models(summary: dict, epochs: int) -> list[str]:
     return sorted((model for model in found if not is_comparison(model)), key=order)
 
 
-def _matches(ours: dict, theirs: dict) -> tuple[float, float | None, str]:
-    """``(gap, noise, verdict)`` of accuracy ``ours`` against ``theirs``: held above it or within the spread, partly
-    within twice, else not here."""
+def _matches(ours: dict, theirs: dict) -> dict:
+    """What an accuracy claim of the spread ``ours`` against ``theirs`` says: ``accuracy`` (ours), ``difference`` of
+    the means, ``spread`` (their `_noise`) and ``verdict``: held above it or within the spread, partly within twice,
+    else not here."""
     gap, noise = round(ours["mean"] - theirs["mean"], 6), _noise(ours, theirs)
-    return gap, noise, ("held" if gap >= 0 or (noise is not None and -gap <= noise) else
-                        "partly" if noise is not None and -gap <= 2 * noise else "not here")
+    return {"accuracy": ours, "difference": gap, "spread": noise,
+            "verdict": "held" if gap >= 0 or (noise is not None and -gap <= noise) else
+                       "partly" if noise is not None and -gap <= 2 * noise else "not here"}
 
 
 def claims(summary: dict, epochs: int) -> list[dict]:
@@ -357,18 +360,17 @@ def claims(summary: dict, epochs: int) -> list[dict]:
         flags = data_efficiency.parse_variant(model)
         if flags["model"] in data_efficiency.RESNETS:
             continue
-        if "recipe" not in flags and resnet is not None:
-            gap, noise, verdict = _matches(entry["test_accuracy"], resnet["test_accuracy"])
-            rows.append({"claim": "attention matches ResNet18's accuracy", "model": model,
-                         "accuracy": entry["test_accuracy"], "resnet18": resnet["test_accuracy"], "difference": gap,
-                         "spread": noise, "seeds": seeds, "verdict": verdict})
-        convolution = f"{EQUAL_SIZE}:{flags['recipe']}" if "recipe" in flags else None
-        if convolution and summary_key(convolution, epochs) in summary:
-            theirs = summary[summary_key(convolution, epochs)]["test_accuracy"]
-            gap, noise, verdict = _matches(entry["test_accuracy"], theirs)
-            rows.append({"claim": "attention matches a ResNet of its size", "model": model,
-                         "accuracy": entry["test_accuracy"], "convolution": convolution, "against": theirs,
-                         "difference": gap, "spread": noise, "seeds": seeds, "verdict": verdict})
+        if "recipe" in flags:
+            convolution = f"{EQUAL_SIZE}:{flags['recipe']}"
+            against = summary.get(summary_key(convolution, epochs))
+            if against is not None:
+                rows.append({"claim": "attention matches a ResNet of its size", "model": model, "seeds": seeds,
+                             "convolution": convolution, "against": against["test_accuracy"],
+                             **_matches(entry["test_accuracy"], against["test_accuracy"])})
+        elif resnet is not None:
+            rows.append({"claim": "attention matches ResNet18's accuracy", "model": model, "seeds": seeds,
+                         "resnet18": resnet["test_accuracy"], **_matches(entry["test_accuracy"],
+                                                                         resnet["test_accuracy"])})
     return rows
 
 

@@ -416,7 +416,7 @@ def _last_quarter(entry, epochs):
 
 def _recipe(model):
     """The recipe a study model trains with: its ``:RECIPE``, else the paper's."""
-    return efficiency.parse_variant(model).get("recipe", "paper")
+    return efficiency.split_recipe(model)[1] or "paper"
 
 
 def _at_budget(name="reproduction", budget=None):
@@ -571,8 +571,9 @@ def reproduction_claims():
                         f"{_spread(r['against'])} ({r['against']['n']})")
         else:
             evidence = f"{_spread(r['accuracy'])} against ResNet18's {_spread(r['resnet18'])}"
-        model = _preset(r["model"]) + ("" if _recipe(r["model"]) == "paper" else f" (`{_recipe(r['model'])}`)")
-        rows.append([r["claim"], model, evidence, r["seeds"], f"**{r['verdict']}**"])
+        recipe = _recipe(r["model"])
+        rows.append([r["claim"], _preset(r["model"]) + ("" if recipe == "paper" else f" (`{recipe}`)"), evidence,
+                     r["seeds"], f"**{r['verdict']}**"])
     return _table("claim | model | measured (mean ± std) | seeds | verdict", rows,
                   "Held: the change goes the paper's way by more than the larger std over seeds (accuracy: within it "
                   "of the convolution's); partly: by less, with one seed or in one measure (accuracy: within "
@@ -585,8 +586,8 @@ def little_data():
     (docs/reproduction.md's study)."""
     data, budget, cells = _at_budget("little_data")
     _, _, paper = _at_budget("reproduction", budget)
-    ran = set(zip(cells["model"], cells["recipe"]))
-    paper = paper[[model in set(cells["model"]) | {_preset("resnet18")} and (model, recipe) not in ran
+    presets, ran = set(cells["model"]) | {_preset("resnet18")}, set(zip(cells["model"], cells["recipe"]))
+    paper = paper[[model in presets and (model, recipe) not in ran
                    for model, recipe in zip(paper["model"], paper["recipe"])]]
     header = ["model", "recipe", "parameters", "test accuracy", "seeds", "minutes a run (CPU)"]
     frame = pd.concat([cells, paper]).sort_values("mean", ascending=False, kind="stable")
