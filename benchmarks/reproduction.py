@@ -4,8 +4,9 @@
     .venv/bin/python -m benchmarks.reproduction            # the study: every run docs/reproduction.md reports
     .venv/bin/python -m benchmarks.reproduction --models=gated --seeds=3,4 --output=/tmp/more.json
     # the little-data study: the small-data recipe (MODEL:small_data) in bfloat16 where the CPU has it
-    .venv/bin/python -m benchmarks.reproduction --models=quadratic:small_data,resnet20:small_data,resnet20 \
-        --seeds=0,1,2 --epochs=240 --mixed_precision=auto --output=benchmarks/results/little_data.json
+    .venv/bin/python -m benchmarks.reproduction --seeds=0,1,2 --epochs=240 --mixed_precision=auto \
+        --models=quadratic:small_data,resnet20:small_data,learned:small_data,resnet20 \
+        --output=benchmarks/results/little_data.json
 
 A plan of data-efficiency variants trained with the trainer's defaults (or a variant's recipe) on the study engine
 (`trainers.study`), a reader of each run's snapshots (`read_run`), a summary over seeds (`summarize`) and the paper's

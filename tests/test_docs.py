@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tools import performance_tables
+from tools import benchmark_tables, performance_tables
 
 README = PROJECT_ROOT / "README.md"
 PAGES = [README, *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
@@ -112,5 +112,5 @@ def test_the_reports_name_presets_by_their_current_names():
     cases = set(json.loads((PROJECT_ROOT / "benchmarks" / "results" / "vs_reference.json").read_text())["cases"])
     assert {"sa_content_plus_learned_bias", "sa_content_plus_learned_bias_small"} <= named & cases
     assert sorted((named | cases) - set(sa_conv.PRESETS)) == []
-    shown = set(re.findall(r"`(\w+)`", performance_tables.vs_reference_summary()))
+    shown = set(re.findall(r"`(\w+)`", benchmark_tables.vs_reference_summary()))
     assert "sa_content_plus_learned_bias" in shown and shown <= set(sa_conv.PRESETS)

@@ -13,7 +13,7 @@ import pytest
 from benchmarks import harness
 from benchmarks import reproduction as rp
 from tests.conftest import PROJECT_ROOT
-from tools import performance_tables
+from tools import benchmark_tables, performance_tables
 from trainers import files, study
 from trainers.config import make_config
 
@@ -211,7 +211,7 @@ def test_summary_spreads_curves_flattening_and_the_claims():
 def pages(monkeypatch, tmp_path):
     """``pages(runs, **fields)`` writes the reproduction report (its summary and budget made from ``runs``) that
     ``performance_tables`` reads, beside an empty data-efficiency one."""
-    monkeypatch.setattr(performance_tables, "RESULTS", tmp_path)
+    monkeypatch.setattr(benchmark_tables, "RESULTS", tmp_path)
     files.write_json(str(tmp_path / "data_efficiency.json"), {"summary": {}, "training_images": {}})
     return lambda runs, **fields: files.write_json(str(tmp_path / "reproduction.json"), {
         "runs": runs, "summary": rp.summarize(runs), "budget": rp.main_budget(runs),

@@ -1,11 +1,11 @@
 """Writes the tables of README.md and docs/*.md and the figures docs/*.png from the committed benchmark JSON
-(benchmarks/results/*.json), so that none can drift from the measurements. ``--check`` rewrites nothing and exits 1
-if a committed table differs. A table lives between ``<!-- table:NAME ... -->`` and ``<!-- end table:NAME -->``.
+(benchmarks/results/*.json), so that none can drift from the measurements: the studies' tables and figures here, the
+benchmarks' tables from ``tools/benchmark_tables.py``. ``--check`` rewrites nothing and exits 1 if a committed table
+differs. A table lives between ``<!-- table:NAME ... -->`` and ``<!-- end table:NAME -->``.
 """
 
 import argparse
 import functools
-import json
 import pathlib
 import re
 import sys
@@ -17,8 +17,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file: the benchmarks package beside tools/
     sys.path.insert(0, str(ROOT))
 from benchmarks import data_efficiency as efficiency, reproduction as study  # noqa: E402
+from tools import benchmark_tables  # noqa: E402
+from tools.benchmark_tables import fixed as _fixed, load as _load, table as _table  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 FILES = ("README.md", "docs/performance.md", "docs/reference.md", "docs/training.md", "docs/attention_init.md",
          "docs/reproduction.md", "docs/little_data.md")
 # Each figure: (the report it is drawn from, the function drawing it to a path).
@@ -26,318 +27,6 @@ PLOTS = {"docs/data_efficiency.png": ("data_efficiency", "plot_data_efficiency")
          **{f"docs/reproduction_{figure}.png": ("reproduction", f"plot_reproduction_{figure}")
             for figure in ("curves", "locality", "maps_learned", "maps_quadratic", "centers")},
          "docs/little_data_curves.png": ("little_data", "plot_little_data_curves")}
-BATCHES = ("batch1", "batch100")
-
-
-def _load(name):
-    return json.loads((RESULTS / f"{name}.json").read_text())
-
-
-def _machine(data):
-    """``(cores, memory GiB, float32 matmul GFLOP/s)`` of a report's machine (older reports had their own fields)."""
-    machine = data["machine"]
-    cpu = machine.get("cpu", {})
-    peak = machine.get("matmul_gflops", {}).get("float32", machine.get("fp32_matmul_gflops_per_second"))
-    return cpu.get("cores", machine.get("cpus")), cpu.get("memory_gb", machine.get("memory_gb")), peak
-
-
-def _num(x, digits=3):
-    """``x`` with ``digits`` significant digits, plain notation; ``-`` for None."""
-    if x is None or x == 0:
-        return "-" if x is None else "0"
-    return f"{x:.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
-
-
-def _fixed(x, digits=2, unit=1):
-    """``x / unit`` (a ratio; MB in GiB with ``unit=1024``) to ``digits`` decimals; ``-`` for None."""
-    return "-" if x is None else f"{x / unit:.{digits}f}"
-
-
-def _pair(figures, prefix="", form=_fixed):
-    """``batch 1/batch 100`` of a report's figures (``prefix`` + ``batch1``, ...); ``-`` when not measured."""
-    return "-" if figures is None else "/".join(form(figures.get(prefix + batch)) for batch in BATCHES)
-
-
-def _table(header, rows, caption=None):
-    """A Markdown table of ``header`` (names, or "a | b") and ``rows``, every cell as written, after ``caption``."""
-    columns = header.split(" | ") if isinstance(header, str) else header
-    frame = pd.DataFrame([[str(c) for c in row] for row in rows], columns=columns)
-    table = frame.to_markdown(index=False, disable_numparse=True)
-    return f"{caption}\n\n{table}" if caption else table
-
-
-SIDE_NAMES = {"sa_conv": "sa-conv", "reference": "reference", "sa_conv_no_remat": "sa-conv, no remat",
-              "sa_conv_no_onednn": "sa-conv, oneDNN off", "sa_conv_mixed_bfloat16": "sa-conv, `mixed_bfloat16`",
-              "sa_conv_mixed_float16": "sa-conv, `mixed_float16`"}
-SPEEDS = ("train_speed", "inference_speed_batch1", "inference_speed_batch100")
-
-
-def vs_reference_summary():
-    """README: sa-conv's default side against the reference, ratios only."""
-    rows = []
-    for case, sides in _load("vs_reference")["cases"].items():
-        ratio = sides.get("ratios", {}).get("sa_conv")
-        if "reference" in sides and ratio:
-            rows.append([f"`{case}`"] + [_fixed(ratio.get(k)) for k in (*SPEEDS, "peak_rss")])
-    return _table("preset | training speed | inference b=1 | inference b=100 | training peak RSS", rows)
-
-
-def vs_reference_full():
-    """Every side of every case: training images/s and peak RSS, and the ratios to the reference."""
-    data = _load("vs_reference")
-    rows, dates = [], set()
-    for case, sides in data["cases"].items():
-        for side, run in sides.items():
-            if side == "ratios":
-                continue
-            dates.add(run.get("date", data["date"]))
-            r = sides.get("ratios", {}).get(side, {})
-            extras = [what for what, key in (("remat", "remat"), ("XLA", "xla")) if run.get(key)]
-            label = SIDE_NAMES.get(side, side) + (f" ({', '.join(extras)})" if extras and side != "reference" else "")
-            rows.append([f"`{case}`", label, _num(run.get("train_images_per_second")),
-                         _fixed(run.get("peak_rss_mb"), unit=1024),
-                         "/".join(_fixed(r.get(k)) for k in SPEEDS) if r else "-", _fixed(r.get("peak_rss"))])
-    days = sorted(dates)
-    return _table("case | side | train img/s | training peak RSS (GiB) | speed vs reference (train/b=1/b=100) | "
-                  "RSS vs reference", rows,
-                  f"Batch {data['batch']}; sides timed {days[0]} to {days[-1]} (each side's day in the JSON), so "
-                  "speed ratios across days are indicative; memory ratios do not depend on the day.")
-
-
-def throughput(name="throughput"):
-    """Per case: images/s, the training step's fraction of the matmul peak and peak RSS (batch and XLA named
-    where they differ from the rest)."""
-    data = _load(name)
-    results = [r for r in data["results"] if "train_images_per_second" in r]
-    batches = [r.get("train_batch") for r in results]
-    batch = max(set(batches), key=batches.count)
-    rows = []
-    for r in results:
-        notes = [f"batch {r.get('train_batch')}"] * (r.get("train_batch") != batch)
-        notes += ["XLA"] * bool(r.get("xla") and "xla" not in r["case"])
-        rows.append([f"`{r['case']}`" + (f" ({', '.join(notes)})" if notes else ""),
-                     _num(r.get("train_images_per_second")), _pair(r, "inference_images_per_second_", _num),
-                     _fixed(r.get("train_fraction_of_matmul_peak")), _fixed(r.get("peak_rss_mb"), unit=1024)])
-    return _table("case | train img/s | infer img/s b=1/b=100 | train fraction of matmul peak | peak RSS (GiB)", rows,
-                  f"{data['date']}, batch {batch}, matmul peak {_num(_machine(data)[2])} GFLOP/s in that run.")
-
-
-def throughput_ratios():
-    """Ratios of two cases' figures timed in the same run."""
-    rows = [[f"`{k}`", _fixed(v)] for k, v in _load("throughput")["ratios"].items()]
-    return _table("ratio (same run) | measured", rows)
-
-
-def malloc():
-    """Speed and peak RSS keeping freed memory over returning it to the system, per preset."""
-    data = _load("malloc")
-    rows = [[f"`{p}`", _fixed(e["speedup_keep_over_return"]), _fixed(e["peak_rss_ratio_keep_over_return"])]
-            for p, e in data["presets"].items()]
-    return _table("preset | speed: keep / return freed memory | peak RSS: keep / return", rows,
-                  "{date}, batch {batch}.".format_map(data))
-
-
-def remat():
-    """Speed and peak RSS of each remat variant over no remat, per preset."""
-    data = _load("remat_allocator")
-    rows = [[f"`{preset}`", variant, _fixed(r["speed_over_no_remat"]), _fixed(r["peak_rss_over_no_remat"])]
-            for preset, entry in data["presets"].items() for variant, r in entry["ratios"].items()]
-    return _table("preset | variant | speed / no remat | peak RSS / no remat", rows,
-                  f"{', '.join(sorted({e['date'] for e in data['presets'].values()}))}, batch {data['batch']}, the "
-                  "trainer's step.")
-
-
-def epoch_overhead():
-    """Seconds per epoch outside the optimizer steps, with tf.data's autotuning model and without."""
-    data = _load("epoch_overhead")
-    names = {"autotune_model": "tf.data's autotuning model on (TensorFlow's default)",
-             "no_model": "off (the pipeline's setting)"}
-    rows = [[names[side]] + [f"{s[k]:.1f}" for k in ("median_outside_steps_seconds", "max_outside_steps_seconds",
-                                                      "median_train_seconds")] for side, s in data["summary"].items()]
-    return _table("data pipeline | seconds outside the steps, median | max | seconds of steps, median", rows,
-                  "{date}, {cpu_class}, `{preset}` on cifar10-mini, {epochs} epochs a run, ".format_map(data)
-                  + f"{len(data['runs']['no_model'])} runs a side alternating, epochs after the first; the same final "
-                  f"loss on both sides: {'yes' if data['same_final_loss'] else 'no'}.")
-
-
-def iterator_deletion():
-    """Seconds to delete an epoch's data iterator after epochs of several lengths, per input path."""
-    data = _load("iterator_deletion")
-    names = {"tf_defaults": "model on, tf.distribute's iterator (TensorFlow's defaults)",
-             "model_itself": "model on, the dataset itself", "distributed": "model off, tf.distribute's iterator",
-             "trainer": "model off, the dataset itself (the trainer, one CPU replica)"}
-    lengths = list(next(iter(data["runs"].values())))
-    rows = [[names[side]] + [f"{s[n]['mean']:.1f} ({s[n]['max']:.1f}), {s[n]['waited']} waited" for n in lengths]
-            for side, s in data["summary"].items()]
-    return _table(["input path"] + [f"epoch of {n} s" for n in lengths], rows,
-                  "{date}, {cpu_class}, OneDeviceStrategy, the trainer's cifar10-mini pipeline ({batches} batches an "
-                  "epoch), tf.data's autotuning model on or off: mean (max) seconds of deleting the iterator over "
-                  "{repeats} epochs, and how many waited over {waited_seconds:g} s.".format_map(data))
-
-
-def training_accuracy(name="vs_reference_training"):
-    """Test accuracy of the reference and sa-conv trained alike, per encoding."""
-    data = _load(name)
-    rows = [[encoding, ", ".join(map(str, t["seeds"])), _num(t["reference"]), _num(t["sa_conv"]),
-             f"{t['difference_points']:+.1f}", _num(t.get("sa_conv_keras_momentum"))]
-            for encoding, t in data["table"].items()]
-    return _table("encoding | seeds | reference | sa-conv | difference (points) | sa-conv, Keras momentum", rows,
-                  "{date}, {epochs} epochs, batch {batch_size}, test accuracy (mean over seeds).".format_map(data))
-
-
-# {served side: (its name, the report's ratio of its images/s over the float32 SavedModel's in the same run)}.
-SERVED = {"saved_model": ("SavedModel", None),
-          "saved_model_bfloat16": ("bfloat16 SavedModel", "bfloat16_over_float32_export"),
-          **{side: (name, f"{side}_over_saved_model") for side, name in (
-              ("tflite", "TFLite"), ("tflite_int8", "TFLite int8"), ("onnx", "ONNX"), ("onnx_int8", "ONNX int8"),
-              ("openvino", "OpenVINO"), ("openvino_int8", "OpenVINO int8"))}}
-
-
-def _serving(cell):
-    """``(CPU classes, rows)`` of the serving report: a row per preset, a cell per CPU class (its runs by date),
-    ``cell(CPU class, the preset's entry or None)``."""
-    runs = sorted(_load("serving")["runs"].items(), key=lambda item: item[1]["date"])
-    presets = sorted({preset for _, run in runs for preset in run["presets"]})
-    rows = [[f"`{preset}`"] + [cell(cpu, run["presets"].get(preset)) for cpu, run in runs] for preset in presets]
-    return [cpu for cpu, _ in runs], rows
-
-
-def serving():
-    """Per preset and exported form, its images/s over the float32 SavedModel's timed in the same run, a column
-    per CPU class; each preset's first row is its float32 SavedModel's images/s."""
-    cpus, rows = _serving(lambda cpu, entry: entry)
-    forms = []
-    for preset, *entries in rows:
-        saved = [entry and entry["sides"].get("saved_model") for entry in entries]
-        forms.append([preset, "SavedModel, img/s"] + [_pair(s, "images_per_second_", _num) for s in saved])
-        for name, ratio in SERVED.values():
-            cells = [_pair(entry and entry["ratios"].get(ratio)) for entry in entries]
-            if ratio and any(c != "-" for c in cells):
-                forms.append(["", name] + cells)
-    return _table(["preset", "form", *cpus], forms,
-                  "Images/s over the float32 SavedModel's, timed in the same run, batch 1/batch 100 (each preset's "
-                  "first row: the SavedModel's own images/s); TFLite in LiteRT (XNNPACK), ONNX in ONNX Runtime, "
-                  "OpenVINO's IR in OpenVINO; - not timed on that CPU.")
-
-
-def serving_ratios():
-    """The serving copy (`sa_conv.freeze_for_inference`) over the model as trained, per preset and CPU class."""
-    cpus, rows = _serving(lambda cpu, entry: _pair((entry or {}).get("ratios", {}).get("in_process_over_live")))
-    return _table(["preset", *cpus], rows, "Images/s of the serving copy over the model as trained, in process, "
-                                           "batch 1/batch 100.")
-
-
-def serving_choice():
-    """Per preset and CPU class, the fastest exported form at batch 1 and at batch 100."""
-    timed = {}
-
-    def fastest(cpu, entry):
-        if entry is None or "saved_model" not in entry["sides"]:
-            return "-"
-        over = {name: entry["ratios"][ratio] if ratio else {"batch1": 1.0, "batch100": 1.0}
-                for name, ratio in SERVED.values() if ratio is None or ratio in entry["ratios"]}
-        timed[cpu] = max(timed.get(cpu, 0), len(over))
-        one, hundred = (max(over, key=lambda name: over[name][batch]) for batch in BATCHES)
-        x1, x100 = _fixed(over[one]["batch1"]), _fixed(over[hundred]["batch100"])
-        return f"{one} {x1}x/{x100}x" if one == hundred else f"{one} {x1}x, {hundred} {x100}x"
-
-    cpus, rows = _serving(fastest)
-    forms = ", ".join(f"{n} on {cpu.split(', ', 1)[-1]}" for cpu, n in timed.items())  # the CPU without its model
-    return _table(["preset", *cpus], rows, "The fastest exported form, as images/s over the float32 SavedModel's at "
-                                           f"batch 1/batch 100 (two names: batch 1's, then batch 100's). Forms timed: "
-                                           f"{forms}.")
-
-
-def serving_summary():
-    """README: the exported model against the reference, float32 and bfloat16 (the latest run with a reference)."""
-    runs = sorted(_load("serving")["runs"].items(), key=lambda item: item[1]["date"])
-    cpu, run = [(cpu, run) for cpu, run in runs
-                if any("saved_model_over_reference" in e["ratios"] for e in run["presets"].values())][-1]
-    rows = [[f"`{preset}`"] + [_fixed(e["ratios"][f"{form}_over_reference"][batch])
-                               for form in ("saved_model", "saved_model_bfloat16") for batch in BATCHES]
-            for preset, e in run["presets"].items() if "saved_model_over_reference" in e["ratios"]]
-    return _table("preset | SavedModel b=1 | SavedModel b=100 | bfloat16 SavedModel b=1 | bfloat16 SavedModel b=100",
-                  rows, f"{cpu}, {run['date']}.")
-
-
-def serving_aggregation():
-    """The frozen layer's separable aggregation over the dense one, with constant probabilities."""
-    data = _load("serving_aggregation")
-    cells = {}
-    for r in data["aggregation"]:
-        cells.setdefault(r["grid"], {})[r["batch"]] = _fixed(r["separable_over_dense"])
-    batches = sorted({r["batch"] for r in data["aggregation"]})
-    rows = [[f"{grid}x{grid}"] + [by.get(b, "-") for b in batches] for grid, by in cells.items()]
-    return _table(["grid"] + [f"batch {b}" for b in batches], rows, "{date}, one paper-size layer (9 heads, 400 "
-                  "channels): images/s of the separable aggregation over the dense one.".format_map(data))
-
-
-def against_commit():
-    """Per preset, this tree's figures against an earlier commit's, both in one process, in turns."""
-    data = _load("against_commit")
-    rows = []
-    for preset, entry in data["presets"].items():
-        figures = entry["figures"].values()
-        best, medians = ([f[k] for f in figures] for k in ("after_over_before", "round_ratios_median"))
-        rows.append([f"`{preset}`", len(best), ", ".join(sorted({str(f["rounds"]) for f in figures})),
-                     f"{_fixed(min(best))}-{_fixed(max(best))}", f"{_fixed(min(medians))}-{_fixed(max(medians))}"])
-    cpu = data["machine"]["cpu"]
-    return _table("preset | figures | rounds | after / before, fastest rounds | after / before, per-round medians",
-                  rows, f"{data['date']}, {cpu['model']} ({', '.join(cpu['features'])}); figures: the training step "
-                        "and inference (as trained, frozen, SavedModel) at batch 1 and 100; after / before images/s. "
-                        "Each figure, the commits and the caveats are in the JSON.")
-
-
-def scaling():
-    """Per preset and grid, the dense and separable paths (``dense/separable``): images/s, training's peak RSS,
-    remat, and a training step's memory growth from the smallest grid against ``N (H + W)``."""
-    data = _load("scaling")
-    cases, paths, failures, first, rows = data["cases"], ("dense", "separable"), [], {}, []
-
-    def speed(result, what):
-        """images/s, or ``failed`` (what it died of, how much it held and its limit go to the caption)."""
-        if "error" not in result:
-            return _num(result.get("images_per_second"))
-        error, seen, limit = result["error"], result.get("largest_rss_seen_mb"), result.get("memory_limit_gb")
-        died = "out of memory" if ("OOM when allocating" in error or "MemoryError" in error) else error.split(":")[0]
-        where = ", ".join(w for w in (seen and f"{float(seen) / 1024:.1f} GiB RSS reached",
-                                      limit and f"allocations limited to {float(limit):.1f} GiB") if w)
-        failures.append(f"{what}: {died}" + (f" ({where})" if where else ""))
-        return "failed"
-
-    # Case names (preset/GxG/path/mode) say what every case was, failed ones too.
-    names = (name.split("/") for name in cases)
-    for preset, grid in sorted({(preset, int(grid.split("x")[0])) for preset, grid, *_ in names}):
-        train, infer = ({p: cases.get(f"{preset}/{grid}x{grid}/{p}/{mode}", {}) for p in paths}
-                        for mode in ("train", "infer"))
-        growth = {p: train[p].get("step_peak_growth_mb") for p in paths}
-        base = {p: first.setdefault((preset, p), (grid, growth[p])) for p in paths}
-        rows.append([f"`{preset}`", f"{grid}x{grid}", _fixed((grid / base["dense"][0]) ** 3),  # N (H + W) = 2 G^3
-                     "/".join(speed(train[p], f"`{preset}` {grid}x{grid} {p} training") for p in paths),
-                     "/".join(_fixed(train[p].get("peak_rss_mb"), 1, 1024) for p in paths),
-                     "/".join(_fixed(growth[p] / base[p][1]) if growth[p] and base[p][1] else "-" for p in paths),
-                     "/".join("yes" if train[p].get("remat") else "no" if "remat" in train[p] else "-" for p in paths),
-                     "/".join(speed(infer[p], f"`{preset}` {grid}x{grid} {p} inference") for p in paths)])
-    cores, memory_gb, _ = _machine(data)
-    return _table("preset | grid | N(H+W) / smallest | train img/s | train peak RSS (GiB) | "
-                  "train step memory / smallest grid's | remat | infer img/s", rows,
-                  f"{data['date']}, batch {data['batch']}, attention dropout 0, the trainer's step and `--remat=auto`, "
-                  f"a {cores}-core machine with {memory_gb:.0f} GiB; each cell dense/separable"
-                  + "".join(f"; {f}" for f in failures) + ".")
-
-
-def resolution_transfer():
-    """Test accuracy of a model trained at 32x32, evaluated at 64x64 with and without fine-tuning."""
-    data = _load("resolution_transfer")
-    rows = {"32x32, as trained": "at_32", "64x64, the same weights, no fine-tuning": "at_64_without_fine_tuning",
-            "64x64, after {fine_tune_epochs} epoch(s) of fine-tuning (learning rate {fine_tune_learning_rate:g})":
-                "at_64_after_fine_tuning",
-            "64x64, {fine_tune_epochs} epoch(s) from scratch (learning rate {learning_rate:g})":
-                "at_64_from_scratch_same_epochs"}
-    return _table("evaluated at | test accuracy", [[row.format_map(data), _fixed(data["test_accuracy"][key])]
-                                                   for row, key in rows.items()],
-                  "{date}: `{model}` on {data_dir} ({train_images} training, {test_images} test images), "
-                  "{epochs_at_32} epochs at 32x32, batch {batch}; 64x64 = {what_64_means}.".format_map(data))
 
 
 def _efficiency_cells(data):
@@ -555,7 +244,7 @@ def reproduction_claims():
              "a convolution's output within 1e-4 in float32 in every case of `tests/test_conversion.py`", "-",
              "**held**"]]
     # The study at equal size under the small-data recipe answers the accuracy claim on its own report.
-    little = _load("little_data") if (RESULTS / "little_data.json").exists() else None
+    little = _load("little_data") if (benchmark_tables.RESULTS / "little_data.json").exists() else None
     equal_size = [] if little is None else [r for r in study.claims(little["summary"], little["budget"])
                                             if "convolution" in r]
     for r in study.claims(data["summary"], budget) + equal_size:
@@ -841,20 +530,7 @@ TABLES = {
     "little_data": ("little_data", little_data), "little_data_locality": ("little_data", little_data_locality),
     "data_efficiency": ("data_efficiency", data_efficiency),
     "efficiency_targets": ("data_efficiency", efficiency_targets),
-    "vs_reference_summary": ("vs_reference", vs_reference_summary), "vs_reference": ("vs_reference", vs_reference_full),
-    "throughput": ("throughput", throughput),
-    "throughput_encodings": ("throughput_encodings", functools.partial(throughput, "throughput_encodings")),
-    "throughput_gated": ("throughput_gated", functools.partial(throughput, "throughput_gated")),
-    "throughput_ratios": ("throughput", throughput_ratios), "remat": ("remat_allocator", remat),
-    "malloc": ("malloc", malloc),
-    "epoch_overhead": ("epoch_overhead", epoch_overhead), "iterator_deletion": ("iterator_deletion", iterator_deletion),
-    "vs_reference_training": ("vs_reference_training", training_accuracy),
-    "vs_reference_lockstep": ("vs_reference_lockstep", functools.partial(training_accuracy, "vs_reference_lockstep")),
-    "serving": ("serving", serving), "serving_ratios": ("serving", serving_ratios),
-    "serving_summary": ("serving", serving_summary), "serving_choice": ("serving", serving_choice),
-    "serving_aggregation": ("serving_aggregation", serving_aggregation),
-    "against_commit": ("against_commit", against_commit), "scaling": ("scaling", scaling),
-    "resolution_transfer": ("resolution_transfer", resolution_transfer),
+    **benchmark_tables.TABLES,
 }
 BLOCK = re.compile(r"(<!-- table:(?P<name>\w+) [^>]*-->\n)(?P<body>.*?)(<!-- end table:(?P=name) -->)", re.S)
 
@@ -885,7 +561,7 @@ def main(argv=None):
         print(f"Stale tables in {', '.join(stale)}: run tools/performance_tables.py", file=sys.stderr)
         return 1
     for name, (source, make) in PLOTS.items():
-        if not check and (RESULTS / f"{source}.json").exists():
+        if not check and (benchmark_tables.RESULTS / f"{source}.json").exists():
             globals()[make](ROOT / name)
     print(("stale: " if check else "rewritten: ") + (", ".join(stale) or "none"))
     return 0
