@@ -4,7 +4,9 @@ that the tests write themselves in the official python format."""
 import os
 import pathlib
 import selectors
+import signal
 import socket
+import subprocess
 import time
 
 import numpy as np
@@ -188,6 +190,42 @@ def reserved_port() -> int:
         accepted, _ = server.accept()
         accepted.close()  # the side that closes first holds TIME_WAIT: the server's address
         return server.getsockname()[1]
+
+
+def chief_and_two_workers(command, env, log_dir, until: str, on_kill=lambda lines: None) -> list[str]:
+    """Runs ``command`` (from the project's root) as keras-tuner's chief and its workers ``tuner0`` and ``tuner1`` on
+    a `reserved_port`, each logging to ``log_dir/ID.log``. ``tuner1`` is killed with SIGKILL once it prints a line
+    with ``until``, ``on_kill`` is called with the lines it printed (then added to its log), and it is started again
+    with its id. Every process must exit 0 (else AssertionError with its log's end); returns those lines."""
+    port, logs = reserved_port(), {}
+
+    def start(tuner_id, watch=False):
+        logs[tuner_id] = pathlib.Path(log_dir) / f"{tuner_id}.log"
+        log = open(logs[tuner_id], "a")
+        return subprocess.Popen(command, cwd=PROJECT_ROOT, stderr=log, stdout=subprocess.PIPE if watch else log,
+                                text=True, env={**env, "KERASTUNER_ORACLE_IP": "127.0.0.1", "PYTHONUNBUFFERED": "1",
+                                                "KERASTUNER_ORACLE_PORT": str(port), "KERASTUNER_TUNER_ID": tuner_id})
+
+    chief = start("chief")
+    workers = {"tuner0": start("tuner0"), "tuner1": start("tuner1", watch=True)}
+    try:
+        try:
+            lines = read_until(workers["tuner1"], until, timeout=300)
+        finally:
+            os.kill(workers["tuner1"].pid, signal.SIGKILL)
+            workers["tuner1"].wait()
+        on_kill(lines)
+        with open(logs["tuner1"], "a") as f:
+            f.writelines(lines)
+        workers["tuner1"] = start("tuner1")
+        for name, proc in workers.items():
+            assert proc.wait(timeout=600) == 0, logs[name].read_text()[-3000:]
+        assert chief.wait(timeout=120) == 0, logs["chief"].read_text()[-3000:]
+    finally:
+        for proc in (chief, *workers.values()):
+            if proc.poll() is None:
+                proc.kill()
+    return lines
 
 
 def read_until(proc, text: str, timeout: float) -> list[str]:

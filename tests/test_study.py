@@ -3,13 +3,11 @@ workers in keras-tuner's chief/worker mode, each run resumed after a kill."""
 
 import json
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT, read_until, reserved_port
+from tests.conftest import PROJECT_ROOT, chief_and_two_workers
 from trainers import study
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"}
@@ -41,38 +39,10 @@ def test_two_workers_share_a_plan_and_a_killed_worker_resumes_its_run(tmp_path):
     its id, resumes that run (not from the start) and ends with the weights of the same run made
     by the other worker uninterrupted (the plan's first two runs have the same settings, and the
     workers take one each)."""
-    plan = write_plan(tmp_path / "plan.json")
-    port = reserved_port()
-    logs = {}
-
-    def start(tuner_id, watch=False):
-        env = {**ENV, "KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": str(port),
-               "KERASTUNER_TUNER_ID": tuner_id}
-        logs[tuner_id] = tmp_path / f"{tuner_id}.log"
-        log = open(logs[tuner_id], "a")
-        return subprocess.Popen(command(plan, tmp_path / "shared"), cwd=PROJECT_ROOT, env=env, stderr=log,
-                                stdout=subprocess.PIPE if watch else log, text=True)
-
-    chief = start("chief")
-    workers = {"tuner0": start("tuner0"), "tuner1": start("tuner1", watch=True)}
-    try:
-        try:
-            lines = read_until(workers["tuner1"], "epoch 1/2", timeout=300)
-        finally:
-            os.kill(workers["tuner1"].pid, signal.SIGKILL)
-            workers["tuner1"].wait()
-        victim = trained("".join(lines))[-1]
-        with open(logs["tuner1"], "a") as f:
-            f.writelines(lines)
-        workers["tuner1"] = start("tuner1")
-        for name, proc in workers.items():
-            assert proc.wait(timeout=600) == 0, logs[name].read_text()[-3000:]
-        assert chief.wait(timeout=120) == 0, logs["chief"].read_text()[-3000:]
-    finally:
-        for proc in (chief, *workers.values()):
-            if proc.poll() is None:
-                proc.kill()
-    texts = {name: path.read_text() for name, path in logs.items()}
+    lines = chief_and_two_workers(command(write_plan(tmp_path / "plan.json"), tmp_path / "shared"), ENV, tmp_path,
+                                  "epoch 1/2")
+    victim = trained("".join(lines))[-1]
+    texts = {name: (tmp_path / f"{name}.log").read_text() for name in ("chief", "tuner0", "tuner1")}
     assert "Resuming from" in texts["tuner1"].split(f"{victim}: training in")[-1]
     runs = trained(texts["tuner0"]) + trained(texts["tuner1"])
     assert sorted(runs) == sorted(["seed=0", "seed=0, again", "seed=1", "seed=2", victim])  # the victim twice

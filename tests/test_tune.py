@@ -10,7 +10,7 @@ import sys
 import keras
 import pytest
 
-from tests.conftest import PROJECT_ROOT, read_until, reserved_port
+from tests.conftest import PROJECT_ROOT, chief_and_two_workers, read_until
 from trainers import files
 from trainers import tune as tune_lib
 from trainers.config import ConfigError, make_config
@@ -108,14 +108,6 @@ def test_distributed_search_chief_and_two_workers_survives_a_killed_worker(tmp_p
     args = [sys.executable, "-m", "trainers.tune", "--search_space=tiny", "--tuner=random",
             f"--max_trials={max_trials}", "--max_epochs=1", f"--directory={tmp_path}", "--project_name=p",
             "--dataset=synthetic", "--global_batch_size=50", "--strategy=one_device"]
-    port = reserved_port()
-
-    def start(tuner_id, watch=False):
-        env = {**ENV, "KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": str(port),
-               "KERASTUNER_TUNER_ID": tuner_id, "PYTHONUNBUFFERED": "1"}
-        log = open(tmp_path / f"{tuner_id}.log", "a")
-        return subprocess.Popen(args, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE if watch else log,
-                                stderr=log, text=True)
 
     def records():
         found = {}
@@ -128,24 +120,13 @@ def test_distributed_search_chief_and_two_workers_survives_a_killed_worker(tmp_p
                     pass
         return found
 
-    chief = start("chief")
-    workers = {"tuner0": start("tuner0"), "tuner1": start("tuner1", watch=True)}
-    try:
-        try:
-            started = read_until(workers["tuner1"], "started on tuner1", timeout=300)[-1]
-        finally:  # killed mid-trial, on the trial's start as the worker reports it
-            os.kill(workers["tuner1"].pid, signal.SIGKILL)
-            workers["tuner1"].wait()
-        victim = "trial_" + started.split("Trial ", 1)[1].split(" ", 1)[0]
-        assert records()[victim] == {"tuner_id": "tuner1", "attempts": 1, "status": "running"}
-        workers["tuner1"] = start("tuner1")
-        for name, proc in workers.items():
-            assert proc.wait(timeout=600) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
-        assert chief.wait(timeout=120) == 0, (tmp_path / "chief.log").read_text()[-3000:]
-    finally:
-        for proc in (chief, *workers.values()):
-            if proc.poll() is None:
-                proc.kill()
+    def trial(lines):  # the trial tuner1 was killed in: on its start, as the worker reports it
+        return "trial_" + lines[-1].split("Trial ", 1)[1].split(" ", 1)[0]
+
+    def killed(lines):
+        assert records()[trial(lines)] == {"tuner_id": "tuner1", "attempts": 1, "status": "running"}
+
+    victim = trial(chief_and_two_workers(args, ENV, tmp_path, "started on tuner1", on_kill=killed))
     final = records()
     assert len(final) == max_trials
     assert all(r["status"] == "completed" for r in final.values()), final
