@@ -525,3 +525,40 @@ def test_the_little_data_page_compares_recipes_and_the_equal_size_claim_joins_th
     assert [s for s in styles if s[0]] == [
         ("sa_quadratic_small (3 seeds), small_data", "-"), ("sa_quadratic_small (3 seeds), paper", "--"),
         ("resnet20 (3 seeds), paper", "--"), ("resnet20 (3 seeds), small_data", "-")]
+
+
+def test_the_ablation_table_groups_the_small_data_runs_by_augmentation(pages, tmp_path):
+    """The whole recipe's runs (the little-data report's, without --augmentation) beside those with it cut down (the
+    ablation report's), best first; runs of another model, recipe or budget left out."""
+    def run(accuracy, validation, seed, **flags):
+        return {"test_accuracy": accuracy, "best_val_accuracy": validation, "flags": {
+            "model": "sa_quadratic_small", "recipe": "small_data", "epochs": 8, "seed": seed, **flags}}
+
+    little = {"a": run(0.60, 0.55, 0), "b": run(0.62, 0.57, 1), "c": run(0.9, 0.9, 0, model="resnet20"),
+              "d": run(0.9, 0.9, 0, epochs=4)}
+    ablation = {"e": run(0.65, 0.60, 0, augmentation="pad_crop_flip,rand_augment"),
+                "f": run(0.70, 0.66, 0, augmentation="pad_crop_flip"), "g": run(0.9, 0.9, 0, recipe="paper")}
+    files.write_json(str(tmp_path / "little_data.json"), {"runs": little, "budget": 8})
+    files.write_json(str(tmp_path / "small_data_ablation.json"), {"runs": ablation})
+    assert _cells(performance_tables.little_data_ablation()) == [
+        ["`pad_crop_flip`", "0.700", "0.660", "1"], ["`pad_crop_flip,rand_augment`", "0.650", "0.600", "1"],
+        ["`pad_crop_flip,rand_augment,random_erasing,mixup,cutmix`", "0.610 ± 0.014", "0.560 ± 0.014", "2"]]
+
+
+def test_the_committed_ablation_plan_cuts_down_only_the_recipes_augmentation():
+    """Every run of configs/small_data_ablation.json is `small_data` with fewer of its augmentations, and every run the
+    ablation report records was made by that plan's settings."""
+    from trainers.recipes import RECIPES
+
+    runs = {run.key: run.flags for run in study.load_plan(str(PROJECT_ROOT / "configs" / "small_data_ablation.json"))}
+    whole = set(RECIPES["small_data"]["augmentation"].split(","))
+    for flags in runs.values():
+        config = make_config(overrides=flags)
+        assert config.recipe == "small_data" and set(flags["augmentation"].split(",")) < whole
+        # No other setting of the recipe overridden: only what says which run it is, and where.
+        assert set(flags) == {"model", "recipe", "dataset", "data_dir", "epochs", "seed", "mixed_precision",
+                              "snapshot_every", "augmentation"}
+    with open(PROJECT_ROOT / "benchmarks" / "results" / "small_data_ablation.json") as f:
+        recorded = json.load(f)["runs"]
+    assert recorded and all(run["flags"] == {k: v for k, v in runs[key].items() if k != "data_dir"}
+                            for key, run in recorded.items())

@@ -307,6 +307,31 @@ def little_data_locality():
                   f"3x3 around the peak, entropy in nats (uniform: {uniform['entropy']:.2f}).")
 
 
+def little_data_ablation():
+    """`sa_quadratic_small` under `small_data` with its augmentation cut down (the ablation study's runs) beside the
+    whole recipe (the little-data study's), at the little-data study's budget: test and best validation accuracy."""
+    from trainers.recipes import RECIPES
+
+    little = _load("little_data")
+    runs = [*little["runs"].values(), *_load("small_data_ablation")["runs"].values()]
+    by_augmentation = {}
+    for run in runs:
+        flags = run["flags"]
+        if (flags["model"], flags.get("recipe"), flags["epochs"]) == ("sa_quadratic_small", "small_data",
+                                                                      little["budget"]):
+            augmentation = flags.get("augmentation", RECIPES["small_data"]["augmentation"])
+            by_augmentation.setdefault(augmentation, []).append(run)
+    rows = sorted(([f"`{augmentation}`", *(study.spread(r[name] for r in runs) for name in (
+        "test_accuracy", "best_val_accuracy")), len(runs)]
+        for augmentation, runs in by_augmentation.items()), key=lambda row: -row[1]["mean"])
+    return _table("augmentation | test accuracy | best validation accuracy | seeds",
+                  [[augmentation, _spread(test), _spread(validation), seeds]
+                   for augmentation, test, validation, seeds in rows],
+                  f"`sa_quadratic_small`, {little['budget']} epochs of `small_data` with the `--augmentation` named (the "
+                  "recipe's own: all five), best first; mean ± std over seeds; validation: the held-out tenth, best "
+                  "epoch.")
+
+
 def _plt():
     """``matplotlib.pyplot`` drawing to files only (the Agg backend)."""
     import matplotlib
@@ -528,6 +553,7 @@ TABLES = {
     "reproduction_gated_against_content": ("reproduction", reproduction_gated_against_content),
     "reproduction_budgets": ("reproduction", reproduction_budgets),
     "little_data": ("little_data", little_data), "little_data_locality": ("little_data", little_data_locality),
+    "little_data_ablation": ("small_data_ablation", little_data_ablation),
     "data_efficiency": ("data_efficiency", data_efficiency),
     "efficiency_targets": ("data_efficiency", efficiency_targets),
     **benchmark_tables.TABLES,
