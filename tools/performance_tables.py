@@ -328,8 +328,7 @@ def little_data_ablation():
                   [[augmentation, _spread(test), _spread(validation), seeds]
                    for augmentation, test, validation, seeds in rows],
                   f"`sa_quadratic_small`, {little['budget']} epochs of `small_data` with the `--augmentation` named (the "
-                  "recipe's own: all five), best first; mean ± std over seeds; validation: the held-out tenth, best "
-                  "epoch.")
+                  "recipe's: all five), best first; mean ± std over seeds; validation: the held-out tenth.")
 
 
 def _plt():
