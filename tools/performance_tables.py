@@ -302,33 +302,31 @@ def little_data_locality():
                                                   for m in ("mean_distance", "mass_3x3", "entropy"))])
     uniform = _uniform_attention("learned")
     return _table("model | layer | distance | 3x3 mass | entropy", rows,
-                  f"Paper's recipe → `small_data`, after {budget} epochs: mean over a layer's heads, then over "
-                  f"seeds. Distance in grid pixels (uniform attention: {uniform['mean_distance']:.2f}), mass in the "
-                  f"3x3 around the peak, entropy in nats (uniform: {uniform['entropy']:.2f}).")
+                  f"Paper's recipe → `small_data`, after {budget} epochs: mean over a layer's heads, then seeds; "
+                  f"distance in grid pixels, entropy in nats (uniform attention: {uniform['mean_distance']:.2f}, "
+                  f"{uniform['entropy']:.2f}).")
 
 
 def little_data_ablation():
-    """`sa_quadratic_small` under `small_data` with its augmentation cut down (the ablation study's runs) beside the
-    whole recipe (the little-data study's), at the little-data study's budget: test and best validation accuracy."""
+    """The models under `small_data` with its augmentation cut down (the ablation study's runs) beside the whole
+    recipe (the little-data study's), at the little-data study's budget: test and best validation accuracy."""
     from trainers.recipes import RECIPES
 
     little = _load("little_data")
-    runs = [*little["runs"].values(), *_load("small_data_ablation")["runs"].values()]
-    by_augmentation = {}
-    for run in runs:
+    groups = {}  # {(preset, augmentation): runs}
+    for run in [*little["runs"].values(), *_load("small_data_ablation")["runs"].values()]:
         flags = run["flags"]
-        if (flags["model"], flags.get("recipe"), flags["epochs"]) == ("sa_quadratic_small", "small_data",
-                                                                      little["budget"]):
+        if (flags.get("recipe"), flags["epochs"]) == ("small_data", little["budget"]):
             augmentation = flags.get("augmentation", RECIPES["small_data"]["augmentation"])
-            by_augmentation.setdefault(augmentation, []).append(run)
-    rows = sorted(([f"`{augmentation}`", *(study.spread(r[name] for r in runs) for name in (
-        "test_accuracy", "best_val_accuracy")), len(runs)]
-        for augmentation, runs in by_augmentation.items()), key=lambda row: -row[1]["mean"])
-    return _table("augmentation | test accuracy | best validation accuracy | seeds",
-                  [[augmentation, _spread(test), _spread(validation), seeds]
-                   for augmentation, test, validation, seeds in rows],
-                  f"`sa_quadratic_small`, {little['budget']} epochs of `small_data` with the `--augmentation` named (the "
-                  "recipe's: all five), best first; mean ± std over seeds; validation: the held-out tenth.")
+            groups.setdefault((flags["model"], augmentation), []).append(run)
+    rows = [[model, augmentation, *(study.spread(r[name] for r in runs) for name in (
+        "test_accuracy", "best_val_accuracy")), len(runs)] for (model, augmentation), runs in groups.items()]
+    rows.sort(key=lambda row: (row[0], -row[2]["mean"]))
+    return _table("model | augmentation | test accuracy | best validation accuracy | seeds",
+                  [[f"`{model}`", f"`{augmentation}`", _spread(test), _spread(validation), seeds]
+                   for model, augmentation, test, validation, seeds in rows],
+                  f"{little['budget']} epochs of `small_data` with the `--augmentation` named (the recipe's: all "
+                  "five), best first; mean ± std over seeds; validation: the held-out tenth.")
 
 
 def _plt():
