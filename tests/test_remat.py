@@ -1,9 +1,6 @@
 """Rematerialized transformer blocks: same gradients, recomputed activations, the trainer's --remat."""
 
 import json
-import os
-import subprocess
-import sys
 
 import keras
 from keras.src import testing
@@ -15,7 +12,6 @@ from hypothesis import strategies as st
 
 import sa_conv
 from trainers import footprint
-from tests.conftest import PROJECT_ROOT
 from sa_conv.attention import MultiHeadSelfAttention2D
 from sa_conv.transformer import TransformerBlock
 from trainers import train as train_lib
