@@ -563,5 +563,5 @@ def test_the_committed_ablation_plan_cuts_down_only_the_recipes_augmentation():
                               "snapshot_every", "augmentation"}
     with open(PROJECT_ROOT / "benchmarks" / "results" / "small_data_ablation.json") as f:
         recorded = json.load(f)["runs"]
-    assert recorded and all(run["flags"] == {k: v for k, v in runs[key].items() if k != "data_dir"}
-                            for key, run in recorded.items())
+    assert recorded and all({k: v for k, v in run["flags"].items() if k != "data_dir"} == {
+        k: v for k, v in runs[key].items() if k != "data_dir"} for key, run in recorded.items())
