@@ -17,6 +17,7 @@ import tensorflow as tf
 import sa_conv
 from tests.conftest import PROJECT_ROOT, read_until, reserved_port
 from trainers import distribute, process, run_files
+from trainers.augmentation import AUGMENTATIONS
 from trainers import train as train_lib
 from trainers.task import Task, decays
 from trainers.config import ConfigError, default_jit_compile, make_config
@@ -192,7 +193,8 @@ def test_two_replicas_match_one_replica(tiny_cifar, tmp_path):
     one block, which stochastic depth spares). The 2 replicas run in a fresh process (devices are
     set before TF starts); the 1 replica in this one."""
     flags = dict(model="sa_quadratic_small", dataset="cifar10_files", data_dir=tiny_cifar[0], epochs=2, dropout=0,
-                 validation_size=50, recipe="small_data", ema_momentum=0.9, **TINY_SETTINGS)
+                 validation_size=50, recipe="small_data", augmentation=",".join(AUGMENTATIONS), ema_momentum=0.9,
+                 **TINY_SETTINGS)
     train_lib.train(make_config(overrides=dict(flags, strategy="one_device", model_dir=str(tmp_path / "r1"))),
                     log=lambda s: None)
     proc = _cli(*(f"--{k}={v}" for k, v in flags.items()), "--cpu_devices=2", "--strategy=auto",
@@ -501,12 +503,13 @@ def test_run_killed_mid_epoch_and_resumed_ends_as_the_uninterrupted_run(replicas
     with the weights and the optimizer) or follows from the seed and the epoch (the data order).
     Killed with SIGKILL in its second and last epoch and started again, a run ends with the losses
     and, bit for bit, the weights of the same run left alone: on one replica in float32 with the
-    whole small_data recipe (its augmentations, AdamW, stochastic depth in the second block, the
+    small_data recipe and every augmentation (AdamW, stochastic depth in the second block, the
     weights' moving average, besides dropout), and on two under MirroredStrategy in
     ``mixed_bfloat16`` (what ``--mixed_precision=auto`` picks on bfloat16 CPUs) with the paper's."""
     args = ["--model=sa_quadratic_small", "--dataset=cifar10_files", f"--data_dir={tiny_cifar[0]}", "--epochs=2",
             "--validation_size=50", "--global_batch_size=20", "--eval_batch_size=50", "--seed=3",  # dropout 0.1
             f"--recipe={recipe}", f"--num_layers={2 if recipe == 'small_data' else 1}",
+            f"--augmentation={','.join(AUGMENTATIONS) if recipe == 'small_data' else 'pad_crop_flip'}",
             f"--cpu_devices={replicas}", "--strategy=mirrored" if replicas > 1 else "--strategy=one_device",
             f"--mixed_precision={policy}"]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"

@@ -308,25 +308,25 @@ def little_data_locality():
 
 
 def little_data_ablation():
-    """The models under `small_data` with its augmentation cut down (the ablation study's runs) beside the whole
-    recipe (the little-data study's), at the little-data study's budget: test and best validation accuracy."""
+    """The models under `small_data` with each `--augmentation` of the ablation study, at the little-data study's
+    budget: test and best validation accuracy."""
     from trainers.recipes import RECIPES
 
-    little = _load("little_data")
+    budget = _load("little_data")["budget"]
     groups = {}  # {(preset, augmentation): runs}
-    for run in [*little["runs"].values(), *_load("small_data_ablation")["runs"].values()]:
+    for run in _load("small_data_ablation")["runs"].values():
         flags = run["flags"]
-        if (flags.get("recipe"), flags["epochs"]) == ("small_data", little["budget"]):
-            augmentation = flags.get("augmentation", RECIPES["small_data"]["augmentation"])
-            groups.setdefault((flags["model"], augmentation), []).append(run)
+        if (flags.get("recipe"), flags["epochs"]) == ("small_data", budget):
+            groups.setdefault((flags["model"], flags["augmentation"]), []).append(run)
     rows = [[model, augmentation, *(study.spread(r[name] for r in runs) for name in (
         "test_accuracy", "best_val_accuracy")), len(runs)] for (model, augmentation), runs in groups.items()]
     rows.sort(key=lambda row: (row[0], -row[2]["mean"]))
     return _table("model | augmentation | test accuracy | best validation accuracy | seeds",
                   [[f"`{model}`", f"`{augmentation}`", _spread(test), _spread(validation), seeds]
                    for model, augmentation, test, validation, seeds in rows],
-                  f"{little['budget']} epochs of `small_data` with the `--augmentation` named (the recipe's: all "
-                  "five), best first; mean ± std over seeds; validation: the held-out tenth.")
+                  f"{budget} epochs of `small_data` with the `--augmentation` named (the recipe's: "
+                  f"`{RECIPES['small_data']['augmentation']}`), best first; mean ± std over seeds; validation: the "
+                  "held-out tenth.")
 
 
 def _plt():
