@@ -48,19 +48,20 @@ CASES.update({
     "sa_quadratic_32x32_fast": ("sa_quadratic", GRID_32, 8, False),
     "sa_quadratic_32x32_dense": ("sa_quadratic", {**GRID_32, **DENSE}, 8, False),
     "keras_mha_paper": ("keras_mha", {}, 100, False),
-    # Content and gated attention without XLA (their trainer default is XLA on).
-    "sa_content_plus_learned_bias_small_no_xla": ("sa_content_plus_learned_bias_small", {}, 100, False),
-    "sa_gated_small_no_xla": ("sa_gated_small", {}, 100, False),
+    # The paper's content preset as the trainer runs it at batch 100, its blocks rematerialized (--remat=auto).
+    "sa_content_plus_learned_bias_remat": ("sa_content_plus_learned_bias", {"remat": "blocks"}, 100, False),
 })
 # The same steps compiled with XLA (--jit_compile): "<case>_xla".
 XLA_TWINS = ["sa_quadratic", "resnet18", "sa_quadratic_small", "sa_quadratic_noattndrop_fast",
-             "sa_quadratic_noattndrop_dense", "sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense"]
+             "sa_quadratic_noattndrop_dense", "sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense",
+             "sa_content_plus_learned_bias_small", "sa_gated_small", "sa_content_plus_learned_bias_remat"]
 CASES.update({f"{name}_xla": (*CASES[name][:3], True) for name in XLA_TWINS})
 # The same steps under --mixed_precision=mixed_bfloat16 (trainer settings ride in the overrides):
 # "<case>_bfloat16"; the no-XLA twins give the op types an XLA cluster hides.
-BF16_TWINS = ["sa_quadratic_small", "sa_gated_small", "sa_gated_small_no_xla", "sa_content_plus_learned_bias_small",
-              "sa_content_plus_learned_bias_small_no_xla", "resnet18"]
-TRAINER_FIELDS = ("mixed_precision",)
+BF16_TWINS = ["sa_quadratic_small", "sa_gated_small", "sa_gated_small_xla", "sa_content_plus_learned_bias_small",
+              "sa_content_plus_learned_bias_small_xla", "resnet18", "sa_content_plus_learned_bias_remat",
+              "sa_content_plus_learned_bias_remat_xla"]
+TRAINER_FIELDS = ("mixed_precision", "remat")
 CASES.update({f"{name}_bfloat16": (CASES[name][0], {**CASES[name][1], "mixed_precision": "mixed_bfloat16"},
                                    *CASES[name][2:]) for name in BF16_TWINS})
 GROUPS = {
@@ -71,9 +72,11 @@ GROUPS = {
     "baseline": ["keras_mha_paper", "sa_quadratic"],
     "xla": [f"{name}_xla" for name in XLA_TWINS],
     "gated": ["sa_content_plus_learned_bias_small", "sa_gated_small", "sa_quadratic_small",
-              "sa_content_plus_learned_bias_small_no_xla", "sa_gated_small_no_xla"],
+              "sa_content_plus_learned_bias_small_xla", "sa_gated_small_xla"],
     # The small presets' steps in both precisions (with --profile_steps: where each step's time goes).
-    "bfloat16": [name for twin in BF16_TWINS for name in (twin, f"{twin}_bfloat16")],
+    "bfloat16": [name for twin in BF16_TWINS[:6] for name in (twin, f"{twin}_bfloat16")],
+    # XLA for the paper's content preset (rematerialized, as trained): both precisions.
+    "xla_paper_content": [name for twin in BF16_TWINS[6:] for name in (twin, f"{twin}_bfloat16")],
 }
 # (label, numerator case, denominator case): ratios of training images/s in the same run.
 RATIOS = [
@@ -86,7 +89,8 @@ RATIOS = [
     ("resnet18_xla_over_default_train", "resnet18_xla", "resnet18"),
     ("sa_quadratic_small_xla_over_default_train", "sa_quadratic_small_xla", "sa_quadratic_small"),
     ("sa_gated_small_over_content_train", "sa_gated_small", "sa_content_plus_learned_bias_small"),
-    ("sa_gated_small_xla_over_no_xla_train", "sa_gated_small", "sa_gated_small_no_xla"),
+    *((f"{name}{p}_xla_over_no_xla_train", f"{name}_xla{p}", f"{name}{p}") for p in ("", "_bfloat16")
+      for name in ("sa_gated_small", "sa_content_plus_learned_bias_small", "sa_content_plus_learned_bias_remat")),
     *((f"{name}_bfloat16_over_float32_train", f"{name}_bfloat16", name) for name in BF16_TWINS),
 ]
 # Op types of TensorFlow's profiler by what they do (first match by substring; the rest: "elementwise").
@@ -197,8 +201,8 @@ def measure(case: str, train_steps: int, infer_steps: int, profile_steps: int = 
     overrides = {k: v for k, v in overrides.items() if k not in TRAINER_FIELDS}
     config = make_config(overrides=dict(
         model="sa_quadratic" if preset == "keras_mha" else preset, dataset="synthetic", global_batch_size=batch,
-        eval_batch_size=batch, validation_size=100, epochs=1, strategy="one_device", remat="none", jit_compile=jit,
-        model_dir=tempfile.mkdtemp(prefix="throughput_"), **trainer))
+        eval_batch_size=batch, validation_size=100, epochs=1, strategy="one_device", jit_compile=jit,
+        model_dir=tempfile.mkdtemp(prefix="throughput_"), **{"remat": "none", **trainer}))
     task = Task(config, log=lambda s: None, model_fields=None if preset == "keras_mha" else overrides)
     process.keep_freed_memory(task.keeps_freed_memory())  # the trainer's setting for the model
     model_config = task.model_config

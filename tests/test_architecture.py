@@ -152,7 +152,7 @@ def test_a_registered_encoding_reaches_every_consumer(row_only_encoding, tmp_pat
     # FLOPs count the separable aggregation; XLA stays off (position only); no centers to plot.
     parts = flops.attention_layer_flops(config, fast=True)
     assert parts["aggregation"] == 2 * 9 * 256 * 32 * 16 and "logits" not in parts
-    assert default_jit_compile(config) is False
+    assert default_jit_compile(config, 100, 0.0) is False
     assert plotting.has_centers(model) is False
     # Saved and reloaded like the built-in encodings.
     path = tmp_path / "test_rows.keras"
@@ -188,9 +188,9 @@ def test_registry_answers_for_the_built_in_encodings():
                       "learned": (True, True), "content_with_relative_keys": (False, False),
                       "content_plus_learned_bias": (False, False), "sinusoidal": (True, True), "mlp": (True, False),
                       "gated": (False, False)}
-    assert [default_jit_compile(sa_conv.get_config("sa_quadratic", encoding=n)) for n in traits] == [
+    assert [default_jit_compile(sa_conv.get_config("sa_quadratic", encoding=n), 100, 4.0) for n in traits] == [
         False, False, False, True, True, False, False, True]
-    assert default_jit_compile(sa_conv.get_config("resnet18")) is False
+    assert default_jit_compile(sa_conv.get_config("resnet18"), 100, 0.0) is False
 
 
 def test_registry_errors():

@@ -9,6 +9,8 @@ import pathlib
 
 import pandas as pd
 
+from trainers import process
+
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 BATCHES = ("batch1", "batch100")
 
@@ -102,8 +104,10 @@ def throughput(name="throughput"):
         rows.append([f"`{r['case']}`" + (f" ({', '.join(notes)})" if notes else ""),
                      num(r.get("train_images_per_second")), pair(r, "inference_images_per_second_", num),
                      fixed(r.get("train_fraction_of_matmul_peak")), fixed(r.get("peak_rss_mb"), unit=1024)])
+    cpu = data["machine"].get("cpu", {})
+    where = f", {process.cpu_class(cpu)}" if cpu.get("model") else ""
     return table("case | train img/s | infer img/s b=1/b=100 | train fraction of matmul peak | peak RSS (GiB)", rows,
-                  f"{data['date']}, batch {batch}, matmul peak {num(machine(data)[2])} GFLOP/s in that run.")
+                  f"{data['date']}{where}, batch {batch}, matmul peak {num(machine(data)[2])} GFLOP/s in that run.")
 
 
 def throughput_ratios():
@@ -331,6 +335,7 @@ TABLES = {
     "throughput": ("throughput", throughput),
     "throughput_encodings": ("throughput_encodings", functools.partial(throughput, "throughput_encodings")),
     "throughput_gated": ("throughput_gated", functools.partial(throughput, "throughput_gated")),
+    "throughput_xla": ("throughput_xla", functools.partial(throughput, "throughput_xla")),
     "throughput_ratios": ("throughput", throughput_ratios), "remat": ("remat_allocator", remat),
     "malloc": ("malloc", malloc),
     "epoch_overhead": ("epoch_overhead", epoch_overhead), "iterator_deletion": ("iterator_deletion", iterator_deletion),

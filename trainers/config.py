@@ -16,7 +16,7 @@ from sa_conv.config import PRESETS
 from trainers.data import DATASETS, get_source
 from sa_conv.encodings import get_encoding
 from sa_conv.errors import ConfigError, SaConvError
-from trainers import augmentation
+from trainers import augmentation, footprint
 from trainers.optimizers import MOMENTUM_FORMS, OPTIMIZERS
 from trainers.recipes import RECIPES
 from trainers.schedule import SCHEDULES
@@ -157,8 +157,9 @@ class TrainConfig:
     jit_compile: Optional[bool] = _field(
         None,
         "Compile the forward and backward pass with XLA. Unset: off, except for content-based "
-        "encodings, whose per-example (batch, heads, N, N) attention tensors XLA's buffer reuse keeps "
-        "in less memory (speed and memory per preset: docs/performance.md).",
+        "encodings under --remat=none whose step's activations exceed --memory_budget_gb: XLA's buffer "
+        "reuse keeps their per-example (batch, heads, N, N) attention tensors in less memory. Elsewhere "
+        "steps train faster without it (benchmarks/results/throughput_xla.json, docs/performance.md).",
     )
     reset_degenerate_heads: bool = _field(
         False,
@@ -298,10 +299,15 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-def default_jit_compile(model_config) -> bool:
-    """XLA when ``--jit_compile`` is unset: only for encodings whose logits depend on the input
-    (per-example ``(batch, heads, N, N)`` tensors; see `TrainConfig.jit_compile`)."""
-    return model_config.architecture == "attention" and not get_encoding(model_config.encoding).position_only
+def default_jit_compile(model_config, replica_batch: int, memory_budget_gb: float) -> bool:
+    """XLA when ``--jit_compile`` is unset: only where it is what keeps a step in memory, for
+    encodings whose logits depend on the input (per-example ``(batch, heads, N, N)`` tensors,
+    which XLA's buffer reuse holds in less memory) whose blocks are not rematerialized and whose
+    ``replica_batch`` step's estimated activations exceed ``memory_budget_gb``. Everywhere else a
+    step trains faster without XLA, the content presets' most of all (see `TrainConfig.jit_compile`)."""
+    content = model_config.architecture == "attention" and not get_encoding(model_config.encoding).position_only
+    return content and not model_config.remat and (
+        footprint.training_activation_bytes(model_config, replica_batch, remat=False) > memory_budget_gb * 2**30)
 
 
 def default_keep_freed_memory(model_config) -> bool:

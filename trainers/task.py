@@ -251,10 +251,13 @@ class Task:
 
     def use_xla(self) -> bool:
         """Whether the forward and backward pass compile with XLA: ``--jit_compile``, or its default
-        for the encoding (the Trainer turns it off where its strategy's devices cannot run it:
-        `trainers.distribute.xla_runs_on`)."""
+        for this model and replica batch (`default_jit_compile`; the Trainer turns it off where its
+        strategy's devices cannot run it: `trainers.distribute.xla_runs_on`)."""
         jit = self.config.jit_compile
-        return default_jit_compile(self.model_config) if jit is None else jit
+        if jit is not None:
+            return jit
+        return default_jit_compile(self.model_config, self.config.global_batch_size // self.replicas,
+                                   self.config.memory_budget_gb)
 
     # ------------------------------------------------------------------------- steps
 
