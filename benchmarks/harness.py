@@ -34,6 +34,7 @@ import importlib
 import json
 import os
 import platform
+import resource
 import signal
 import subprocess
 import sys
@@ -141,7 +142,37 @@ def parse(parser: argparse.ArgumentParser, reference=None, outputs: dict | None 
     process.configure()
     if not args.side:  # a side's parent ends it with SIGKILL; a side starts no child of its own
         signal.signal(signal.SIGTERM, _exit_on_signal)
+        global _STARTED
+        _STARTED = cpu_seconds()
     return args
+
+
+_STARTED = None  # `cpu_seconds` when a benchmark's parent parsed its command line: `write_report` compares
+
+
+def cpu_seconds(stat: str = "/proc/stat") -> tuple[float, float, float] | None:
+    """``(wall time, CPU seconds the whole machine has been busy since boot, CPU seconds of this
+    process and its finished children)``, or None without ``stat`` (Linux's ``/proc/stat``)."""
+    try:
+        with open(stat) as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    own = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return (time.monotonic(), (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"),
+            sum(r.ru_utime + r.ru_stime for r in own))
+
+
+def other_load(since, until=None) -> dict | None:
+    """What the rest of the machine ran between two `cpu_seconds` (``until``: now): ``cores``, the
+    mean number of cores busy with other processes' work (a benchmark's timings are its own only
+    near 0), over ``seconds`` of wall time; None without ``/proc/stat``."""
+    until = until or cpu_seconds()
+    if since is None or until is None or until[0] <= since[0]:
+        return None
+    seconds = until[0] - since[0]
+    others = (until[1] - since[1]) - (until[2] - since[2])
+    return {"cores": round(max(others, 0.0) / seconds, 3), "seconds": round(seconds, 1)}
 
 
 def _exit_on_signal(signum, frame):
@@ -390,8 +421,12 @@ def write_report(path: str, report: dict, merge: bool = False, entries: str = "p
     ``path`` keeps what this run did not measure again. With ``section`` (such as `cpu_class`'s
     name), the report is one entry of the file's ``runs`` mapping and the others stay; ``merge``
     then reads that entry. The file's ``notes`` (what the pages no longer say) stay. ``inline_numbers``:
-    lists of numbers on one line each (`trainers.files.write_json`). Returns what was written."""
+    lists of numbers on one line each (`trainers.files.write_json`). A benchmark's report also says
+    what other processes ran beside it (`other_load` since its command line was parsed). Returns what
+    was written."""
     report = {"date": datetime.date.today().isoformat(), "machine": machine(), **report}
+    if _STARTED is not None and "other_load" not in report:
+        report["other_load"] = other_load(_STARTED)
     written = {}
     if os.path.exists(path):
         with open(path) as f:

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -406,3 +407,33 @@ def test_the_op_breakdown_reads_the_profilers_op_statistics_by_type_and_category
     assert [throughput.op_category(t) for t in ("_MklBatchMatMulV2", "Conv2DBackpropFilter", "StatelessRandomUniformV2",
                                                 "_MklTranspose", "BiasAddGrad", "Mul")] == [
         "matmul", "matmul", "random", "layout", "reduction", "elementwise"]
+
+
+def test_a_report_says_how_many_cores_other_processes_took_while_it_ran(tmp_path, monkeypatch):
+    """`harness.other_load` counts the machine's busy CPU time that is not the benchmark's: a process
+    it has not reaped (as good as another program, for its own accounting) shows as other load, and
+    once reaped its time is the benchmark's own; `write_report` records the load since the command
+    line was parsed."""
+    start = harness.cpu_seconds()
+    if start is None:
+        pytest.skip("no /proc/stat")
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0:\n    pass"
+    other = subprocess.Popen([sys.executable, "-c", spin])
+    with open(f"/proc/{other.pid}/stat") as f:
+        while f.read().rsplit(")", 1)[1].split()[0] != "Z":  # ended, not yet reaped
+            time.sleep(0.05)
+            f.seek(0)
+    ended = harness.cpu_seconds()
+    other.wait()
+    reaped = harness.cpu_seconds()
+    load = harness.other_load(start, ended)
+    assert load["cores"] * load["seconds"] >= 0.9  # its second of CPU, beside whatever else ran
+    assert reaped[2] - ended[2] >= 0.9  # now the benchmark's own
+    # Busy is every state's time but idle and I/O wait, in clock ticks; others, busy less the benchmark's own.
+    (tmp_path / "stat").write_text("cpu  100 5 20 1000 50 1 2 3 0 0\ncpu0 50 2 10 500 25 0 1 1 0 0\n")
+    assert harness.cpu_seconds(str(tmp_path / "stat"))[1] == pytest.approx(131 / os.sysconf("SC_CLK_TCK"))
+    assert harness.other_load((0.0, 10.0, 1.0), (4.0, 16.0, 3.0)) == {"cores": 1.0, "seconds": 4.0}
+    assert harness.other_load((0.0, 10.0, 1.0), (4.0, 11.0, 3.0))["cores"] == 0  # never below nothing
+    monkeypatch.setattr(harness, "_STARTED", start)
+    written = harness.write_report(str(tmp_path / "report.json"), {"results": []})
+    assert written["other_load"]["seconds"] >= load["seconds"] and written["other_load"]["cores"] >= 0
