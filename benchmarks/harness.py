@@ -159,7 +159,8 @@ def cpu_seconds(stat: str = "/proc/stat") -> tuple[float, float, float] | None:
     except (OSError, ValueError):
         return None
     own = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return (time.monotonic(), (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"),
+    # Busy: this system's work, not idle, I/O wait or time the hypervisor gave other machines (steal).
+    return (time.monotonic(), (sum(ticks[:7]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"),
             sum(r.ru_utime + r.ru_stime for r in own))
 
 

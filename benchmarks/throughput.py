@@ -5,7 +5,7 @@
 
 Every case runs in its own process (so peak resident memory is its own) and reports: training
 images/s (forward + backward + SGD update, batch 100 unless stated, the fastest of
-``--train_steps`` steps, XLA as the trainer's default or as the case says), inference images/s at
+``--train_steps`` steps, XLA as the trainer's default under ``--remat=none`` or as the case says), inference images/s at
 batch 1 and 100, peak RSS, parameters, analytic FLOPs per image (`benchmarks.flops`: a
 multiply-add is 2 FLOPs, attention aggregation included, training = 3 x forward), with the trainer's default allocator setting (`--keep_freed_memory`), achieved
 GFLOP/s and its fraction of the fp32 matmul GFLOP/s measured in the same run. Ratios: the exact
@@ -38,7 +38,8 @@ SMALL = ["sa_quadratic_small", "sa_quadratic_full_small", "sa_learned_small", "s
 NO_ATTENTION_DROPOUT = {"attention_dropout": 0.0}
 GRID_32 = {**NO_ATTENTION_DROPOUT, "pooling_width": 1, "max_grid_size": 32}
 DENSE = {"fast_position_attention": False}
-# name -> (preset, model overrides, batch, XLA); XLA None: the trainer's default for the model.
+# name -> (preset, model overrides, batch, XLA); XLA None: the trainer's default for the model (remat as the case says,
+# else none).
 CASES = {name: (name, {}, 100, None) for name in PAPER + SMALL}
 CASES.update({
     # The paper's model without attention dropout: the separable path also runs in training.
@@ -54,13 +55,14 @@ CASES.update({
 # The same steps compiled with XLA (--jit_compile): "<case>_xla".
 XLA_TWINS = ["sa_quadratic", "resnet18", "sa_quadratic_small", "sa_quadratic_noattndrop_fast",
              "sa_quadratic_noattndrop_dense", "sa_quadratic_32x32_fast", "sa_quadratic_32x32_dense",
-             "sa_content_plus_learned_bias_small", "sa_gated_small", "sa_content_plus_learned_bias_remat"]
-CASES.update({f"{name}_xla": (*CASES[name][:3], True) for name in XLA_TWINS})
+             "sa_content_plus_learned_bias_small", "sa_gated_small"]
+CASES.update({f"{name}_xla": (*CASES[name][:3], True) for name in [*XLA_TWINS, "sa_content_plus_learned_bias_remat"]})
 # The same steps under --mixed_precision=mixed_bfloat16 (trainer settings ride in the overrides):
-# "<case>_bfloat16"; the no-XLA twins give the op types an XLA cluster hides.
-BF16_TWINS = ["sa_quadratic_small", "sa_gated_small", "sa_gated_small_xla", "sa_content_plus_learned_bias_small",
-              "sa_content_plus_learned_bias_small_xla", "resnet18", "sa_content_plus_learned_bias_remat",
-              "sa_content_plus_learned_bias_remat_xla"]
+# "<case>_bfloat16"; profile the no-XLA cases (the defaults): an XLA cluster hides its op types.
+SMALL_BF16_TWINS = ["sa_quadratic_small", "sa_gated_small", "sa_gated_small_xla", "sa_content_plus_learned_bias_small",
+                    "sa_content_plus_learned_bias_small_xla", "resnet18"]
+PAPER_BF16_TWINS = ["sa_content_plus_learned_bias_remat", "sa_content_plus_learned_bias_remat_xla"]
+BF16_TWINS = SMALL_BF16_TWINS + PAPER_BF16_TWINS
 TRAINER_FIELDS = ("mixed_precision", "remat")
 CASES.update({f"{name}_bfloat16": (CASES[name][0], {**CASES[name][1], "mixed_precision": "mixed_bfloat16"},
                                    *CASES[name][2:]) for name in BF16_TWINS})
@@ -74,9 +76,9 @@ GROUPS = {
     "gated": ["sa_content_plus_learned_bias_small", "sa_gated_small", "sa_quadratic_small",
               "sa_content_plus_learned_bias_small_xla", "sa_gated_small_xla"],
     # The small presets' steps in both precisions (with --profile_steps: where each step's time goes).
-    "bfloat16": [name for twin in BF16_TWINS[:6] for name in (twin, f"{twin}_bfloat16")],
+    "bfloat16": [name for twin in SMALL_BF16_TWINS for name in (twin, f"{twin}_bfloat16")],
     # XLA for the paper's content preset (rematerialized, as trained): both precisions.
-    "xla_paper_content": [name for twin in BF16_TWINS[6:] for name in (twin, f"{twin}_bfloat16")],
+    "xla_paper_content": [name for twin in PAPER_BF16_TWINS for name in (twin, f"{twin}_bfloat16")],
 }
 # (label, numerator case, denominator case): ratios of training images/s in the same run.
 RATIOS = [
@@ -186,8 +188,8 @@ def op_breakdown(fn, steps: int) -> dict:
 
 def measure(case: str, train_steps: int, infer_steps: int, profile_steps: int = 0) -> dict:
     """Runs one case in this process: the trainer's own step (`trainers.task.Task`: its loss,
-    weight decay, SGD, XLA decision, precision and allocator setting), without remat; with
-    ``profile_steps``, also the training step's `op_breakdown`."""
+    weight decay, SGD, XLA decision, precision and allocator setting), without remat unless the
+    case says; with ``profile_steps``, also the training step's `op_breakdown`."""
     import numpy as np
     import tensorflow as tf
 

@@ -87,11 +87,16 @@ def test_the_dependency_check_finds_a_missing_and_an_unused_dep(tmp_path):
         (tmp_path / package).mkdir()
         (tmp_path / package / "m.py").write_text("")
     (tmp_path / "lib" / "m.py").write_text("import sa_conv\nfrom trainers import task\n")
+    # trainers/ split over two targets: its own imports need not the other; an outside importer needs both.
+    (tmp_path / "trainers" / "m.py").write_text("from trainers import runner\n")
+    (tmp_path / "trainers" / "runner.py").write_text("")
     (tmp_path / "BUILD").write_text("".join(f'py_library(name = "{p}", srcs = ["{p}/m.py"])\n'
                                             for p in ("sa_conv", "trainers", "export"))
+                                    + 'py_library(name = "support", srcs = ["trainers/runner.py"])\n'
                                     + 'py_library(name = "lib", srcs = glob(["lib/*.py"]), deps = [":sa_conv", ":export"])\n')
     targets = read_build(tmp_path / "BUILD")
-    assert dependency_problems(targets, tmp_path) == ["lib: missing dep trainers", "lib: unused dep export"]
+    assert dependency_problems(targets, tmp_path) == [
+        "lib: missing dep support", "lib: missing dep trainers", "lib: unused dep export"]
 
 
 def test_every_test_file_has_a_target_whose_deps_cover_its_imports():

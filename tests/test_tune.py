@@ -258,6 +258,7 @@ def test_range_bounds_of_the_wrong_type_are_named(entry, message):
 
 @pytest.mark.parametrize("search, base, message", [
     (dict(search_space="small_data"), {}, "searches the small_data recipe's settings: add --recipe=small_data"),
+    (dict(search_space="small_data"), dict(recipe="small_data"), "add rand_augment to --augmentation"),
     (dict(search_space="tiny", tuner="hyperband"), dict(ema_momentum=0.99), "would start from zero"),
 ])
 def test_searches_the_recipe_cannot_run_are_refused_before_any_trial(search, base, message, tmp_path):

@@ -44,8 +44,8 @@ class TrainConfig:
     recipe: str = _field(
         "paper",
         "Named defaults of the training settings (trainers.recipes): paper (the paper's SGD, weight decay and "
-        "pad-crop-flip) or small_data (AdamW, RandAugment, random erasing, MixUp/CutMix, label smoothing, "
-        "stochastic depth, a moving average of the weights: docs/training.md). A config file and flags "
+        "pad-crop-flip) or small_data (AdamW, label smoothing, stochastic depth, a moving average of the "
+        "weights, pad-crop-flip: docs/training.md). A config file and flags "
         "override any of them.", tuple(RECIPES))
     model: str = _field("sa_quadratic_small", "Model preset.", tuple(PRESETS))
     encoding: Optional[str] = _field(None, "Override the preset's positional encoding.")
@@ -159,7 +159,8 @@ class TrainConfig:
         "Compile the forward and backward pass with XLA. Unset: off, except for content-based "
         "encodings under --remat=none whose step's activations exceed --memory_budget_gb: XLA's buffer "
         "reuse keeps their per-example (batch, heads, N, N) attention tensors in less memory. Elsewhere "
-        "steps train faster without it (benchmarks/results/throughput_xla.json, docs/performance.md).",
+        "steps trained faster without it on AVX-512 CPUs (benchmarks/results/throughput_xla.json, "
+        "throughput_bfloat16.json; docs/performance.md).",
     )
     reset_degenerate_heads: bool = _field(
         False,
@@ -193,7 +194,8 @@ class TrainConfig:
         4.0,
         "Activation memory per replica above which --remat=auto rematerializes. The default turns remat on "
         "for the paper presets at batch 100 (estimated 9.5 GB of activations, 13.6 GB with content) and off "
-        "for the _small presets (0.5-2.1 GB).",
+        "for the _small presets (0.5-2.1 GB). Under --remat=none, content-based attention above it compiles "
+        "with XLA (--jit_compile's default).",
     )
     steps_per_execution: int = _field(1, "Training steps run per tf.function call.")
     strategy: str = _field("auto", "tf.distribute strategy.", STRATEGIES)
@@ -303,8 +305,8 @@ def default_jit_compile(model_config, replica_batch: int, memory_budget_gb: floa
     """XLA when ``--jit_compile`` is unset: only where it is what keeps a step in memory, for
     encodings whose logits depend on the input (per-example ``(batch, heads, N, N)`` tensors,
     which XLA's buffer reuse holds in less memory) whose blocks are not rematerialized and whose
-    ``replica_batch`` step's estimated activations exceed ``memory_budget_gb``. Everywhere else a
-    step trains faster without XLA, the content presets' most of all (see `TrainConfig.jit_compile`)."""
+    ``replica_batch`` step's estimated activations exceed ``memory_budget_gb``. Elsewhere steps trained
+    faster without XLA on AVX-512 CPUs, the content presets' most (see `TrainConfig.jit_compile`)."""
     content = model_config.architecture == "attention" and not get_encoding(model_config.encoding).position_only
     return content and not model_config.remat and (
         footprint.training_activation_bytes(model_config, replica_batch, remat=False) > memory_budget_gb * 2**30)

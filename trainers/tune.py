@@ -513,6 +513,11 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
     if space.get("recipe", base.recipe) != base.recipe:
         raise ConfigError(f"--search_space={config.search_space} searches the {space['recipe']} recipe's settings: "
                           f"add --recipe={space['recipe']}.")
+    searched = {entry["name"] for entry in space["hyperparameters"]}
+    if "rand_augment_factor" in searched and "rand_augment" not in base.augmentation.split(","):
+        raise ConfigError(f"--search_space={config.search_space} searches --rand_augment_factor, which does nothing "
+                          f"without RandAugment: add rand_augment to --augmentation (the recorded small_data searches "
+                          f"ran with --augmentation=pad_crop_flip,rand_augment,random_erasing,mixup,cutmix).")
     if config.tuner == "hyperband" and base.ema_momentum:
         raise ConfigError("--tuner=hyperband continues trials from their weights with a new optimizer, whose average "
                           "of the weights (--ema_momentum) would start from zero: use --tuner=random or bayesian, or "
