@@ -142,12 +142,12 @@ def parse(parser: argparse.ArgumentParser, reference=None, outputs: dict | None 
     process.configure()
     if not args.side:  # a side's parent ends it with SIGKILL; a side starts no child of its own
         signal.signal(signal.SIGTERM, _exit_on_signal)
-        global _STARTED
-        _STARTED = cpu_seconds()
+        global LOAD_SINCE
+        LOAD_SINCE = cpu_seconds()
     return args
 
 
-_STARTED = None  # `cpu_seconds` when a benchmark's parent parsed its command line: `write_report` compares
+LOAD_SINCE = None  # `cpu_seconds` when a benchmark's parent parsed its command line: `write_report` compares
 
 
 def cpu_seconds(stat: str = "/proc/stat") -> tuple[float, float, float] | None:
@@ -426,8 +426,8 @@ def write_report(path: str, report: dict, merge: bool = False, entries: str = "p
     what other processes ran beside it (`other_load` since its command line was parsed). Returns what
     was written."""
     report = {"date": datetime.date.today().isoformat(), "machine": machine(), **report}
-    if _STARTED is not None and "other_load" not in report:
-        report["other_load"] = other_load(_STARTED)
+    if LOAD_SINCE is not None and "other_load" not in report:
+        report["other_load"] = other_load(LOAD_SINCE)
     written = {}
     if os.path.exists(path):
         with open(path) as f:

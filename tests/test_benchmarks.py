@@ -434,6 +434,6 @@ def test_a_report_says_how_many_cores_other_processes_took_while_it_ran(tmp_path
     assert harness.cpu_seconds(str(tmp_path / "stat"))[1] == pytest.approx(128 / os.sysconf("SC_CLK_TCK"))
     assert harness.other_load((0.0, 10.0, 1.0), (4.0, 16.0, 3.0)) == {"cores": 1.0, "seconds": 4.0}
     assert harness.other_load((0.0, 10.0, 1.0), (4.0, 11.0, 3.0))["cores"] == 0  # never below nothing
-    monkeypatch.setattr(harness, "_STARTED", start)
+    monkeypatch.setattr(harness, "LOAD_SINCE", start)
     written = harness.write_report(str(tmp_path / "report.json"), {"results": []})
     assert written["other_load"]["seconds"] >= load["seconds"] and written["other_load"]["cores"] >= 0
