@@ -309,7 +309,7 @@ def default_jit_compile(model_config, replica_batch: int, memory_budget_gb: floa
     faster without XLA on AVX-512 CPUs, the content presets' most (see `TrainConfig.jit_compile`)."""
     content = model_config.architecture == "attention" and not get_encoding(model_config.encoding).position_only
     return content and not model_config.remat and (
-        footprint.training_activation_bytes(model_config, replica_batch, remat=False) > memory_budget_gb * 2**30)
+        footprint.over_budget(model_config, replica_batch, memory_budget_gb) is not None)
 
 
 def default_keep_freed_memory(model_config) -> bool:

@@ -71,6 +71,13 @@ def block_activation_floats(config: ModelConfig, remat: bool | None = None) -> i
     return floats
 
 
+def over_budget(config: ModelConfig, batch_size: int, memory_budget_gb: float) -> float | None:
+    """The estimated GB of activations a training step of ``batch_size`` examples keeps without
+    remat (`training_activation_bytes`) when they exceed ``memory_budget_gb``, else None."""
+    gb = training_activation_bytes(config, batch_size, remat=False) / 2**30
+    return gb if gb > memory_budget_gb else None
+
+
 def training_activation_bytes(config: ModelConfig, batch_size: int, remat: bool | None = None) -> int:
     """Estimated bytes of activations a training step of ``batch_size`` examples keeps for its
     backward pass (``remat``: None = ``config.remat``). ResNet18 is not estimated (0)."""

@@ -73,12 +73,11 @@ def remat_blocks(config: TrainConfig, model_config, replica_batch: int, log=prin
         raise ConfigError(f"--remat=blocks: {config.model} has no transformer blocks; use --remat=none or auto.")
     if config.remat != "auto":
         return config.remat == "blocks"
-    estimate = footprint.training_activation_bytes(model_config, replica_batch, remat=False)
-    remat = estimate > config.memory_budget_gb * 2**30
-    if remat and log:
+    estimate = footprint.over_budget(model_config, replica_batch, config.memory_budget_gb)
+    if estimate is not None and log:
         log(f"Rematerializing the transformer blocks (--remat=auto): a step's activations are estimated at "
-            f"{estimate / 2**30:.1f} GB per replica, above --memory_budget_gb={config.memory_budget_gb:g}.")
-    return remat
+            f"{estimate:.1f} GB per replica, above --memory_budget_gb={config.memory_budget_gb:g}.")
+    return estimate is not None
 
 
 def resolve_model_config(config: TrainConfig, dataset: data_lib.ImageData, replica_batch: int,
