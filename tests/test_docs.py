@@ -114,3 +114,27 @@ def test_the_reports_name_presets_by_their_current_names():
     assert sorted((named | cases) - set(sa_conv.PRESETS)) == []
     shown = set(re.findall(r"`(\w+)`", benchmark_tables.vs_reference_summary()))
     assert "sa_content_plus_learned_bias" in shown and shown <= set(sa_conv.PRESETS)
+
+
+def test_bfloat16_training_table_pairs_each_case_with_its_float32_twin_by_preset_and_xla(tmp_path, monkeypatch):
+    """Older reports named the XLA case after the preset alone: the twins are found by what ran."""
+    import json
+
+    def result(case, preset, xla, precision, speed):
+        return {"case": case, "preset": preset, "xla": xla, "precision": precision,
+                "train_images_per_second": speed, "train_fraction_of_matmul_peak": 0.25}
+
+    for name, model, features, xla_case in (("throughput_bfloat16", "AMD EPYC", ["avx512f"], "sa_gated_small"),
+                                            ("throughput_bfloat16_b", "Intel Xeon", ["amx_tile"], "sa_gated_small_xla")):
+        no_xla = "sa_gated_small_no_xla" if xla_case == "sa_gated_small" else "sa_gated_small"
+        report = {"machine": {"cpu": {"model": model, "features": features},
+                              "matmul_gflops": {"float32": 100.0, "bfloat16": 300.0}},
+                  "results": [result(xla_case, "sa_gated_small", True, "float32", 10.0),
+                              result(xla_case + "_bfloat16", "sa_gated_small", True, "mixed_bfloat16", 11.0),
+                              result(no_xla, "sa_gated_small", False, "float32", 10.0),
+                              result(no_xla + "_bfloat16", "sa_gated_small", False, "mixed_bfloat16", 14.0)]}
+        (tmp_path / f"{name}.json").write_text(json.dumps(report))
+    monkeypatch.setattr(benchmark_tables, "RESULTS", tmp_path)
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:4]]
+            for line in benchmark_tables.training_bfloat16().splitlines() if line.startswith("| `")}
+    assert rows == {"`sa_gated_small`": ["1.40x (0.25)"] * 2, "`sa_gated_small`, XLA": ["1.10x (0.25)"] * 2}

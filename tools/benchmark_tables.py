@@ -90,7 +90,7 @@ def vs_reference_full():
                   "speed ratios across days are indicative; memory ratios do not depend on the day.")
 
 
-def throughput(name="throughput"):
+def throughput(name):
     """Per case: images/s, the training step's fraction of the matmul peak and peak RSS (batch and XLA named
     where they differ from the rest)."""
     data = load(name)
@@ -114,6 +114,28 @@ def throughput_ratios():
     """Ratios of two cases' figures timed in the same run."""
     rows = [[f"`{k}`", fixed(v)] for k, v in load("throughput")["ratios"].items()]
     return table("ratio (same run) | measured", rows)
+
+
+def training_bfloat16():
+    """Per preset (and XLA), its training images/s under ``mixed_bfloat16`` over float32's, timed in the same run, a
+    column per CPU class (each ``throughput_bfloat16*`` report), with the float32 step's fraction of the matmul peak.
+    Twins are matched by preset and XLA, which older reports name differently."""
+    columns, cells = [], {}
+    for path in sorted(RESULTS.glob("throughput_bfloat16*.json")):
+        data = json.loads(path.read_text())
+        peaks, where = data["machine"]["matmul_gflops"], process.cpu_class(data["machine"]["cpu"])
+        columns.append(f"{where} (matmul {peaks['bfloat16'] / peaks['float32']:.1f}x)")
+        runs = {(r["preset"], bool(r["xla"]), r["precision"]): r for r in data["results"]}
+        for (preset, xla, precision), r in runs.items():
+            twin = runs.get((preset, xla, "float32"))
+            if precision == "mixed_bfloat16" and twin:
+                speed = r["train_images_per_second"] / twin["train_images_per_second"]
+                cells.setdefault(f"`{preset}`" + (", XLA" * xla), {})[columns[-1]] = (
+                    f"{speed:.2f}x ({fixed(twin.get('train_fraction_of_matmul_peak'))})")
+    rows = [[case] + [per.get(column, "-") for column in columns] for case, per in sorted(cells.items())]
+    return table(["case"] + columns, rows,
+                 "Training images/s in bfloat16 over float32, both timed in one run, batch 100 (in brackets: the "
+                 "float32 step's fraction of the float32 matmul peak; matmul: the bfloat16 peak over the float32 one).")
 
 
 def malloc():
@@ -332,11 +354,11 @@ def resolution_transfer():
 # {table: (the report it is made from, the function making it)}
 TABLES = {
     "vs_reference_summary": ("vs_reference", vs_reference_summary), "vs_reference": ("vs_reference", vs_reference_full),
-    "throughput": ("throughput", throughput),
     "throughput_encodings": ("throughput_encodings", functools.partial(throughput, "throughput_encodings")),
     "throughput_gated": ("throughput_gated", functools.partial(throughput, "throughput_gated")),
     "throughput_xla": ("throughput_xla", functools.partial(throughput, "throughput_xla")),
-    "throughput_ratios": ("throughput", throughput_ratios), "remat": ("remat_allocator", remat),
+    "throughput_ratios": ("throughput", throughput_ratios),
+    "training_bfloat16": ("throughput_bfloat16", training_bfloat16), "remat": ("remat_allocator", remat),
     "malloc": ("malloc", malloc),
     "epoch_overhead": ("epoch_overhead", epoch_overhead), "iterator_deletion": ("iterator_deletion", iterator_deletion),
     "vs_reference_training": ("vs_reference_training", training_accuracy),
