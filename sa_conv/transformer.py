@@ -13,8 +13,11 @@ from sa_conv.initializers import bias_for, clone_initializer, dense_initializers
 
 def exact_gelu(x):
     """The exact GELU of the reference, ``x Phi(x) = x (1 + erf(x / sqrt(2))) / 2``, written with
-    ``erf`` (TensorFlow's own GELU uses ``erfc``, which ONNX has no operator for)."""
-    return 0.5 * x * (1.0 + ops.erf(x * ops.cast(1.0 / math.sqrt(2.0), x.dtype)))
+    ``erf`` (TensorFlow's own GELU uses ``erfc``, which ONNX has no operator for). Evaluated in
+    float32 and returned in ``x``'s dtype: CPUs have no bfloat16 units for elementwise work, and
+    TensorFlow's bfloat16 ``erf``, ``exp`` and products (in the gradient too) convert every element."""
+    y = ops.cast(x, "float32")
+    return ops.cast(0.5 * y * (1.0 + ops.erf(y * (1.0 / math.sqrt(2.0)))), x.dtype)
 
 
 class SeedWatchFilter(logging.Filter):

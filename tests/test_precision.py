@@ -89,3 +89,19 @@ def test_float16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path):
     assert float(optimizer.dynamic_scale.numpy()) == 2.0 ** 8  # no overflow: the scale holds
     changed = [not np.array_equal(v.numpy(), old) for v, old in zip(trainer.model.trainable_variables, before)]
     assert sum(changed) >= len(changed) - 2  # the step applied (centers of far heads may get ~0 gradient)
+
+
+def test_gelu_of_bfloat16_activations_is_evaluated_in_float32_forward_and_backward():
+    """The MLP's GELU under mixed_bfloat16: float32 arithmetic on the bfloat16 input, rounded once
+    to bfloat16 at the end (the gradient likewise); bfloat16 intermediates would round at every step."""
+    from sa_conv.transformer import exact_gelu
+
+    x = tf.constant(np.random.default_rng(0).normal(0, 2, 4096), tf.bfloat16)
+    x32 = tf.cast(x, tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, x32])
+        y, y32 = exact_gelu(x), exact_gelu(x32)
+    assert y.dtype == tf.bfloat16
+    np.testing.assert_array_equal(y.numpy(), tf.cast(y32, tf.bfloat16).numpy())
+    grad, grad32 = tape.gradient(y, x), tape.gradient(y32, x32)
+    np.testing.assert_array_equal(grad.numpy(), tf.cast(grad32, tf.bfloat16).numpy())
