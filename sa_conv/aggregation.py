@@ -38,8 +38,8 @@ from keras import ops
 from sa_conv import seeded_dropout, separable
 
 __all__ = ["Aggregation", "ConstantSum", "DenseSum", "Factors", "Mixture", "MixtureSum", "QueryMajorSum",
-           "SeparableSum", "choose", "dense_probabilities", "mixed_out", "multiplied_out", "separable_with_constants",
-           "softmax"]
+           "SeparableSum", "choose", "dense_probabilities", "heads_times_pixels", "mixed_out", "multiplied_out",
+           "separable_with_constants", "softmax"]
 
 
 class Factors(NamedTuple):
@@ -94,6 +94,21 @@ def dense_probabilities(probabilities, batch):
     return probabilities
 
 
+def heads_times_pixels(weights, x):
+    """``sum_k P_h[q, k] X_k`` for every head, ``(batch, N, heads, D)``, from ``weights`` ``P``
+    ``(batch, heads, N, N)`` (or ``(heads, N, N)``, shared by the batch) and pixels ``X``
+    ``(batch, N, D)``: one matrix product with heads and queries as rows. Its gradients are
+    products too; an ``einsum`` of the 4-D operands had TensorFlow transpose ``P`` in the
+    gradient for the pixels."""
+    heads, n, d = weights.shape[-3], weights.shape[-1], x.shape[-1]
+    if len(weights.shape) == 4:
+        mixed = ops.matmul(ops.reshape(weights, (-1, heads * n, n)), x)  # (batch, heads * N, D)
+        return ops.transpose(ops.reshape(mixed, (-1, heads, n, d)), (0, 2, 1, 3))
+    pixels = ops.reshape(ops.transpose(x, (1, 0, 2)), (n, -1))  # (N, batch * D)
+    mixed = ops.matmul(ops.reshape(weights, (heads * n, n)), pixels)  # (heads * N, batch * D)
+    return ops.transpose(ops.reshape(mixed, (heads, n, -1, d)), (2, 1, 0, 3))
+
+
 class Aggregation:
     """Eq. (6) for a layer: ``__call__(inputs, probabilities, value_dense, dtype, dropout_seed)``
     with ``inputs`` ``(batch, H, W, D)``, ``value_dense`` the heads' stacked value maps (a Dense
@@ -128,8 +143,7 @@ class DenseSum(Aggregation):
         if dropout_seed is None:
             x = ops.reshape(inputs, (-1, height * width, d))
             weights = ops.cast(probabilities, dtype)
-            equation = "hqk,bkd->bqhd" if len(weights.shape) == 3 else "bhqk,bkd->bqhd"
-            mixed = ops.reshape(ops.einsum(equation, weights, x), (-1, height, width, weights.shape[-3] * d))
+            mixed = ops.reshape(heads_times_pixels(weights, x), (-1, height, width, weights.shape[-3] * d))
             return value_dense(mixed)
         x = ops.reshape(ops.cast(inputs, dtype), (-1, height * width, d))
         kernel = ops.cast(value_dense.kernel, dtype)
@@ -162,9 +176,9 @@ class ConstantSum(Aggregation):
 
 
 class MixtureSum(Aggregation):
-    """``sum_h (w_h C_h + G_h) X W^(h) + b`` from a `Mixture`: ``w_h (C_h X) + G_h X``, the
-    content product per example, the positional one shared by the batch; with a dropout seed,
-    `DenseSum`'s dropped sum of the mixture."""
+    """``sum_h (w_h C_h + G_h) X W^(h) + b`` from a `Mixture`: ``(C_h X) (w_h W^(h)) + (G_h X)
+    W^(h)``, the content product per example, the positional one shared by the batch; with a
+    dropout seed, `DenseSum`'s dropped sum of the mixture."""
 
     def __init__(self, dropout_rate=0.0, recompute_gradient=False):
         self.dropped = DenseSum(dropout_rate, recompute_gradient, shared=False)
@@ -177,10 +191,17 @@ class MixtureSum(Aggregation):
             return self.dropped(inputs, probabilities, value_dense, dtype, dropout_seed)
         _, height, width, d = inputs.shape
         content, weights, positional = (ops.cast(part, dtype) for part in probabilities)
+        heads = positional.shape[0]
         x = ops.reshape(ops.cast(inputs, dtype), (-1, height * width, d))
-        mixed = (ops.einsum("bhqk,bkd->bqhd", content, x) * ops.reshape(weights, (-1, 1))
-                 + ops.einsum("hqk,bkd->bqhd", positional, x))
-        return value_dense(ops.reshape(mixed, (-1, height, width, positional.shape[0] * d)))
+        kernel = ops.cast(value_dense.kernel, dtype)
+        # w_h scales head h's rows of the value map: its gradient is then a sum over the kernel,
+        # not over every pixel of the batch.
+        scaled = ops.reshape(ops.reshape(kernel, (heads, d, -1)) * ops.reshape(weights, (-1, 1, 1)), (heads * d, -1))
+        outputs = (ops.matmul(ops.reshape(heads_times_pixels(content, x), (-1, heads * d)), scaled)
+                   + ops.matmul(ops.reshape(heads_times_pixels(positional, x), (-1, heads * d)), kernel))
+        if value_dense.use_bias:
+            outputs = outputs + ops.cast(value_dense.bias, dtype)
+        return ops.reshape(outputs, (-1, height, width, value_dense.units))
 
 
 class QueryMajorSum(Aggregation):
