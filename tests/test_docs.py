@@ -127,7 +127,7 @@ def test_bfloat16_training_table_pairs_each_case_with_its_float32_twin_by_preset
     for name, model, features, xla_case in (("throughput_bfloat16", "AMD EPYC", ["avx512f"], "sa_gated_small"),
                                             ("throughput_bfloat16_b", "Intel Xeon", ["amx_tile"], "sa_gated_small_xla")):
         no_xla = "sa_gated_small_no_xla" if xla_case == "sa_gated_small" else "sa_gated_small"
-        report = {"machine": {"cpu": {"model": model, "features": features},
+        report = {"date": "2026-12-06", "machine": {"cpu": {"model": model, "features": features},
                               "matmul_gflops": {"float32": 100.0, "bfloat16": 300.0}},
                   "results": [result(xla_case, "sa_gated_small", True, "float32", 10.0),
                               result(xla_case + "_bfloat16", "sa_gated_small", True, "mixed_bfloat16", 11.0),

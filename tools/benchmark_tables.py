@@ -124,7 +124,7 @@ def training_bfloat16():
     for path in sorted(RESULTS.glob("throughput_bfloat16*.json")):
         data = json.loads(path.read_text())
         peaks, where = data["machine"]["matmul_gflops"], process.cpu_class(data["machine"]["cpu"])
-        columns.append(f"{where} (matmul {peaks['bfloat16'] / peaks['float32']:.1f}x)")
+        columns.append(f"{where}, {data['date']} (matmul {peaks['bfloat16'] / peaks['float32']:.1f}x)")
         runs = {(r["preset"], bool(r["xla"]), r["precision"]): r for r in data["results"]}
         for (preset, xla, precision), r in runs.items():
             twin = runs.get((preset, xla, "float32"))
