@@ -282,20 +282,23 @@ def serving_aggregation():
                   "channels): images/s of the separable aggregation over the dense one.".format_map(data))
 
 
-def against_commit():
-    """Per preset, this tree's figures against an earlier commit's, both in one process, in turns."""
-    data = load("against_commit")
+def against_commit(name):
+    """Per preset, this tree's figures against an earlier commit's, both in one process, in turns: the training step,
+    and the range over the inference figures."""
+    data = load(name)
     rows = []
     for preset, entry in data["presets"].items():
-        figures = entry["figures"].values()
-        best, medians = ([f[k] for f in figures] for k in ("after_over_before", "round_ratios_median"))
-        rows.append([f"`{preset}`", len(best), ", ".join(sorted({str(f["rounds"]) for f in figures})),
-                     f"{fixed(min(best))}-{fixed(max(best))}", f"{fixed(min(medians))}-{fixed(max(medians))}"])
+        figures = dict(entry["figures"])
+        step = figures.pop("train_step", None)
+        best, medians = ([f[k] for f in figures.values()] for k in ("after_over_before", "round_ratios_median"))
+        rows.append([f"`{preset}`", ", ".join(sorted({str(f["rounds"]) for f in entry["figures"].values()})),
+                     "-" if step is None else f"{fixed(step['after_over_before'])} ({fixed(step['round_ratios_median'])})",
+                     f"{fixed(min(best))}-{fixed(max(best))} ({fixed(min(medians))}-{fixed(max(medians))})"])
     cpu = data["machine"]["cpu"]
-    return table("preset | figures | rounds | after / before, fastest rounds | after / before, per-round medians",
-                  rows, f"{data['date']}, {cpu['model']} ({', '.join(cpu['features'])}); figures: the training step "
-                        "and inference (as trained, frozen, SavedModel) at batch 1 and 100; after / before images/s. "
-                        "Each figure, the commits and the caveats are in the JSON.")
+    return table("preset | rounds | training step, after / before | inference, after / before", rows,
+                  f"{data['date']}, {process.cpu_class(cpu)}, `{data['before']}` → `{data['after']}`: after / before "
+                  "images/s at the fastest rounds (per-round medians); inference as trained, frozen and SavedModel at "
+                  "batch 1 and 100. Each figure and the caveats are in the JSON.")
 
 
 def scaling():
@@ -366,6 +369,9 @@ TABLES = {
     "serving": ("serving", serving), "serving_ratios": ("serving", serving_ratios),
     "serving_summary": ("serving", serving_summary), "serving_choice": ("serving", serving_choice),
     "serving_aggregation": ("serving_aggregation", serving_aggregation),
-    "against_commit": ("against_commit", against_commit), "scaling": ("scaling", scaling),
+    "against_commit": ("against_commit", functools.partial(against_commit, "against_commit")),
+    "against_commit_aggregation": ("against_commit_aggregation",
+                                   functools.partial(against_commit, "against_commit_aggregation")),
+    "scaling": ("scaling", scaling),
     "resolution_transfer": ("resolution_transfer", resolution_transfer),
 }
