@@ -49,6 +49,12 @@ class ContentEncoding(RelativeEncoding):
             raise ValueError("content-based logits depend on the input: pass queries and keys.")
         return ops.cast(ops.einsum("bhqd,bhkd->bhqk", queries, keys), "float32")
 
+    @staticmethod
+    def scaled(queries):
+        """``q / sqrt(d)``: the logits' scale applied to the ``(batch, heads, N, d)`` queries, not to
+        the ``(batch, heads, N, N)`` logits (``N / d`` times fewer products, forward and backward)."""
+        return queries * ops.cast(1.0 / math.sqrt(queries.shape[-1]), queries.dtype)
+
     def get_config(self):
         return {
             **super().get_config(),
@@ -108,8 +114,7 @@ class ContentPlusLearnedBiasEncoding(ContentEncoding):
 
     def logits(self, height, width, queries=None, keys=None):
         """``q . k / sqrt(d) + logit_h(delta)``, ``(batch, heads, N, N)``."""
-        content = self.content_logits(queries, keys)
-        return content / math.sqrt(queries.shape[-1]) + self.position_logits(height, width)[None]
+        return self.content_logits(self.scaled(queries), keys) + self.position_logits(height, width)[None]
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "embedding_dim": self.embedding_dim}
@@ -171,7 +176,6 @@ class ContentWithRelativeKeysEncoding(ContentEncoding):
 
     def logits(self, height, width, queries=None, keys=None):
         """``(q . k + q . r_delta) / sqrt(d)``, ``(batch, heads, N, N)``."""
-        content = self.content_logits(queries, keys)
-        d = queries.shape[-1]
-        relative = self.relative_logits(ops.reshape(queries, (-1, queries.shape[1], height, width, d)))
-        return (content + relative) / math.sqrt(d)
+        queries = self.scaled(queries)
+        relative = self.relative_logits(ops.reshape(queries, (-1, queries.shape[1], height, width, queries.shape[-1])))
+        return self.content_logits(queries, keys) + relative

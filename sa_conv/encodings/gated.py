@@ -2,8 +2,6 @@
 timm's ``convit.py``): per head, a learned gate mixes content attention and the paper's Gaussian
 positional attention, which starts as a convolution (`sa_conv.attention_init`)."""
 
-import math
-
 import keras
 from keras import ops
 
@@ -104,7 +102,7 @@ class GatedPositionalEncoding(RelativeEncoding):
         """The mixture's parts for queries and keys ``(batch, heads, N, d)`` (`aggregation.Mixture`):
         the content softmax ``(batch, heads, N, N)``, its weights ``1 - g_h`` and ``g_h`` times the
         positional softmax ``(heads, N, N)``."""
-        content = ops.softmax(ContentEncoding.content_logits(queries, keys) / math.sqrt(queries.shape[-1]), axis=-1)
+        content = ops.softmax(ContentEncoding.content_logits(ContentEncoding.scaled(queries), keys), axis=-1)
         gates = self.gates()
         return aggregation.Mixture(content, 1.0 - gates,
                                    ops.reshape(gates, (-1, 1, 1)) * self.positional_probabilities(height, width))
