@@ -298,7 +298,7 @@ def against_commit(name):
     return table("preset | rounds | training step, after / before | inference, after / before", rows,
                   f"{data['date']}, {process.cpu_class(cpu)}, `{data['before']}` → `{data['after']}`: after / before "
                   "images/s at the fastest rounds (per-round medians); inference as trained, frozen and SavedModel at "
-                  "batch 1 and 100. Each figure and the caveats are in the JSON.")
+                  "batch 1 and 100.")
 
 
 def scaling():
