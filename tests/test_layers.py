@@ -348,3 +348,22 @@ def test_mixed_bfloat16_with_float32_softmax(encoding):
         np.testing.assert_allclose(_np(ops.cast(out, "float32")), _np(ref(x)), rtol=0.05, atol=0.05)
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per_example", "shared_by_the_batch"])
+def test_the_per_head_sum_is_eq6s_contraction_over_keys_in_query_head_channel_order(shared):
+    """`aggregation.heads_times_pixels`: ``out[b, q, h, d] = sum_k P[b?, h, q, k] X[b, k, d]``, as a
+    loop over examples, heads and queries writes it (4 examples, 3 heads, 6 pixels, 5 channels)."""
+    from sa_conv.aggregation import heads_times_pixels
+
+    rng = np.random.default_rng(1)
+    p = rng.random((3, 6, 6) if shared else (4, 3, 6, 6)).astype("float32")
+    x = rng.normal(size=(4, 6, 5)).astype("float32")
+    expected = np.zeros((4, 6, 3, 5), "float32")
+    for b in range(4):
+        for h in range(3):
+            for q in range(6):
+                expected[b, q, h] = (p[h, q] if shared else p[b, h, q]) @ x[b]
+    np.testing.assert_allclose(ops.convert_to_numpy(heads_times_pixels(ops.convert_to_tensor(p),
+                                                                       ops.convert_to_tensor(x))),
+                               expected, rtol=1e-5, atol=1e-5)
