@@ -125,7 +125,8 @@ def test_bfloat16_training_table_pairs_each_case_with_its_float32_twin_by_preset
                 "train_images_per_second": speed, "train_fraction_of_matmul_peak": 0.25}
 
     for name, model, features, xla_case in (("throughput_bfloat16", "AMD EPYC", ["avx512f"], "sa_gated_small"),
-                                            ("throughput_bfloat16_b", "Intel Xeon", ["amx_tile"], "sa_gated_small_xla")):
+                                            ("throughput_bfloat16_b", "Intel Xeon", ["amx_tile"],
+                                             "sa_gated_small_xla")):
         no_xla = "sa_gated_small_no_xla" if xla_case == "sa_gated_small" else "sa_gated_small"
         report = {"date": "2026-12-06", "machine": {"cpu": {"model": model, "features": features},
                               "matmul_gflops": {"float32": 100.0, "bfloat16": 300.0}},

@@ -291,8 +291,8 @@ def against_commit(name):
         figures = dict(entry["figures"])
         step = figures.pop("train_step", None)
         best, medians = ([f[k] for f in figures.values()] for k in ("after_over_before", "round_ratios_median"))
-        rows.append([f"`{preset}`", ", ".join(sorted({str(f["rounds"]) for f in entry["figures"].values()})),
-                     "-" if step is None else f"{fixed(step['after_over_before'])} ({fixed(step['round_ratios_median'])})",
+        training = "-" if step is None else f"{fixed(step['after_over_before'])} ({fixed(step['round_ratios_median'])})"
+        rows.append([f"`{preset}`", ", ".join(sorted({str(f["rounds"]) for f in entry["figures"].values()})), training,
                      f"{fixed(min(best))}-{fixed(max(best))} ({fixed(min(medians))}-{fixed(max(medians))})"])
     cpu = data["machine"]["cpu"]
     return table("preset | rounds | training step, after / before | inference, after / before", rows,
