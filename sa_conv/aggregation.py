@@ -109,6 +109,14 @@ def heads_times_pixels(weights, x):
     return ops.transpose(ops.reshape(mixed, (heads, n, -1, d)), (2, 1, 0, 3))
 
 
+def _on_grid(outputs, value_dense, dtype, height, width):
+    """Products with the value map's kernel, taken by hand (``out`` channels last), plus its bias, as
+    ``(batch, H, W, out)``."""
+    if value_dense.use_bias:
+        outputs = outputs + ops.cast(value_dense.bias, dtype)
+    return ops.reshape(outputs, (-1, height, width, value_dense.units))
+
+
 class Aggregation:
     """Eq. (6) for a layer: ``__call__(inputs, probabilities, value_dense, dtype, dropout_seed)``
     with ``inputs`` ``(batch, H, W, D)``, ``value_dense`` the heads' stacked value maps (a Dense
@@ -154,9 +162,7 @@ class DenseSum(Aggregation):
             keep = seeded_dropout.draw_keep_mask((ops.shape(x)[0], probabilities.shape[-3], n, n), dropout_seed,
                                                  self.rate)
             outputs = seeded_dropout.sum_over_heads(x, probabilities, kernel, keep, self.rate, dtype)
-        if value_dense.use_bias:
-            outputs = outputs + ops.cast(value_dense.bias, dtype)
-        return ops.reshape(outputs, (-1, height, width, value_dense.units))
+        return _on_grid(outputs, value_dense, dtype, height, width)
 
 
 class ConstantSum(Aggregation):
@@ -199,9 +205,7 @@ class MixtureSum(Aggregation):
         scaled = ops.reshape(ops.reshape(kernel, (heads, d, -1)) * ops.reshape(weights, (-1, 1, 1)), (heads * d, -1))
         outputs = (ops.matmul(ops.reshape(heads_times_pixels(content, x), (-1, heads * d)), scaled)
                    + ops.matmul(ops.reshape(heads_times_pixels(positional, x), (-1, heads * d)), kernel))
-        if value_dense.use_bias:
-            outputs = outputs + ops.cast(value_dense.bias, dtype)
-        return ops.reshape(outputs, (-1, height, width, value_dense.units))
+        return _on_grid(outputs, value_dense, dtype, height, width)
 
 
 class QueryMajorSum(Aggregation):
