@@ -6,7 +6,7 @@ equal epochs, over seeds.
         [--datasets=cifar10-mini:100,cifar10-mini:30,cifar10-mini:10,shapes] [--seeds=0,1,2] [--epochs=8]
 
 Each run is the trainer with its defaults on a variant (`parse_variant`), dataset (`parse_dataset`: a class-stratified
-share of ``--data_dir``'s training images, or our ``shapes`` folder) and seed, made on the study engine
+share of ``--data_dir``'s training images, or the trainer's ``shapes``) and seed, made on the study engine
 (`trainers.study`); `summarize` gives the spread over seeds and `targets` checks what the benchmark was built for.
 """
 
@@ -26,7 +26,6 @@ SHORT_NAMES = {"content": "content_plus_learned_bias"}
 ATTENTION_ENCODINGS = ("quadratic", "quadratic_full", "learned", "sinusoidal", "mlp", "content_plus_learned_bias",
                        "content_with_relative_keys", "gated")
 SUBSET_SEED = 1234  # which images a percentage keeps: the same for every variant and seed
-SHAPE_CLASSES = ("circle", "square", "triangle", "cross", "ring")
 NUMBER_FLAGS = ("locality_strength", "locality_distance")  # a variant's @STRENGTH/DISTANCE
 RESNETS = ("resnet18", "resnet20")
 log = functools.partial(print, file=sys.stderr, flush=True)  # a study's progress, beside what it prints
@@ -98,79 +97,6 @@ def parse_dataset(name: str) -> tuple[str, float | None]:
     return "cifar10-mini", float(match.group(1)) / 100
 
 
-def stratified_subset(labels: np.ndarray, fraction: float, seed: int = SUBSET_SEED) -> np.ndarray:
-    """Sorted indices of ``round(fraction * count)`` images of each class (at least one), in one seeded order per
-    class: a smaller fraction's images are among a larger one's."""
-    rng = np.random.default_rng(seed)
-    keep = []
-    for label in np.unique(labels):
-        members = np.flatnonzero(labels == label)
-        keep.append(members[rng.permutation(len(members))][:max(1, int(round(fraction * len(members))))])
-    return np.sort(np.concatenate(keep))
-
-
-def write_cifar_subset(data_dir: str, fraction: float, directory: str) -> tuple[str, int]:
-    """Writes the `stratified_subset` of the CIFAR-10 files in ``data_dir`` (all their test images) to ``directory``
-    in their format: ``(path, training images)``."""
-    from trainers import data as data_lib
-
-    data = data_lib.load_cifar10_files(data_dir)
-    keep = stratified_subset(data.train.labels, fraction)
-    subset = data_lib.ImageData(data.train.subset(keep), data.test, data.label_names)
-    return data_lib.write_cifar10_files(directory, subset), len(keep)
-
-
-def draw_shape(canvas: np.ndarray, kind: str, rng: np.random.Generator) -> None:
-    """Paints a shape of class ``kind`` (`SHAPE_CLASSES`) in one colour into the ``(size, size, 3)`` float
-    ``canvas``, at a random place, radius (5-10 pixels) and stroke width."""
-    size = canvas.shape[0]
-    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
-    radius = rng.uniform(5, 10)
-    cy, cx = rng.uniform(radius + 1, size - radius - 1, size=2)
-    dy, dx = yy - cy, xx - cx
-    width = rng.uniform(1.5, 3.0)
-    if kind == "circle":
-        mask = dy ** 2 + dx ** 2 <= radius ** 2
-    elif kind == "ring":
-        mask = np.abs(np.sqrt(dy ** 2 + dx ** 2) - radius) <= width / 2 + 0.3
-    elif kind == "square":
-        mask = np.maximum(np.abs(dy), np.abs(dx)) <= radius * 0.85
-    elif kind == "triangle":  # apex up, base at the bottom
-        mask = (dy <= radius * 0.8) & (np.abs(dx) <= (dy + radius) * 0.6)
-    else:  # cross
-        mask = ((np.abs(dy) <= width) | (np.abs(dx) <= width)) & (np.maximum(np.abs(dy), np.abs(dx)) <= radius)
-    canvas[mask] = rng.uniform(0, 255, size=3)
-
-
-def shapes_image(kind: str, rng: np.random.Generator, size: int = 32) -> np.ndarray:
-    """A ``(size, size, 3)`` uint8 image of shape ``kind`` on a noisy two-colour gradient, with two distractor blobs."""
-    rows, cols = np.mgrid[0:size, 0:size]
-    a, b = rng.uniform(0, 255, size=(2, 3))
-    angle = rng.uniform(0, 2 * np.pi)
-    t = (np.cos(angle) * (cols.astype(np.float32) / size) + np.sin(angle) * (rows.astype(np.float32) / size))[..., None]
-    canvas = a + (b - a) * (t - t.min()) / (np.ptp(t) + 1e-6)
-    for _ in range(2):  # distractors: small blobs that belong to no class
-        cy, cx = rng.uniform(0, size, size=2)
-        blob = (rows - cy) ** 2 + (cols - cx) ** 2 <= rng.uniform(1, 4)  # drawn before the blob's colour
-        canvas[blob] = rng.uniform(0, 255, size=3)
-    draw_shape(canvas, kind, rng)
-    canvas += rng.normal(0, 12, size=canvas.shape)
-    return np.clip(canvas, 0, 255).astype(np.uint8)
-
-
-def write_shapes_folder(root: str, train_per_class: int = 60, test_per_class: int = 40, seed: int = 0) -> str:
-    """Writes the ``shapes`` dataset under ``root`` and returns it: ``train/`` and ``test/``, a PNG folder a class."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    for split, count in (("train", train_per_class), ("test", test_per_class)):
-        for kind in SHAPE_CLASSES:
-            os.makedirs(os.path.join(root, split, kind), exist_ok=True)
-            for i in range(count):
-                Image.fromarray(shapes_image(kind, rng)).save(os.path.join(root, split, kind, f"{i:04d}.png"))
-    return root
-
-
 def run_key(variant: str, dataset: str, seed: int, epochs: int) -> str:
     return f"{variant}|{dataset}|seed={seed}|epochs={epochs}"
 
@@ -179,9 +105,6 @@ def split_key(key: str) -> tuple:
     """The parts of a run's or a summary's key, each ``NAME=N`` as the integer ``N``: ``(variant, dataset, epochs)``
     of a `summarize` key ``variant|dataset|epochs=E``."""
     return tuple(int(part.split("=")[1]) if "=" in part else part for part in key.split("|"))
-
-
-split_summary_key = split_key
 
 
 def spreads(frame, by, decimals: int | None = None) -> dict:
@@ -223,7 +146,7 @@ def targets(summary: dict, sizes: dict | None = None) -> list[dict]:
     whether met, the larger std as ``spread``) by target, epochs and ``sizes`` (``{dataset: training images}``)."""
     by_place: dict[tuple, dict] = {}
     for key, entry in summary.items():
-        variant, dataset, epochs = split_summary_key(key)
+        variant, dataset, epochs = split_key(key)
         by_place.setdefault((dataset, epochs), {})[variant] = entry
 
     def row(target, place, variant, against, needed):
@@ -252,31 +175,32 @@ def targets(summary: dict, sizes: dict | None = None) -> list[dict]:
 
 
 def prepare(datasets, data_dir: str, directory: str) -> tuple[dict, dict]:
-    """Writes each of ``datasets`` once into ``directory``, shared by a study's processes (each renamed into place
-    whole): ``({dataset: trainer flags}, {dataset: training images})``."""
+    """Writes each cifar10-mini subset of ``datasets`` once into ``directory`` in CIFAR-10's format (its training
+    images' `trainers.data.stratified_subset`, all test images), shared by a study's processes (each renamed into
+    place whole): ``({dataset: trainer flags}, {dataset: training images})``."""
     from trainers import data as data_lib
 
     prepared, sizes = {}, {}
     for dataset in datasets:
         kind, fraction = parse_dataset(dataset)
+        if kind == "shapes":
+            prepared[dataset] = {"dataset": "shapes"}
+            continue
         target = os.path.join(directory, dataset.replace(":", "_"))
         if not os.path.isdir(target):
             partial = f"{target}.{os.getpid()}.partial"
-            if kind == "shapes":
-                write_shapes_folder(partial)
-            else:
-                write_cifar_subset(data_dir, fraction, partial)
+            data = data_lib.load_cifar10_files(data_dir)
+            keep = data_lib.stratified_subset(data.train.labels, fraction, SUBSET_SEED)
+            data_lib.write_cifar10_files(partial, data_lib.ImageData(data.train.subset(keep), data.test,
+                                                                     data.label_names))
             try:
                 os.replace(partial, target)
             except OSError:  # another process of the study wrote it meanwhile
                 if not os.path.isdir(target):
                     raise
                 shutil.rmtree(partial, ignore_errors=True)
-        if kind == "shapes":
-            prepared[dataset] = {"dataset": "folder:" + target}
-        else:
-            prepared[dataset] = {"dataset": "cifar10", "data_dir": os.path.join(target, "cifar-10-batches-py")}
-            sizes[dataset] = len(data_lib.load_cifar10_files(prepared[dataset]["data_dir"]).train)
+        prepared[dataset] = {"dataset": "cifar10", "data_dir": os.path.join(target, "cifar-10-batches-py")}
+        sizes[dataset] = len(data_lib.load_cifar10_files(prepared[dataset]["data_dir"]).train)
     return prepared, sizes
 
 

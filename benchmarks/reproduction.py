@@ -52,7 +52,7 @@ HEAD_METRICS = (*LAYER_METRICS, "peak_offset")  # what the report keeps of each 
 EQUAL_SIZE = "resnet20"  # the convolution of the small presets' size (1.4-1.6x their parameters)
 CONTENT_GATE = 0.5  # a gate below it weighs a head's content attention above its positional one
 # ``(model, seed, epochs)`` of a `run_key`, ``(model, epochs)`` of a `summary_key`.
-split_key = split_summary_key = data_efficiency.split_key
+split_key = data_efficiency.split_key
 
 
 def run_key(model: str, seed: int, epochs: int) -> str:
@@ -134,11 +134,6 @@ def run_timing(history: list, reader: str) -> dict:
     seconds = [h.get("epoch_seconds", h.get("train_seconds", 0.0)) for h, c in zip(history, order) if c == cpu]
     return {"median_epoch_seconds": round(statistics.median(seconds), 2), "cpu": cpu,
             **({"cpu_epochs": dict(sorted(classes.items()))} if len(classes) > 1 else {})}
-
-
-def training_minutes(run: dict, epochs: int) -> float:
-    """Minutes a read ``run`` takes to train ``epochs`` at its median epoch's speed."""
-    return run["median_epoch_seconds"] * epochs / 60
 
 
 def read_run(model_dir: str, run, locality_images: int = 32, prune_snapshots: bool = False, log=print) -> dict:
@@ -272,8 +267,8 @@ def summarize(runs: dict) -> dict:
             entry["locality"] = {str(e): [{name: spreads[model, epochs, e, layer, name] for name in names} for layer
                                           in range(max(len(by_seed[s][e]["locality"]) for s in seeds))] for e in common}
     for key, entry in summary.items():
-        model, epochs = split_summary_key(key)
-        shorter = max((e for m, e in map(split_summary_key, summary) if m == model and e < epochs), default=None)
+        model, epochs = split_key(key)
+        shorter = max((e for m, e in map(split_key, summary) if m == model and e < epochs), default=None)
         entry["against_shorter"] = None
         if shorter is not None:
             # The budget doubled, not the last quarter, says whether more epochs move a model: a cosine schedule's
@@ -298,26 +293,21 @@ def main_budget(runs: dict) -> int | None:
     budget from replacing three."""
     models, counts = collections.defaultdict(set), collections.Counter()
     for model, _, epochs in map(split_key, runs):
-        if not is_comparison(model):  # comparison variants do not choose it
+        if "attention_init" not in data_efficiency.parse_variant(model):  # comparison variants do not choose it
             models[epochs].add(model)
             counts[epochs] += 1
     return max(models, key=lambda e: (len(models[e]), counts[e], e)) if models else None
 
 
-def is_comparison(model: str) -> bool:
-    """Whether ``model`` is a comparison variant (another initialization, ``+INIT``), not one of the study's models."""
-    return "attention_init" in data_efficiency.parse_variant(model)
-
-
 def study_models(summary: dict, epochs: int) -> list[str]:
     """The models (not comparison variants) with a `summarize` entry at ``epochs``: `MODELS` first in their order,
     then the others (recipe variants, ``resnet20``) by preset order of `MODELS` and name."""
-    found = {split_summary_key(key)[0] for key in summary if split_summary_key(key)[1] == epochs}
+    found = {split_key(key)[0] for key in summary if split_key(key)[1] == epochs}
 
     def order(model):
         variant = data_efficiency.split_recipe(model)[0]
         return model not in MODELS, MODELS.index(variant) if variant in MODELS else len(MODELS), model
-    return sorted((model for model in found if not is_comparison(model)), key=order)
+    return sorted((model for model in found if "attention_init" not in data_efficiency.parse_variant(model)), key=order)
 
 
 def _matches(ours: dict, theirs: dict) -> dict:
@@ -373,23 +363,6 @@ def claims(summary: dict, epochs: int) -> list[dict]:
                          "resnet18": resnet["test_accuracy"], **_matches(entry["test_accuracy"],
                                                                          resnet["test_accuracy"])})
     return rows
-
-
-def efficiency_targets(summary: dict) -> list[dict]:
-    """`data_efficiency.targets` on `summarize`'s final test accuracies, on all training images (cifar10-mini:100)."""
-    return data_efficiency.targets({key.replace("|", "|cifar10-mini:100|"): {**entry["test_accuracy"],
-                                                                            "seeds": entry["seeds"]}
-                                    for key, entry in summary.items()})
-
-
-def least_disturbed_runs(runs) -> dict:
-    """``{CPU class: run}``: per CPU class among read ``runs``, the timed run of the fastest median epoch."""
-    fastest = {}
-    for run in runs:
-        cpu, seconds = run.get("cpu") or "unknown CPU", run.get("median_epoch_seconds")
-        if seconds is not None and (cpu not in fastest or seconds < fastest[cpu]["median_epoch_seconds"]):
-            fastest[cpu] = run
-    return fastest
 
 
 def gate_summary(runs) -> list[dict] | None:

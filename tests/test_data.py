@@ -219,6 +219,15 @@ def test_bad_validation_size(tiny_cifar):
         data.split_train_validation(tiny_cifar[1].train, validation_size=250)
 
 
+def test_subsets_are_stratified_and_nested():
+    labels = np.repeat(np.arange(5), [10, 20, 30, 40, 50])
+    small, large = data.stratified_subset(labels, 0.1, 7), data.stratified_subset(labels, 0.3, 7)
+    assert np.bincount(labels[small]).tolist() == [1, 2, 3, 4, 5] and set(small) <= set(large)  # nested
+    assert np.bincount(labels[large]).tolist() == [3, 6, 9, 12, 15] and np.array_equal(small, data.stratified_subset(
+        labels, 0.1, 7)) and not np.array_equal(small, data.stratified_subset(labels, 0.1, 8))
+    assert np.bincount(labels[data.stratified_subset(labels, 0.01, 7)]).tolist() == [1] * 5  # at least one a class
+
+
 # ------------------------------------------------------------------------------ augmentation
 
 
@@ -330,3 +339,17 @@ def test_synthetic_is_class_dependent():
                       for c in range(10)])
     # Class colours differ by far more than the noise in the class means.
     assert np.ptp(means, axis=0).max() > 50
+
+
+def test_shapes_draws_each_class_where_it_says_the_same_for_every_seed():
+    shapes = data.load_dataset("shapes", seed=3)
+    assert shapes.label_names == data.SHAPE_CLASSES and (len(shapes.train), len(shapes.test)) == (300, 200)
+    assert np.bincount(shapes.test.labels).tolist() == [40] * 5 and shapes.train.images.dtype == np.uint8
+    np.testing.assert_array_equal(shapes.train.images, data.load_dataset("shapes", seed=4).train.images)
+    assert shapes.train.images.shape[1:] == (32, 32, 3) and shapes.train.images[0].std() > 10
+    rng = np.random.default_rng(0)  # a filled square or circle covers its centre, a ring leaves it empty
+    for kind, centre_covered in (("square", True), ("circle", True), ("ring", False)):
+        canvas = np.zeros((32, 32, 3))
+        data.draw_shape(canvas, kind, np.random.default_rng(rng.integers(1 << 30)))
+        ys, xs = np.nonzero(canvas.any(axis=-1))
+        assert 10 < len(ys) < 32 * 32 / 2 and canvas[round(ys.mean()), round(xs.mean())].any() == centre_covered, kind

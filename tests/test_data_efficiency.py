@@ -1,12 +1,11 @@
-"""The data-efficiency benchmark (`benchmarks.data_efficiency`): its variant and dataset names, the subsets and the
-folder dataset it trains on, its plan on the study engine and the targets it checks."""
+"""The data-efficiency benchmark (`benchmarks.data_efficiency`): its variant and dataset names, the subsets it trains
+on, its plan on the study engine and the targets it checks."""
 
 import json
 import os
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from benchmarks import data_efficiency as de
 from benchmarks import harness
@@ -54,30 +53,6 @@ def test_an_unknown_variant_or_dataset_is_a_usage_error(flag, error, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_subsets_are_stratified_and_nested():
-    labels = np.repeat(np.arange(5), [10, 20, 30, 40, 50])
-    small, large = de.stratified_subset(labels, 0.1), de.stratified_subset(labels, 0.3)
-    assert np.bincount(labels[small]).tolist() == [1, 2, 3, 4, 5] and set(small) <= set(large)  # nested
-    assert np.bincount(labels[large]).tolist() == [3, 6, 9, 12, 15] and np.array_equal(small, de.stratified_subset(
-        labels, 0.1)) and not np.array_equal(small, de.stratified_subset(labels, 0.1, seed=de.SUBSET_SEED + 1))
-    assert np.bincount(labels[de.stratified_subset(labels, 0.01)]).tolist() == [1] * 5  # at least one a class
-
-
-def test_the_shapes_folder_draws_each_class_where_it_says(tmp_path):
-    root, again = (de.write_shapes_folder(str(tmp_path / name), 3, 2, seed=5) for name in "ab")
-    for split, count in (("train", 3), ("test", 2)):
-        assert {kind: len(os.listdir(os.path.join(root, split, kind))) for kind in os.listdir(os.path.join(
-            root, split))} == dict.fromkeys(de.SHAPE_CLASSES, count)
-    image, same = (np.asarray(Image.open(os.path.join(path, "train", "ring", "0000.png"))) for path in (root, again))
-    assert image.shape == (32, 32, 3) and image.dtype == np.uint8 and image.std() > 10 and np.array_equal(image, same)
-    rng = np.random.default_rng(0)  # a filled square or circle covers its centre, a ring leaves it empty
-    for kind, centre_covered in (("square", True), ("circle", True), ("ring", False)):
-        canvas = np.zeros((32, 32, 3))
-        de.draw_shape(canvas, kind, np.random.default_rng(rng.integers(1 << 30)))
-        ys, xs = np.nonzero(canvas.any(axis=-1))
-        assert 10 < len(ys) < 32 * 32 / 2 and canvas[round(ys.mean()), round(xs.mean())].any() == centre_covered, kind
-
-
 def _summary(runs, epochs=8):
     """`summarize` of ``{(variant, dataset): accuracies}``, a seed each."""
     return de.summarize({de.run_key(*place, s, epochs): {"test_accuracy": a} for place, accuracies in runs.items()
@@ -119,13 +94,14 @@ def test_a_study_prepares_each_dataset_once_and_records_its_runs(tiny_cifar, tmp
     with pytest.raises(ValueError, match="Unknown dataset"):
         de.prepare(["cifar100"], path, str(tmp_path / "data"))
     prepared, sizes = de.prepare(["cifar10-mini:30", "shapes"], path, str(tmp_path / "data"))
-    data_dir, keep = prepared["cifar10-mini:30"]["data_dir"], de.stratified_subset(generated.train.labels, 0.3)
+    data_dir = prepared["cifar10-mini:30"]["data_dir"]
+    keep = data_lib.stratified_subset(generated.train.labels, 0.3, de.SUBSET_SEED)
     subset = data_lib.load_cifar10_files(data_dir)  # in the official format, with the whole test split
     for written, expected in ((subset.train.images, generated.train.images[keep]), (subset.test.images,
                               generated.test.images), (subset.train.labels, generated.train.labels[keep])):
         np.testing.assert_array_equal(written, expected)
     assert sizes == {"cifar10-mini:30": len(keep)}
-    assert prepared["shapes"] == {"dataset": f"folder:{tmp_path}/data/shapes"}
+    assert prepared["shapes"] == {"dataset": "shapes"} and os.listdir(tmp_path / "data") == ["cifar10-mini_30"]
     stamp = os.path.getmtime(data_dir)
     assert de.prepare(["cifar10-mini:30"], path, str(tmp_path / "data")) == ({"cifar10-mini:30": prepared[
         "cifar10-mini:30"]}, sizes) and os.path.getmtime(data_dir) == stamp  # written once

@@ -312,3 +312,26 @@ def test_resnet20_is_he_et_al_s_small_cifar_resnet():
     convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D) and layer.kernel_size == (3, 3)]
     assert len(convs) == 19 and [c.filters for c in convs[::6]] == [16, 16, 32, 64]  # 6n + 1 = 19, plus the dense
     assert model.output_shape == (None, 10)
+
+
+def test_the_committed_ablation_plan_varies_only_the_recipes_augmentation():
+    """Every run of configs/small_data_ablation.json is `small_data` with the paper's pad-crop-flip and some of the
+    field's augmentations, the recipe's own among them; every run the ablation report records was made by that plan's
+    settings."""
+    from tests.conftest import PROJECT_ROOT
+    from trainers import study
+    from trainers.augmentation import AUGMENTATIONS
+
+    runs = {run.key: run.flags for run in study.load_plan(str(PROJECT_ROOT / "configs" / "small_data_ablation.json"))}
+    augmentations = {flags["augmentation"] for flags in runs.values()}
+    assert RECIPES["small_data"]["augmentation"] in augmentations and ",".join(AUGMENTATIONS) in augmentations
+    for flags in runs.values():
+        config = make_config(overrides=flags)
+        assert config.recipe == "small_data" and flags["augmentation"].startswith("pad_crop_flip")
+        # No other setting of the recipe overridden: only what says which run it is, and where.
+        assert set(flags) == {"model", "recipe", "dataset", "data_dir", "epochs", "seed", "mixed_precision",
+                              "snapshot_every", "augmentation"}
+    with open(PROJECT_ROOT / "benchmarks" / "results" / "small_data_ablation.json") as f:
+        recorded = json.load(f)["runs"]
+    assert recorded and all({k: v for k, v in run["flags"].items() if k != "data_dir"} == {
+        k: v for k, v in runs[key].items() if k != "data_dir"} for key, run in recorded.items())

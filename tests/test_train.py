@@ -363,6 +363,18 @@ def test_files_written_atomically_get_the_permissions_open_would_give_them(tmp_p
         assert json.load(f) == {"test_accuracy": 0.6}
 
 
+def test_json_number_lists_are_written_on_one_line_and_read_back_equal(tmp_path):
+    value = {"maps": [[[0.1, 0.25], [1e-05, -2]], [[3, 4], [5, 6]]], "names": ["a", "b"], "empty": [],
+             "nested": {"offset": [-1.5, 2.0], "mixed": [1, "x"]}, "note": "seeds [0,1] and [ 2 ]"}
+    from trainers import files
+
+    for inline in (True, False):
+        files.write_json(str(tmp_path / "r.json"), value, inline_numbers=inline)
+        text = (tmp_path / "r.json").read_text()
+        assert json.loads(text) == value and '"seeds [0,1] and [ 2 ]"' in text  # strings as they were
+        assert ("[0.1, 0.25]" in text and "[1e-05, -2]" in text and "[-1.5, 2.0]" in text) == inline
+
+
 def test_a_second_trainer_on_a_folder_being_trained_into_stops_before_writing(tmp_path, monkeypatch):
     """Two trainers on one --model_dir (a run started again while the first still runs) would
     interleave checkpoints, snapshots and history: the second stops at once, naming the first."""

@@ -29,23 +29,21 @@ PLOTS = {"docs/data_efficiency.png": ("data_efficiency", "plot_data_efficiency")
          "docs/little_data_curves.png": ("little_data", "plot_little_data_curves")}
 
 
-def _efficiency_cells(data):
-    """``{(variant, epochs): {dataset: summary}}`` of a data-efficiency report, and its datasets by training
-    images (the folder dataset last)."""
-    cells = {}
+def _efficiency_cells():
+    """``{(variant, epochs): {dataset: summary}}`` of the data-efficiency report, its datasets by training images
+    (``shapes`` last) and ``{dataset: training images}``."""
+    data, cells = _load("data_efficiency"), {}
     for key, summary in data["summary"].items():
-        variant, dataset, epochs = efficiency.split_summary_key(key)
+        variant, dataset, epochs = efficiency.split_key(key)
         cells.setdefault((variant, epochs), {})[dataset] = summary
     sizes = data.get("training_images", {})
     datasets = sorted({d for per in cells.values() for d in per}, key=lambda d: (d not in sizes, sizes.get(d, 0), d))
-    return cells, datasets
+    return cells, datasets, sizes
 
 
 def data_efficiency():
     """Test accuracy per variant, epochs and dataset: mean ± std (seeds)."""
-    data = _load("data_efficiency")
-    cells, datasets = _efficiency_cells(data)
-    sizes = data.get("training_images", {})
+    cells, datasets, sizes = _efficiency_cells()
     rows = [[f"`{variant}`", epochs] + [_spread(per.get(d), seeds=True) for d in datasets]
             for (variant, epochs), per in sorted(cells.items(), key=lambda item: (item[0][1], item[0][0]))]
     return _table(["variant", "epochs"] + [f"{d} ({sizes[d]} images)" if d in sizes else d for d in datasets], rows,
@@ -55,8 +53,10 @@ def data_efficiency():
 def efficiency_targets():
     """The targets the data-efficiency benchmark was built for, on its runs and on the reproduction study's."""
     data = _load("data_efficiency")
-    targets = (efficiency.targets(data["summary"], data.get("training_images"))
-               + study.efficiency_targets(_load("reproduction")["summary"]))
+    # the reproduction study's final accuracies, on all training images
+    final = {key.replace("|", "|cifar10-mini:100|"): {**entry["test_accuracy"], "seeds": entry["seeds"]}
+             for key, entry in _load("reproduction")["summary"].items()}
+    targets = efficiency.targets(data["summary"], data.get("training_images")) + efficiency.targets(final)
     rows = [[r["target"], f"{r['dataset']}, {r['epochs']}", f"`{r['variant']}` {r['mean']:.3f} ({r['seeds']})",
              f"`{r['against']}` {r['against_mean']:.3f} ({r['against_seeds']})", f"{r['difference']:+.3f}",
              "yes" if r["met"] else "no", _fixed(r["spread"], 3)] for r in targets]
@@ -88,6 +88,11 @@ def _spread(s, digits=3, seeds=False):
     return f"{text} ({len(s['seeds'])})" if seeds else text
 
 
+def _change(start, end):
+    """``start → end`` of two spreads, to two digits."""
+    return f"{_spread(start, 2)} → {_spread(end, 2)}"
+
+
 def _preset(model, code=True):
     """The preset a study model trains, with a comparison variant's initialization after it (``code``: in backticks)."""
     start = model.partition("+")[2]
@@ -115,12 +120,15 @@ def _at_budget(name="reproduction", budget=None):
     rows = []
     for model, e in entries.items():
         runs = _runs(data, model, budget).values()
-        fastest = sorted(study.least_disturbed_runs(runs).items())
+        # A run's minutes at the least disturbed seed's median epoch, per CPU class.
+        timed = pd.DataFrame([(r.get("cpu") or "unknown CPU", r["median_epoch_seconds"]) for r in runs
+                              if r.get("median_epoch_seconds") is not None], columns=["cpu", "seconds"])
         parameters = ", ".join(f"{c:,}" for c in sorted({r["parameters"] for r in runs}))
         rows.append([_preset(model), _recipe(model), parameters, len(e["seeds"]), _spread(e["test_accuracy"]),
                      e["test_accuracy"]["mean"],
                      f"{e['test_accuracy']['min']:.3f}-{e['test_accuracy']['max']:.3f}", *_last_quarter(e, budget),
-                     "; ".join(f"{study.training_minutes(run, budget):.0f} ({cpu})" for cpu, run in fastest) or "-"])
+                     "; ".join(f"{seconds * budget / 60:.0f} ({cpu})"
+                               for cpu, seconds in timed.groupby("cpu")["seconds"].min().items()) or "-"])
     return data, budget, pd.DataFrame(rows, columns=["model", "recipe", "parameters", "seeds", "test accuracy", "mean",
                                                      "range", "last quarter", "flattened", "minutes a run (CPU)"])
 
@@ -152,9 +160,9 @@ def reproduction_budgets():
     data = _load("reproduction")
     order = {m: i for i, m in enumerate(study.MODELS)}
     rows = []
-    for key in sorted(data["summary"], key=lambda k: (order.get(study.split_summary_key(k)[0], len(order)),
-                                                      study.split_summary_key(k))):
-        (model, epochs), e = study.split_summary_key(key), data["summary"][key]
+    for key in sorted(data["summary"], key=lambda k: (order.get(study.split_key(k)[0], len(order)),
+                                                      study.split_key(k))):
+        (model, epochs), e = study.split_key(key), data["summary"][key]
         against = e["against_shorter"]
         change = "-" if against is None else f"{against['change']:+.3f} from {against['epochs']}" + {
             True: ", within the spread", False: ", beyond the spread", None: ""}[against["within_spread"]]
@@ -187,8 +195,7 @@ def reproduction_locality():
             continue
         start, end = e["locality"][min(e["locality"], key=int)], e["locality"][max(e["locality"], key=int)]
         for layer, (a, b) in enumerate(zip(start, end)):
-            rows.append([_preset(model), layer, *(f"{_spread(a[m], 2)} → {_spread(b[m], 2)}"
-                                                  for m in ("mean_distance", "mass_3x3", "entropy")),
+            rows.append([_preset(model), layer, *(_change(a[m], b[m]) for m in ("mean_distance", "mass_3x3", "entropy")),
                          f"{_spread(b['most_local_distance'], 2)}, mass {_spread(b['most_local_mass'], 2)}",
                          len(e["seeds"])])
     uniform = _uniform_attention("learned")
@@ -201,7 +208,7 @@ def reproduction_locality():
 def reproduction_gates():
     """Per gated model and layer, its heads' gates (`benchmarks.reproduction.gate_summary`)."""
     data, budget, entries = _reproduction()
-    rows = [[_preset(m), g["layer"], f"{_spread(g['start'], 2)} → {_spread(g['end'], 2)}", _spread(g["lowest"], 2),
+    rows = [[_preset(m), g["layer"], _change(g["start"], g["end"]), _spread(g["lowest"], 2),
              ", ".join(map(str, g["content_heads"])), g["seeds"]]
             for m in entries for g in study.gate_summary(_runs(data, m, budget).values()) or []]
     return _table("model | layer | mean gate | lowest head | content heads | seeds", rows,
@@ -225,7 +232,7 @@ def reproduction_gated_against_content():
     """Gated against content attention at every budget both ran."""
     summary = _load("reproduction")["summary"]
     rows = []
-    for epochs in sorted({study.split_summary_key(k)[1] for k in summary}):
+    for epochs in sorted({study.split_key(k)[1] for k in summary}):
         gated, content = (summary.get(study.summary_key(m, epochs)) for m in ("gated", "content"))
         if gated and content:
             rows.append([epochs, *(f"{_spread(e['test_accuracy'])} ({len(e['seeds'])})" for e in (gated, content)),
@@ -249,7 +256,7 @@ def reproduction_claims():
                                             if "convolution" in r]
     for r in study.claims(data["summary"], budget) + equal_size:
         if "start" in r:
-            evidence = ", ".join(f"{label} {_spread(r['start'][m], 2)} → {_spread(r['end'][m], 2)}"
+            evidence = ", ".join(f"{label} {_change(r['start'][m], r['end'][m])}"
                                  for label, m in (("layer 0 distance", "mean_distance"), ("3x3 mass", "mass_3x3")))
         elif "first_layer" in r:
             far = r["last_layer"]["mean"] > _uniform_attention(r["model"])["mean_distance"]
@@ -298,8 +305,7 @@ def little_data_locality():
             continue
         ends = [locality[max(locality, key=int)] for locality in (before, e["locality"])]
         for layer, (a, b) in enumerate(zip(*ends)):
-            rows.append([_preset(model), layer, *(f"{_spread(a[m], 2)} → {_spread(b[m], 2)}"
-                                                  for m in ("mean_distance", "mass_3x3", "entropy"))])
+            rows.append([_preset(model), layer, *(_change(a[m], b[m]) for m in ("mean_distance", "mass_3x3", "entropy"))])
     uniform = _uniform_attention("learned")
     return _table("model | layer | distance | 3x3 mass | entropy", rows,
                   f"Paper's recipe → `small_data`, after {budget} epochs: mean over a layer's heads, then seeds; "
@@ -364,9 +370,7 @@ def plot_data_efficiency(path):
     """Mean test accuracy against training images on the cifar10-mini subsets at the report's most measured
     epochs, a line per variant, bars from the lowest to the highest seed."""
     plt = _plt()
-    data = _load("data_efficiency")
-    cells, _ = _efficiency_cells(data)
-    sizes = data.get("training_images", {})
+    cells, _, sizes = _efficiency_cells()
     epochs = max({e for _, e in cells}, key=lambda e: sum(len(per) for (_, e2), per in cells.items() if e2 == e))
     figure, axis = plt.subplots(figsize=(9, 4.8))
     colours, markers = plt.get_cmap("tab20").colors, "osD^vPX<>"
@@ -393,7 +397,7 @@ def plot_reproduction_curves(path):
     for colour, (model, e) in zip(plt.get_cmap("tab10").colors, entries.items()):
         epochs = sorted(int(k) for k in e["curve"])
         _band(axis, epochs, [e["curve"][str(k)] for k in epochs], colour, _label(model, e))
-        for other_budget in sorted(n for m, n in map(study.split_summary_key, data["summary"])
+        for other_budget in sorted(n for m, n in map(study.split_key, data["summary"])
                                    if m == model and n != budget):
             other = data["summary"][study.summary_key(model, other_budget)]
             points = sorted((int(k), v["mean"]) for k, v in other["curve"].items())

@@ -11,6 +11,8 @@ Sources are selected by name (`get_source`; `DATASETS` lists the fixed names):
 * ``tfds:NAME``: any TensorFlow Datasets image-classification dataset with a fixed image size
   (e.g. ``tfds:svhn_cropped``), read with ``as_supervised=True``.
 * ``synthetic``: generated class-dependent 32x32 images, for smoke tests and benchmarks.
+* ``shapes``: generated 32x32 images of five shapes on noisy backgrounds (`make_shapes`): a small
+  task a model solves by looking locally.
 
 Reading files needs only numpy (TensorFlow is imported by the tf.data and tfds functions).
 Every source yields uint8 images ``(n, H, W, C)`` and int64 labels in ``0..classes-1``, with
@@ -470,6 +472,59 @@ def make_synthetic(num_train: int = 1000, num_test: int = 200, seed: int = 0, im
     return ImageData(split(num_train), split(num_test), names)
 
 
+SHAPE_CLASSES = ("circle", "square", "triangle", "cross", "ring")
+
+
+def draw_shape(canvas: np.ndarray, kind: str, rng: np.random.Generator) -> None:
+    """Paints a shape of class ``kind`` (`SHAPE_CLASSES`) in one colour into the ``(size, size, 3)`` float
+    ``canvas``, at a random place, radius (5-10 pixels) and stroke width."""
+    size = canvas.shape[0]
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    radius = rng.uniform(5, 10)
+    cy, cx = rng.uniform(radius + 1, size - radius - 1, size=2)
+    dy, dx = yy - cy, xx - cx
+    width = rng.uniform(1.5, 3.0)
+    if kind == "circle":
+        mask = dy ** 2 + dx ** 2 <= radius ** 2
+    elif kind == "ring":
+        mask = np.abs(np.sqrt(dy ** 2 + dx ** 2) - radius) <= width / 2 + 0.3
+    elif kind == "square":
+        mask = np.maximum(np.abs(dy), np.abs(dx)) <= radius * 0.85
+    elif kind == "triangle":  # apex up, base at the bottom
+        mask = (dy <= radius * 0.8) & (np.abs(dx) <= (dy + radius) * 0.6)
+    else:  # cross
+        mask = ((np.abs(dy) <= width) | (np.abs(dx) <= width)) & (np.maximum(np.abs(dy), np.abs(dx)) <= radius)
+    canvas[mask] = rng.uniform(0, 255, size=3)
+
+
+def shapes_image(kind: str, rng: np.random.Generator, size: int = 32) -> np.ndarray:
+    """A ``(size, size, 3)`` uint8 image of shape ``kind`` on a noisy two-colour gradient, with two distractor blobs."""
+    rows, cols = np.mgrid[0:size, 0:size]
+    a, b = rng.uniform(0, 255, size=(2, 3))
+    angle = rng.uniform(0, 2 * np.pi)
+    t = (np.cos(angle) * (cols.astype(np.float32) / size) + np.sin(angle) * (rows.astype(np.float32) / size))[..., None]
+    canvas = a + (b - a) * (t - t.min()) / (np.ptp(t) + 1e-6)
+    for _ in range(2):  # distractors: small blobs that belong to no class
+        cy, cx = rng.uniform(0, size, size=2)
+        blob = (rows - cy) ** 2 + (cols - cx) ** 2 <= rng.uniform(1, 4)  # drawn before the blob's colour
+        canvas[blob] = rng.uniform(0, 255, size=3)
+    draw_shape(canvas, kind, rng)
+    canvas += rng.normal(0, 12, size=canvas.shape)
+    return np.clip(canvas, 0, 255).astype(np.uint8)
+
+
+def make_shapes(train_per_class: int = 60, test_per_class: int = 40, seed: int = 0) -> ImageData:
+    """The ``shapes`` dataset: `shapes_image` of each of `SHAPE_CLASSES`, ``train_per_class`` training and
+    ``test_per_class`` test images a class, class by class. The same for every training seed."""
+    rng = np.random.default_rng(seed)
+
+    def split(count):
+        labels = np.repeat(np.arange(len(SHAPE_CLASSES), dtype=np.int64), count)
+        return Split(np.stack([shapes_image(SHAPE_CLASSES[label], rng) for label in labels]), labels)
+
+    return ImageData(split(train_per_class), split(test_per_class), SHAPE_CLASSES)
+
+
 # --------------------------------------------------------------------------------------------
 # TensorFlow Datasets.
 
@@ -628,12 +683,20 @@ class SyntheticSource(DatasetSource):
         return make_synthetic(seed=seed)
 
 
+class ShapesSource(DatasetSource):
+    name = "shapes"
+
+    def load(self, data_dir, seed=0, image_size=None, log=None):
+        return make_shapes()
+
+
 _SOURCES = {s.name: s for s in (
     CifarSource("cifar10", CIFAR10, "cifar10"),
     CifarSource("cifar10_files", CIFAR10, "cifar10", files_only=True),
     CifarSource("cifar100", CIFAR100, "cifar100"),
     CifarSource("cifar100_files", CIFAR100, "cifar100", files_only=True),
     SyntheticSource(),
+    ShapesSource(),
 )}
 DATASETS = tuple(_SOURCES) + ("tfds:NAME", "folder:PATH")
 # Side of the images of a folder dataset when --image_size is not given: CIFAR's.
@@ -681,6 +744,17 @@ def split_train_validation(train: Split, validation_size: int | None = None, see
     order = np.random.default_rng(seed).permutation(n)
     val_idx, train_idx = np.sort(order[:size]), np.sort(order[size:])
     return train.subset(train_idx), train.subset(val_idx)
+
+
+def stratified_subset(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Sorted indices of ``round(fraction * count)`` images of each class (at least one), in one seeded order per
+    class: a smaller fraction's images are among a larger one's."""
+    rng = np.random.default_rng(seed)
+    keep = []
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        keep.append(members[rng.permutation(len(members))][:max(1, int(round(fraction * len(members))))])
+    return np.sort(np.concatenate(keep))
 
 
 def resize_and_crop(image, size: int, training: bool = False, seed=None):
@@ -819,6 +893,6 @@ def head(split: Split | FileSplit, count: int, image_size: int | None = None) ->
 __all__ = [
     "CIFAR10", "CIFAR100", "CifarData", "CifarFormat", "DATASETS", "DatasetError", "DatasetSource",
     "FileSplit", "FolderSource", "ImageData", "Split", "augment", "head", "resize_and_crop", "channel_statistics", "default_validation_size", "get_source",
-    "load_cifar10_files", "load_dataset", "load_tfds", "make_dataset", "make_synthetic", "parse_batch",
-    "safe_unpickle", "split_train_validation", "write_cifar10_files",
+    "load_cifar10_files", "load_dataset", "load_tfds", "make_dataset", "make_shapes", "make_synthetic", "parse_batch",
+    "safe_unpickle", "split_train_validation", "stratified_subset", "write_cifar10_files",
 ]
