@@ -61,9 +61,9 @@ class Mixture(NamedTuple):
 
 
 def mixed_out(mixture):
-    """A `Mixture` as dense ``(batch, heads, N, N)`` probabilities."""
+    """A `Mixture` as dense ``(batch, heads, N, N)`` probabilities, in the content part's dtype."""
     content, weights, positional = mixture
-    return ops.reshape(weights, (-1, 1, 1)) * content + positional[None]
+    return ops.cast(ops.reshape(weights, (-1, 1, 1)), content.dtype) * content + ops.cast(positional, content.dtype)[None]
 
 
 def softmax(logits):

@@ -220,8 +220,8 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         return height, width
 
     def attention_logits(self, inputs, factored=False):
-        """Eq. (5)'s logits, float32: ``(heads, N, N)`` (position only, shared by the batch) or
-        ``(batch, heads, N, N)``; with ``factored``, a separable encoding's row and column terms
+        """Eq. (5)'s logits: float32 ``(heads, N, N)`` (position only, shared by the batch) or
+        ``(batch, heads, N, N)`` in the compute dtype; with ``factored``, a separable encoding's row and column terms
         (`sa_conv.aggregation.Factors`)."""
         height, width = self._check_grid(inputs)
         if self.position_only:
@@ -243,9 +243,9 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         return q, layout(ops.reshape(self.key_dense(inputs), (-1, n, heads, d)))
 
     def attention_probabilities(self, inputs, factored=False):
-        """Eq. (5)'s probabilities, float32: the softmax over keys of `attention_logits`, or for
-        content attention what its encoding makes of the queries and keys
-        (`RelativeEncoding.probabilities`: that softmax, or a mixture of two, ``gated``)."""
+        """Eq. (5)'s probabilities, in `attention_logits`' dtype: the softmax over keys of
+        `attention_logits`, or for content attention what its encoding makes of the queries and
+        keys (`RelativeEncoding.probabilities`: that softmax, or a mixture of two, ``gated``)."""
         height, width = self._check_grid(inputs)
         if self.position_only:
             if factored:  # a tuple from an encoding that writes its own
@@ -270,7 +270,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
         outputs = self._compute_attention(inputs, probabilities, dropout_seed)
         if not return_attention_scores:
             return outputs
-        return outputs, self.aggregation_for(grid).scores(probabilities, ops.shape(inputs)[0])
+        return outputs, ops.cast(self.aggregation_for(grid).scores(probabilities, ops.shape(inputs)[0]), "float32")
 
     def _compute_attention(self, inputs, probabilities, dropout_seed=None):
         """Eq. (6), ``sum_h Dropout(P_h) X W^(h) + b``, by the layer's aggregation.

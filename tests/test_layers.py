@@ -332,7 +332,11 @@ def test_get_config_round_trips(make):
 
 
 @pytest.mark.parametrize("encoding", sa_conv.ENCODINGS)
-def test_mixed_bfloat16_with_float32_softmax(encoding):
+def test_mixed_bfloat16_attention(encoding):
+    """bfloat16 outputs, float32 weights and returned scores. Position-only probabilities are a
+    float32 softmax (rows sum to 1 within float32 rounding); content attention's are computed in
+    bfloat16, each rounded by 2^-9 relative, up to about 2^-6 by TensorFlow's own softmax, which
+    also rounds exp's argument: rows within 2^-5 of 1."""
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         layer = MultiHeadSelfAttention2D(4, encoding=encoding, max_grid_size=8, seed=0)
@@ -341,7 +345,7 @@ def test_mixed_bfloat16_with_float32_softmax(encoding):
         assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
         assert keras.backend.standardize_dtype(probs.dtype) == "float32"
         assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in layer.weights)
-        np.testing.assert_allclose(_np(probs).sum(-1), 1.0, atol=1e-5)
+        np.testing.assert_allclose(_np(probs).sum(-1), 1.0, atol=1e-5 if layer.position_only else 2 ** -5)
         ref = MultiHeadSelfAttention2D.from_config({**layer.get_config(), "dtype": "float32"})
         ref.build(x.shape)
         ref.set_weights(layer.get_weights())

@@ -64,8 +64,8 @@ class RelativeEncoding(keras.layers.Layer):
 
     What every encoding provides:
 
-    * ``logits(height, width, queries=None, keys=None)``: the attention logits, float32.
-      Position-only encodings (``position_only = True``) ignore ``queries`` and ``keys`` and
+    * ``logits(height, width, queries=None, keys=None)``: the attention logits. Position-only
+      encodings (``position_only = True``) ignore ``queries`` and ``keys`` and
       return ``(heads, H*W, H*W)``, shared by the batch. Content-based encodings take the
       per-head queries and keys ``(batch, heads, H*W, d)`` that the attention layer computes
       (it builds its ``query`` and ``key`` maps only for them) and return
@@ -119,7 +119,8 @@ class RelativeEncoding(keras.layers.Layer):
       ValueError for a model configuration the encoding cannot serve.
 
     Encodings compute in float32: their ``dtype`` policy is pinned and their weights are never
-    autocast, so logits and softmax stay in float32 under mixed precision.
+    autocast, so the position-only logits and softmax stay in float32 under mixed precision. The
+    per-example content logits take the queries' dtype (the attention layer's compute dtype).
     """
 
     position_only = True
@@ -130,7 +131,7 @@ class RelativeEncoding(keras.layers.Layer):
     mixes = False
 
     def __init__(self, **kwargs):
-        kwargs["dtype"] = "float32"  # logits and softmax in float32, also under mixed precision
+        kwargs["dtype"] = "float32"  # position terms in float32, also under mixed precision
         super().__init__(**kwargs)
 
     # ---------------------------------------------------------------- the interface
@@ -187,7 +188,7 @@ class RelativeEncoding(keras.layers.Layer):
         raise ValueError(f"{type(self).__name__} logits do not separate into row and column terms.")
 
     def probabilities(self, height, width, queries=None, keys=None):
-        """Eq. (5): the softmax over keys of `logits`, float32."""
+        """Eq. (5): the softmax over keys of `logits`, in their dtype."""
         return ops.softmax(self.logits(height, width, queries, keys), axis=-1)
 
     def factor_probabilities(self, height, width):

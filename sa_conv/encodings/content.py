@@ -43,11 +43,14 @@ class ContentEncoding(RelativeEncoding):
 
     @staticmethod
     def content_logits(queries, keys):
-        """``q . k`` (unscaled), ``(batch, heads, N, N)`` float32, for queries and keys
-        ``(batch, heads, N, d)``."""
+        """``q . k`` (unscaled), ``(batch, heads, N, N)``, for queries and keys ``(batch, heads, N,
+        d)``, in their dtype: under mixed precision the logits and their softmax stay in bfloat16,
+        as Keras's MultiHeadAttention's do (oneDNN's softmax sums in float32 inside); a float32
+        copy of the four ``(batch, heads, N, N)`` tensors, forward and backward, cost more than the
+        softmax itself."""
         if queries is None or keys is None:
             raise ValueError("content-based logits depend on the input: pass queries and keys.")
-        return ops.cast(ops.einsum("bhqd,bhkd->bhqk", queries, keys), "float32")
+        return ops.einsum("bhqd,bhkd->bhqk", queries, keys)
 
     @staticmethod
     def scaled(queries):
@@ -113,8 +116,9 @@ class ContentPlusLearnedBiasEncoding(ContentEncoding):
         return self.position.logits(height, width)
 
     def logits(self, height, width, queries=None, keys=None):
-        """``q . k / sqrt(d) + logit_h(delta)``, ``(batch, heads, N, N)``."""
-        return self.content_logits(self.scaled(queries), keys) + self.position_logits(height, width)[None]
+        """``q . k / sqrt(d) + logit_h(delta)``, ``(batch, heads, N, N)``, in the queries' dtype."""
+        content = self.content_logits(self.scaled(queries), keys)
+        return content + ops.cast(self.position_logits(height, width), content.dtype)[None]
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "embedding_dim": self.embedding_dim}
@@ -161,13 +165,12 @@ class ContentWithRelativeKeysEncoding(ContentEncoding):
 
     def relative_logits(self, queries):
         """``q . r_delta`` of shape ``(batch, heads, H*W, H*W)`` for queries
-        ``(batch, heads, H, W, d)``."""
+        ``(batch, heads, H, W, d)``, in their dtype."""
         _, heads, height, width, d = queries.shape
         check_table_bound(height, width, self.max_grid_size, type(self).__name__)
         p, half = self.max_grid_size, d // 2
-        queries = ops.cast(queries, "float32")
-        r_row = ops.take(self.row_embeddings, relative_indices(height, p), axis=0)  # (Hq, Hk, d/2)
-        r_col = ops.take(self.col_embeddings, relative_indices(width, p), axis=0)  # (Wq, Wk, d/2)
+        r_row, r_col = (ops.cast(ops.take(table, relative_indices(side, p), axis=0), queries.dtype)  # (side, side, d/2)
+                        for table, side in ((self.row_embeddings, height), (self.col_embeddings, width)))
         row = ops.einsum("bhijd,ikd->bhijk", queries[..., :half], r_row)
         col = ops.einsum("bhijd,jld->bhijl", queries[..., half:], r_col)
         scores = row[..., :, None] + col[..., None, :]  # (b, heads, Hq, Wq, Hk, Wk)
