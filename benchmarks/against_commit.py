@@ -96,15 +96,16 @@ class Version:
         self.distribute = importlib.import_module(name("trainers") + ".distribute")
         self.export = importlib.import_module(name("export") + ".export")
 
-    def build(self, preset: str, workdir: str, weights=None):
-        """The trainer's step, the live and frozen model and the reloaded SavedModel of ``preset``,
+    def build(self, preset: str, workdir: str, weights=None, precision: str = "float32"):
+        """The trainer's step, the live and frozen model and the reloaded SavedModel of ``preset``
+        (under a mixed ``precision``, the step and the live model only: the others serve float32),
         as ``{figure: (images per call, callable)}``, and the model's weights."""
         import numpy as np
         import tensorflow as tf
 
         config = self.config.make_config(overrides=dict(
             model=preset, dataset="synthetic", global_batch_size=TRAIN_BATCH, eval_batch_size=TRAIN_BATCH,
-            validation_size=TRAIN_BATCH, epochs=1, strategy="one_device", remat="none",
+            validation_size=TRAIN_BATCH, epochs=1, strategy="one_device", remat="none", mixed_precision=precision,
             model_dir=tempfile.mkdtemp(prefix="model_", dir=workdir)))
         # Both trees on the default strategy (this process's one device), as the new tree's Task
         # steps run in the benchmarks.
@@ -125,6 +126,14 @@ class Version:
         iterator = iter(task.train_dataset(0))
         one = tf.constant(1)
         live = tf.function(lambda images: tf.nn.softmax(model(images, training=False)), jit_compile=task.use_xla())
+        shape, rng = tuple(model.inputs[0].shape[1:]), np.random.default_rng(0)
+        figures = {"train_step": (TRAIN_BATCH, lambda: train_function(iterator, one).numpy())}
+        probe = tf.constant(rng.integers(0, 256, (4,) + shape).astype(np.uint8))
+        if precision != "float32":
+            for batch in BATCHES:
+                x = tf.constant(rng.integers(0, 256, (batch,) + shape).astype(np.uint8))
+                figures[f"in_process_live/batch{batch}"] = (batch, lambda x=x: live(x).numpy())
+            return figures, model.get_weights(), live(probe).numpy()
         frozen_model = self.sa_conv.freeze_for_inference(model)
         frozen = tf.function(lambda images: tf.nn.softmax(frozen_model(images, training=False)))
         path = os.path.join(tempfile.mkdtemp(prefix="keras_", dir=workdir), "model.keras")
@@ -132,15 +141,11 @@ class Version:
         version = self.export.export(model_path=path, export_dir=os.path.join(workdir, f"export{self.suffix}"),
                                      log=lambda s: None)
         served = tf.saved_model.load(version).signatures["serving_default"]
-        shape = tuple(model.inputs[0].shape[1:])
-        rng = np.random.default_rng(0)
-        figures = {"train_step": (TRAIN_BATCH, lambda: train_function(iterator, one).numpy())}
         for batch in BATCHES:
             x = tf.constant(rng.integers(0, 256, (batch,) + shape).astype(np.uint8))
             figures[f"in_process_live/batch{batch}"] = (batch, lambda x=x: live(x).numpy())
             figures[f"in_process/batch{batch}"] = (batch, lambda x=x: frozen(x).numpy())
             figures[f"saved_model/batch{batch}"] = (batch, lambda x=x: served(images=x)["probabilities"].numpy())
-        probe = tf.constant(rng.integers(0, 256, (4,) + shape).astype(np.uint8))
         return figures, model.get_weights(), live(probe).numpy()
 
 
@@ -163,10 +168,11 @@ def measure_preset(args) -> dict:
     sys.path.insert(0, args.copy)  # the earlier commit's renamed packages (`materialize`)
     versions = {"before": Version(args.suffix), "after": Version()}
     with tempfile.TemporaryDirectory() as workdir:
-        after, weights, after_probs = versions["after"].build(args.side, workdir)
-        before, _, before_probs = versions["before"].build(args.side, workdir, weights)
+        after, weights, after_probs = versions["after"].build(args.side, workdir, precision=args.mixed_precision)
+        before, _, before_probs = versions["before"].build(args.side, workdir, weights, args.mixed_precision)
         difference = float(np.max(np.abs(before_probs - after_probs)))
-        if difference > 1e-5:
+        # Under bfloat16 two orders of the same operations differ by its rounding (2^-9 a step).
+        if difference > (1e-5 if args.mixed_precision == "float32" else 2 ** -6):
             raise AssertionError(f"the two versions of {args.side} disagree by {difference}: not the same model")
         for figures in (before, after):  # tracing and allocation, outside the rounds
             for _, fn in figures.values():
@@ -182,7 +188,7 @@ def measure_preset(args) -> dict:
                 for side in order:
                     seconds[side][figure].append(harness.timings(built[side][figure][1], calls, warm_up=False)[0])
             print(f"round {round_ + 1}/{args.rounds}", flush=True)
-        return {"preset": args.side, "max_probability_difference": difference,
+        return {"preset": args.side, "precision": args.mixed_precision, "max_probability_difference": difference,
                 "keep_freed_memory": process.describe().get("keep_freed_memory"),
                 "figures": {figure: summary(images, seconds["before"][figure], seconds["after"][figure])
                             for figure, (images, _) in before.items()}}
@@ -195,6 +201,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="turns of both versions per figure")
     parser.add_argument("--steps", type=int, default=10, help="timed calls per turn at batch 1 (batch 100: a "
                         "fifth; the train step: 1)")
+    parser.add_argument("--mixed_precision", default="float32", choices=("float32", "mixed_bfloat16"),
+                        help="both versions' policy (mixed: the train step and the live model only)")
     parser.add_argument("--copy", help=argparse.SUPPRESS)
     parser.add_argument("--suffix", help=argparse.SUPPRESS)
     args = harness.parse(parser)
@@ -203,14 +211,15 @@ def main():
     from trainers import process
 
     report = {"what": f"speed of this tree against commit {args.commit}, both in one process, in turns "
-                      "(benchmarks/against_commit.py)", "process": process.describe("float32"),
+                      "(benchmarks/against_commit.py)", "process": process.describe(args.mixed_precision),
               "after": short("HEAD"), "presets": {}}
     with tempfile.TemporaryDirectory() as copy:
         suffix = materialize(args.commit, copy)
         report["before"] = suffix
         for preset in [p for p in args.presets.split(",") if p]:
             result = harness.run_side(__name__, preset, ["--commit", args.commit, "--copy", copy, "--suffix", suffix,
-                                                         "--rounds", args.rounds, "--steps", args.steps])
+                                                         "--rounds", args.rounds, "--steps", args.steps,
+                                                         "--mixed_precision", args.mixed_precision])
             report["presets"][preset] = result
             print(preset, json.dumps({f: round(v["after_over_before"], 3) for f, v in result["figures"].items()}),
                   flush=True)

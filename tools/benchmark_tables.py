@@ -282,23 +282,26 @@ def serving_aggregation():
                   "channels): images/s of the separable aggregation over the dense one.".format_map(data))
 
 
-def against_commit(name):
-    """Per preset, this tree's figures against an earlier commit's, both in one process, in turns: the training step,
-    and the range over the inference figures."""
-    data = load(name)
+def against_commit(*names):
+    """Per report (a change) and preset, this tree's figures against an earlier commit's, both in one process, in
+    turns: the training step, and the range over the inference figures (as trained, frozen and SavedModel in float32;
+    as trained under a mixed precision)."""
     rows = []
-    for preset, entry in data["presets"].items():
-        figures = dict(entry["figures"])
-        step = figures.pop("train_step", None)
-        best, medians = ([f[k] for f in figures.values()] for k in ("after_over_before", "round_ratios_median"))
-        training = "-" if step is None else f"{fixed(step['after_over_before'])} ({fixed(step['round_ratios_median'])})"
-        rows.append([f"`{preset}`", ", ".join(sorted({str(f["rounds"]) for f in entry["figures"].values()})), training,
-                     f"{fixed(min(best))}-{fixed(max(best))} ({fixed(min(medians))}-{fixed(max(medians))})"])
-    cpu = data["machine"]["cpu"]
-    return table("preset | rounds | training step, after / before | inference, after / before", rows,
-                  f"{data['date']}, {process.cpu_class(cpu)}, `{data['before']}` → `{data['after']}`: after / before "
-                  "images/s at the fastest rounds (per-round medians); inference as trained, frozen and SavedModel at "
-                  "batch 1 and 100.")
+    for name in names:
+        data = load(name)
+        change = f"`{data['before']}` → `{data['after']}`"
+        for preset, entry in data["presets"].items():
+            figures = dict(entry["figures"])
+            step = figures.pop("train_step", None)
+            best, medians = ([f[k] for f in figures.values()] for k in ("after_over_before", "round_ratios_median"))
+            training = "-" if step is None else \
+                f"{fixed(step['after_over_before'])} ({fixed(step['round_ratios_median'])})"
+            rows.append([change, f"`{preset}`", entry.get("precision", "float32"), training,
+                         f"{fixed(min(best))}-{fixed(max(best))} ({fixed(min(medians))}-{fixed(max(medians))})"])
+    dates = sorted({(d["date"], process.cpu_class(d["machine"]["cpu"])) for d in map(load, names)})
+    return table("change | preset | precision | training step | inference", rows,
+                 f"{'; '.join(f'{date}, {cpu}' for date, cpu in dates)}: after / before images/s at the fastest "
+                 "rounds (per-round medians).")
 
 
 def scaling():
@@ -370,8 +373,8 @@ TABLES = {
     "serving_summary": ("serving", serving_summary), "serving_choice": ("serving", serving_choice),
     "serving_aggregation": ("serving_aggregation", serving_aggregation),
     "against_commit": ("against_commit", functools.partial(against_commit, "against_commit")),
-    "against_commit_aggregation": ("against_commit_aggregation",
-                                   functools.partial(against_commit, "against_commit_aggregation")),
+    "against_commit_training": ("against_commit_*", functools.partial(
+        against_commit, "against_commit_aggregation", "against_commit_bfloat16_softmax")),
     "scaling": ("scaling", scaling),
     "resolution_transfer": ("resolution_transfer", resolution_transfer),
 }
