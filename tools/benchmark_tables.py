@@ -289,7 +289,7 @@ def against_commit(*names):
     rows = []
     for name in names:
         data = load(name)
-        change = f"`{data['before']}` → `{data['after']}`"
+        change = f"`{data['before']}` → `{data['after']}`, {process.cpu_class(data['machine']['cpu'])}"
         for preset, entry in data["presets"].items():
             figures = dict(entry["figures"])
             step = figures.pop("train_step", None)
@@ -298,10 +298,8 @@ def against_commit(*names):
                 f"{fixed(step['after_over_before'])} ({fixed(step['round_ratios_median'])})"
             rows.append([change, f"`{preset}`", entry.get("precision", "float32"), training,
                          f"{fixed(min(best))}-{fixed(max(best))} ({fixed(min(medians))}-{fixed(max(medians))})"])
-    dates = sorted({(d["date"], process.cpu_class(d["machine"]["cpu"])) for d in map(load, names)})
     return table("change | preset | precision | training step | inference", rows,
-                 f"{'; '.join(f'{date}, {cpu}' for date, cpu in dates)}: after / before images/s at the fastest "
-                 "rounds (per-round medians).")
+                 "After / before images/s at the fastest rounds (per-round medians).")
 
 
 def scaling():
@@ -372,9 +370,8 @@ TABLES = {
     "serving": ("serving", serving), "serving_ratios": ("serving", serving_ratios),
     "serving_summary": ("serving", serving_summary), "serving_choice": ("serving", serving_choice),
     "serving_aggregation": ("serving_aggregation", serving_aggregation),
-    "against_commit": ("against_commit", functools.partial(against_commit, "against_commit")),
-    "against_commit_training": ("against_commit_*", functools.partial(
-        against_commit, "against_commit_aggregation", "against_commit_bfloat16_softmax")),
+    "against_commit": ("against_commit*", functools.partial(
+        against_commit, "against_commit", "against_commit_aggregation", "against_commit_bfloat16_softmax")),
     "scaling": ("scaling", scaling),
     "resolution_transfer": ("resolution_transfer", resolution_transfer),
 }
