@@ -194,6 +194,19 @@ def measure_preset(args) -> dict:
                             for figure, (images, _) in before.items()}}
 
 
+def merge_mismatch(path: str, before: str, after: str, cpu: str) -> str | None:
+    """What of the report at ``path`` differs from a run of ``before`` -> ``after`` on CPU class ``cpu``
+    (its figures would be filed under the report's commits and machine); None if nothing, or no report."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        written = json.load(f)
+    theirs = (written.get("before"), written.get("after"), harness.cpu_class(written["machine"]["cpu"]))
+    if theirs == (before, after, cpu):
+        return None
+    return f"{path} holds {theirs[0]} -> {theirs[1]} on {theirs[2]}, this run {before} -> {after} on {cpu}"
+
+
 def main():
     parser = harness.arguments(__doc__, "against_commit.json")
     parser.add_argument("--commit", required=True, help="the earlier commit (any name git knows)")
@@ -208,6 +221,10 @@ def main():
     args = harness.parse(parser)
     if args.side:
         return harness.print_result(measure_preset(args))
+    mismatch = merge_mismatch(args.output, short(args.commit), short("HEAD"), harness.cpu_class()) \
+        if args.merge else None
+    if mismatch:
+        parser.error(f"--merge: {mismatch}; a report holds one change on one CPU class: give --output another file.")
     from trainers import process
 
     report = {"what": f"speed of this tree against commit {args.commit}, both in one process, in turns "

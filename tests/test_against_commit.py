@@ -49,3 +49,18 @@ def test_the_earlier_commits_packages_load_none_of_this_trees(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     loaded = set(eval(out.stdout.strip().splitlines()[-1]))
     assert loaded == {f"sa_conv_{suffix}", f"trainers_{suffix}", f"export_{suffix}"}
+
+
+def test_merging_refuses_a_report_of_another_change_or_cpu_class(tmp_path):
+    import json
+
+    from benchmarks import harness
+
+    path = tmp_path / "r.json"
+    assert against_commit.merge_mismatch(str(path), "aaa1111", "bbb2222", "Intel Xeon, AMX") is None  # no report yet
+    path.write_text(json.dumps({"before": "aaa1111", "after": "bbb2222", "machine": {"cpu": harness.cpu()}}))
+    ours = harness.cpu_class()
+    assert against_commit.merge_mismatch(str(path), "aaa1111", "bbb2222", ours) is None
+    for before, after, cpu in (("ccc3333", "bbb2222", ours), ("aaa1111", "ddd4444", ours),
+                               ("aaa1111", "bbb2222", "another CPU class")):
+        assert f"holds aaa1111 -> bbb2222 on {ours}" in against_commit.merge_mismatch(str(path), before, after, cpu)
