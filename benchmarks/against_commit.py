@@ -171,7 +171,8 @@ def measure_preset(args) -> dict:
         after, weights, after_probs = versions["after"].build(args.side, workdir, precision=args.mixed_precision)
         before, _, before_probs = versions["before"].build(args.side, workdir, weights, args.mixed_precision)
         difference = float(np.max(np.abs(before_probs - after_probs)))
-        # Under bfloat16 two orders of the same operations differ by its rounding (2^-9 a step).
+        # Under a mixed precision the two trees may round differently (a change of what is computed in
+        # bfloat16): the same model is then the same probabilities within a few roundings of 2^-8.
         if difference > (1e-5 if args.mixed_precision == "float32" else 2 ** -6):
             raise AssertionError(f"the two versions of {args.side} disagree by {difference}: not the same model")
         for figures in (before, after):  # tracing and allocation, outside the rounds
@@ -194,17 +195,19 @@ def measure_preset(args) -> dict:
                             for figure, (images, _) in before.items()}}
 
 
-def merge_mismatch(path: str, before: str, after: str, cpu: str) -> str | None:
-    """What of the report at ``path`` differs from a run of ``before`` -> ``after`` on CPU class ``cpu``
-    (its figures would be filed under the report's commits and machine); None if nothing, or no report."""
+def merge_mismatch(path: str, before: str, after: str, cpu: str, precision: str = "float32") -> str | None:
+    """What of the report at ``path`` differs from a run of ``before`` -> ``after`` on CPU class ``cpu`` in
+    ``precision`` (its figures would be filed under the report's); None if nothing, or no report."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
         written = json.load(f)
-    theirs = (written.get("before"), written.get("after"), harness.cpu_class(written["machine"]["cpu"]))
-    if theirs == (before, after, cpu):
+    theirs = (written.get("before"), written.get("after"), harness.cpu_class(written["machine"]["cpu"]),
+              written.get("process", {}).get("precision", "float32"))
+    if theirs == (before, after, cpu, precision):
         return None
-    return f"{path} holds {theirs[0]} -> {theirs[1]} on {theirs[2]}, this run {before} -> {after} on {cpu}"
+    return (f"{path} holds {theirs[0]} -> {theirs[1]} on {theirs[2]} in {theirs[3]}, this run {before} -> {after} on "
+            f"{cpu} in {precision}")
 
 
 def main():
@@ -221,8 +224,8 @@ def main():
     args = harness.parse(parser)
     if args.side:
         return harness.print_result(measure_preset(args))
-    mismatch = merge_mismatch(args.output, short(args.commit), short("HEAD"), harness.cpu_class()) \
-        if args.merge else None
+    mismatch = merge_mismatch(args.output, short(args.commit), short("HEAD"), harness.cpu_class(),
+                              args.mixed_precision) if args.merge else None
     if mismatch:
         parser.error(f"--merge: {mismatch}; a report holds one change on one CPU class: give --output another file.")
     from trainers import process

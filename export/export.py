@@ -306,7 +306,7 @@ class ExportConfig:
                                    "(read from the PNG/JPEG header before decoding).")
     max_batch_size: int = _field(DEFAULT_MAX_BATCH_SIZE, "Every signature refuses requests with more images.")
     precision: str = _field(
-        "float32", "bfloat16: compute in bfloat16 (float32 weights, softmax and encodings), checked to pick the "
+        "float32", "bfloat16: compute in bfloat16 (float32 weights and encodings), checked to pick the "
         "float32 model's class on >= 99% of held-out images; auto: bfloat16 on CPUs with AVX512_BF16/AMX and GPUs "
         "of compute capability 8.0+, else float32; int8: int8 files beside the float32 SavedModel "
         "(assets.extra/model_int8.onnx, ONNX Runtime's dynamic quantization; with --formats=...,tflite also "

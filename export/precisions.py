@@ -47,7 +47,7 @@ class Precision:
 
 
 class BFloat16(Precision):
-    """bfloat16 compute (float32 weights, softmax and encodings; `sa_conv.with_dtype_policy`), a
+    """bfloat16 compute (float32 weights and encodings; `sa_conv.with_dtype_policy`), a
     SavedModel only: checked against the bfloat16 Keras model it was written from, to bfloat16's
     bound, then by its top-1 agreement with the float32 model."""
 

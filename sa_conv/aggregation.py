@@ -63,7 +63,8 @@ class Mixture(NamedTuple):
 def mixed_out(mixture):
     """A `Mixture` as dense ``(batch, heads, N, N)`` probabilities, in the content part's dtype."""
     content, weights, positional = mixture
-    return ops.cast(ops.reshape(weights, (-1, 1, 1)), content.dtype) * content + ops.cast(positional, content.dtype)[None]
+    weights, positional = (ops.cast(part, content.dtype) for part in (weights, positional))
+    return ops.reshape(weights, (-1, 1, 1)) * content + positional[None]
 
 
 def softmax(logits):

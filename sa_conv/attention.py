@@ -221,8 +221,9 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
 
     def attention_logits(self, inputs, factored=False):
         """Eq. (5)'s logits: float32 ``(heads, N, N)`` (position only, shared by the batch) or
-        ``(batch, heads, N, N)`` in the compute dtype; with ``factored``, a separable encoding's row and column terms
-        (`sa_conv.aggregation.Factors`)."""
+        ``(batch, heads, N, N)`` (content attention: in the compute dtype as trained, float32 in a
+        serving copy's query-major forms); with ``factored``, a separable encoding's row and
+        column terms (`sa_conv.aggregation.Factors`)."""
         height, width = self._check_grid(inputs)
         if self.position_only:
             if factored:
@@ -245,7 +246,9 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
     def attention_probabilities(self, inputs, factored=False):
         """Eq. (5)'s probabilities, in `attention_logits`' dtype: the softmax over keys of
         `attention_logits`, or for content attention what its encoding makes of the queries and
-        keys (`RelativeEncoding.probabilities`: that softmax, or a mixture of two, ``gated``)."""
+        keys (`RelativeEncoding.probabilities`: that softmax, or a mixture of two, ``gated``,
+        whose `aggregation.Mixture` holds the content softmax in the compute dtype and its weights
+        and positional part in float32)."""
         height, width = self._check_grid(inputs)
         if self.position_only:
             if factored:  # a tuple from an encoding that writes its own

@@ -147,7 +147,8 @@ def with_dtype_policy(model: keras.Model, policy: str) -> keras.Model:
     """A copy of ``model`` whose layers compute under the dtype ``policy`` (e.g.
     ``"mixed_bfloat16"``: float32 weights, bfloat16 compute), with ``model``'s weights. The input
     layer and the output layer keep their dtypes (raw pixels in, float32 logits out), and the
-    attention encodings stay float32 whatever the policy (`RelativeEncoding`)."""
+    attention encodings' weights and position terms stay float32 whatever the policy
+    (`RelativeEncoding`)."""
     keep = {id(model.get_layer(name)) for name in model.output_names}
 
     def clone(layer):

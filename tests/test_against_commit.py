@@ -61,6 +61,9 @@ def test_merging_refuses_a_report_of_another_change_or_cpu_class(tmp_path):
     path.write_text(json.dumps({"before": "aaa1111", "after": "bbb2222", "machine": {"cpu": harness.cpu()}}))
     ours = harness.cpu_class()
     assert against_commit.merge_mismatch(str(path), "aaa1111", "bbb2222", ours) is None
-    for before, after, cpu in (("ccc3333", "bbb2222", ours), ("aaa1111", "ddd4444", ours),
-                               ("aaa1111", "bbb2222", "another CPU class")):
-        assert f"holds aaa1111 -> bbb2222 on {ours}" in against_commit.merge_mismatch(str(path), before, after, cpu)
+    for before, after, cpu, precision in (("ccc3333", "bbb2222", ours, "float32"),
+                                          ("aaa1111", "ddd4444", ours, "float32"),
+                                          ("aaa1111", "bbb2222", "another CPU class", "float32"),
+                                          ("aaa1111", "bbb2222", ours, "mixed_bfloat16")):
+        assert f"holds aaa1111 -> bbb2222 on {ours} in float32" in against_commit.merge_mismatch(
+            str(path), before, after, cpu, precision)

@@ -299,7 +299,8 @@ def against_commit(*names):
             rows.append([change, f"`{preset}`", entry.get("precision", "float32"), training,
                          f"{fixed(min(best))}-{fixed(max(best))} ({fixed(min(medians))}-{fixed(max(medians))})"])
     return table("change | preset | precision | training step | inference", rows,
-                 "After / before images/s at the fastest rounds (per-round medians).")
+                 "After / before images/s at the fastest rounds (per-round medians); inference at batch 1 and 100, "
+                 "as trained, frozen and as SavedModel in float32, as trained under a mixed precision.")
 
 
 def scaling():
@@ -359,7 +360,6 @@ def resolution_transfer():
 TABLES = {
     "vs_reference_summary": ("vs_reference", vs_reference_summary), "vs_reference": ("vs_reference", vs_reference_full),
     "throughput_encodings": ("throughput_encodings", functools.partial(throughput, "throughput_encodings")),
-    "throughput_gated": ("throughput_gated", functools.partial(throughput, "throughput_gated")),
     "throughput_xla": ("throughput_xla", functools.partial(throughput, "throughput_xla")),
     "throughput_ratios": ("throughput", throughput_ratios),
     "training_bfloat16": ("throughput_bfloat16", training_bfloat16), "remat": ("remat_allocator", remat),

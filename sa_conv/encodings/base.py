@@ -118,9 +118,10 @@ class RelativeEncoding(keras.layers.Layer):
       layer's ``encoding_options``); ``check_model(...)`` (classmethod): raises
       ValueError for a model configuration the encoding cannot serve.
 
-    Encodings compute in float32: their ``dtype`` policy is pinned and their weights are never
-    autocast, so the position-only logits and softmax stay in float32 under mixed precision. The
-    per-example content logits take the queries' dtype (the attention layer's compute dtype).
+    An encoding's weights and position terms are float32: its ``dtype`` policy is pinned and its
+    weights are never autocast, so the position-only logits and softmax stay in float32 under mixed
+    precision. The per-example content logits take the queries' dtype (the attention layer's
+    compute dtype).
     """
 
     position_only = True

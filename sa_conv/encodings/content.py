@@ -44,8 +44,8 @@ class ContentEncoding(RelativeEncoding):
     @staticmethod
     def content_logits(queries, keys):
         """``q . k`` (unscaled), ``(batch, heads, N, N)``, for queries and keys ``(batch, heads, N,
-        d)``, in their dtype: under mixed precision the logits and their softmax stay in bfloat16,
-        as Keras's MultiHeadAttention's do (oneDNN's softmax sums in float32 inside); a float32
+        d)``, in their dtype: under mixed precision the logits and their softmax stay in the compute
+        dtype, as Keras's MultiHeadAttention's do (oneDNN's softmax sums in float32 inside); a float32
         copy of the four ``(batch, heads, N, N)`` tensors, forward and backward, cost more than the
         softmax itself."""
         if queries is None or keys is None:
@@ -178,7 +178,7 @@ class ContentWithRelativeKeysEncoding(ContentEncoding):
         return ops.reshape(scores, (-1, heads, n, n))
 
     def logits(self, height, width, queries=None, keys=None):
-        """``(q . k + q . r_delta) / sqrt(d)``, ``(batch, heads, N, N)``."""
+        """``(q . k + q . r_delta) / sqrt(d)``, ``(batch, heads, N, N)``, in the queries' dtype."""
         queries = self.scaled(queries)
         relative = self.relative_logits(ops.reshape(queries, (-1, queries.shape[1], height, width, queries.shape[-1])))
         return self.content_logits(queries, keys) + relative
