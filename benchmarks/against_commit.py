@@ -127,12 +127,12 @@ class Version:
         one = tf.constant(1)
         live = tf.function(lambda images: tf.nn.softmax(model(images, training=False)), jit_compile=task.use_xla())
         shape, rng = tuple(model.inputs[0].shape[1:]), np.random.default_rng(0)
-        figures = {"train_step": (TRAIN_BATCH, lambda: train_function(iterator, one).numpy())}
+        inputs = {batch: tf.constant(rng.integers(0, 256, (batch,) + shape).astype(np.uint8)) for batch in BATCHES}
         probe = tf.constant(rng.integers(0, 256, (4,) + shape).astype(np.uint8))
+        figures = {"train_step": (TRAIN_BATCH, lambda: train_function(iterator, one).numpy()),
+                   **{f"in_process_live/batch{batch}": (batch, lambda x=x: live(x).numpy())
+                      for batch, x in inputs.items()}}
         if precision != "float32":
-            for batch in BATCHES:
-                x = tf.constant(rng.integers(0, 256, (batch,) + shape).astype(np.uint8))
-                figures[f"in_process_live/batch{batch}"] = (batch, lambda x=x: live(x).numpy())
             return figures, model.get_weights(), live(probe).numpy()
         frozen_model = self.sa_conv.freeze_for_inference(model)
         frozen = tf.function(lambda images: tf.nn.softmax(frozen_model(images, training=False)))
@@ -141,9 +141,7 @@ class Version:
         version = self.export.export(model_path=path, export_dir=os.path.join(workdir, f"export{self.suffix}"),
                                      log=lambda s: None)
         served = tf.saved_model.load(version).signatures["serving_default"]
-        for batch in BATCHES:
-            x = tf.constant(rng.integers(0, 256, (batch,) + shape).astype(np.uint8))
-            figures[f"in_process_live/batch{batch}"] = (batch, lambda x=x: live(x).numpy())
+        for batch, x in inputs.items():
             figures[f"in_process/batch{batch}"] = (batch, lambda x=x: frozen(x).numpy())
             figures[f"saved_model/batch{batch}"] = (batch, lambda x=x: served(images=x)["probabilities"].numpy())
         return figures, model.get_weights(), live(probe).numpy()
