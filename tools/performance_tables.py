@@ -88,9 +88,6 @@ def _spread(s, digits=3, seeds=False):
     return f"{text} ({len(s['seeds'])})" if seeds else text
 
 
-LOCALITY = ("mean_distance", "mass_3x3", "entropy")  # the locality metrics a table shows, in its order
-
-
 def _change(start, end):
     """``start → end`` of two spreads, to two digits."""
     return f"{_spread(start, 2)} → {_spread(end, 2)}"
@@ -198,7 +195,7 @@ def reproduction_locality():
             continue
         start, end = e["locality"][min(e["locality"], key=int)], e["locality"][max(e["locality"], key=int)]
         for layer, (a, b) in enumerate(zip(start, end)):
-            rows.append([_preset(model), layer, *(_change(a[m], b[m]) for m in LOCALITY),
+            rows.append([_preset(model), layer, *(_change(a[m], b[m]) for m in study.LAYER_METRICS),
                          f"{_spread(b['most_local_distance'], 2)}, mass {_spread(b['most_local_mass'], 2)}",
                          len(e["seeds"])])
     uniform = _uniform_attention("learned")
@@ -308,7 +305,7 @@ def little_data_locality():
             continue
         ends = [locality[max(locality, key=int)] for locality in (before, e["locality"])]
         for layer, (a, b) in enumerate(zip(*ends)):
-            rows.append([_preset(model), layer, *(_change(a[m], b[m]) for m in LOCALITY)])
+            rows.append([_preset(model), layer, *(_change(a[m], b[m]) for m in study.LAYER_METRICS)])
     uniform = _uniform_attention("learned")
     return _table("model | layer | distance | 3x3 mass | entropy", rows,
                   f"Paper's recipe → `small_data`, after {budget} epochs: mean over a layer's heads, then seeds; "
