@@ -134,13 +134,17 @@ def _at_budget(name="reproduction", budget=None):
 
 
 def models():
-    """The README's table: what each model of the reproduction study reaches, at its size and cost."""
+    """The README's table: what each model of the reproduction study reaches, at its size and cost, then the
+    little-data study's models under the same recipe and budget that the reproduction study lacks (`resnet20`)."""
     data, budget, cells = _at_budget()
+    if (benchmark_tables.RESULTS / "little_data.json").exists():
+        little = _at_budget("little_data", budget)[2]
+        cells = pd.concat([cells, little[(little["recipe"] == "paper") & ~little["model"].isin(cells["model"])]])
     header = ["model", "parameters", "test accuracy", "seeds", "minutes a run (CPU)"]
     return _table(header, cells[header].values,
                   f"cifar10-mini ({data['data']['training_images']} training images, a tenth held out), {budget} "
-                  "epochs of the paper's recipe; test accuracy: mean ± std over seeds; minutes a run at its least "
-                  "disturbed seed's median epoch, on the CPU named.")
+                  "epochs of the paper's recipe (`resnet20` in bfloat16); test accuracy: mean ± std over seeds; "
+                  "minutes a run at its least disturbed seed's median epoch, on the CPU named.")
 
 
 def reproduction_accuracy():
