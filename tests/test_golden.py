@@ -4,7 +4,9 @@ attention maps, the gradients of one training step with and without remat and at
 and the frozen float32 and bfloat16 serving copies (a paper-size preset: the part of `golden.in_part`;
 a remat variant against the same step's recording without remat, `golden.RECORDED_AS`). ResNet18's
 gradients were recorded again later, in float64 (`golden.gradient_dtype`): within 1.5e-6 of their
-scale of the float32 recording before the redesign; its other arrays are that recording's."""
+scale of the float32 recording before the redesign; its other arrays are that recording's.
+ResNet-20's fixture was recorded when the preset was added (float64 gradients too): it holds later
+changes to it."""
 
 import numpy as np
 import pytest

@@ -137,14 +137,16 @@ def models():
     """The README's table: what each model of the reproduction study reaches, at its size and cost, then the
     little-data study's models under the same recipe and budget that the reproduction study lacks (`resnet20`)."""
     data, budget, cells = _at_budget()
+    little = cells.iloc[:0]
     if (benchmark_tables.RESULTS / "little_data.json").exists():
         little = _at_budget("little_data", budget)[2]
-        cells = pd.concat([cells, little[(little["recipe"] == "paper") & ~little["model"].isin(cells["model"])]])
+        little = little[(little["recipe"] == "paper") & ~little["model"].isin(cells["model"])]
     header = ["model", "parameters", "test accuracy", "seeds", "minutes a run (CPU)"]
-    return _table(header, cells[header].values,
+    added = f" ({', '.join(little['model'])}: the little-data study's)" if len(little) else ""
+    return _table(header, pd.concat([cells, little])[header].values,
                   f"cifar10-mini ({data['data']['training_images']} training images, a tenth held out), {budget} "
-                  "epochs of the paper's recipe (`resnet20` in bfloat16); test accuracy: mean ± std over seeds; "
-                  "minutes a run at its least disturbed seed's median epoch, on the CPU named.")
+                  f"epochs of the paper's recipe{added}; test accuracy: mean ± std over seeds; minutes a run at its "
+                  "least disturbed seed's median epoch, on the CPU named.")
 
 
 def reproduction_accuracy():
