@@ -65,16 +65,16 @@ def gradient_dtype(config) -> str:
     """The dtype (``"float32"`` or ``"float64"``) a preset's training-step gradients are recorded
     and recomputed in, for its `sa_conv.ModelConfig`.
 
-    ReLU's derivative jumps at zero, so every ResNet records in float64. ResNet18's training step
-    on `GRAD_BATCH` images has 1.1 million ReLU inputs (ResNet-20's about 0.4 million), and a float32 evaluation with other kernels moves each by up to about
-    1e-6 of its layer's scale: on average about one of them crosses zero, and its side, which the
-    kernel set decides, moves the gradients of the layers below it beyond float32's bound (Eigen
-    against oneDNN on one AMD EPYC with AVX-512: one crossing in ``stage1_block1_out``, 0.18% of
-    the gradient scale against a bound of 0.10%). In float64 the odds of one crossing are about
-    1e-9. The attention presets' activations on images are smooth (GELU, softmax); their only
-    kinks are the MLP encoding's ReLUs, on the fixed offsets rather than the images (about 60
-    thousand inputs a block, computed by a short sum): they are recorded in float32, the dtype
-    they train in."""
+    ReLU's derivative jumps at zero, so every ResNet records in float64. ResNet18's training step on
+    `GRAD_BATCH` images has 1.1 million ReLU inputs (ResNet-20's about 0.4 million), and a float32
+    evaluation with other kernels moves each by up to about 1e-6 of its layer's scale: on average
+    about one of them crosses zero, and its side, which the kernel set decides, moves the gradients
+    of the layers below it beyond float32's bound (Eigen against oneDNN on one AMD EPYC with
+    AVX-512: one crossing in ``stage1_block1_out``, 0.18% of the gradient scale against a bound of
+    0.10%). In float64 the odds of one crossing are about 1e-9. The attention presets' activations
+    on images are smooth (GELU, softmax); their only kinks are the MLP encoding's ReLUs, on the
+    fixed offsets rather than the images (about 60 thousand inputs a block, computed by a short
+    sum): they are recorded in float32, the dtype they train in."""
     return "float32" if config.architecture == "attention" else "float64"
 
 
