@@ -180,7 +180,7 @@ def prepare(datasets, data_dir: str, directory: str) -> tuple[dict, dict]:
     place whole): ``({dataset: trainer flags}, {dataset: training images})``."""
     from trainers import data as data_lib
 
-    prepared, sizes = {}, {}
+    prepared, sizes, source = {}, {}, None
     for dataset in datasets:
         kind, fraction = parse_dataset(dataset)
         if kind == "shapes":
@@ -189,10 +189,10 @@ def prepare(datasets, data_dir: str, directory: str) -> tuple[dict, dict]:
         target = os.path.join(directory, dataset.replace(":", "_"))
         if not os.path.isdir(target):
             partial = f"{target}.{os.getpid()}.partial"
-            data = data_lib.load_cifar10_files(data_dir)
-            keep = data_lib.stratified_subset(data.train.labels, fraction, SUBSET_SEED)
-            data_lib.write_cifar10_files(partial, data_lib.ImageData(data.train.subset(keep), data.test,
-                                                                     data.label_names))
+            source = source or data_lib.load_cifar10_files(data_dir)
+            keep = data_lib.stratified_subset(source.train.labels, fraction, SUBSET_SEED)
+            data_lib.write_cifar10_files(partial, data_lib.ImageData(source.train.subset(keep), source.test,
+                                                                     source.label_names))
             try:
                 os.replace(partial, target)
             except OSError:  # another process of the study wrote it meanwhile

@@ -86,7 +86,7 @@ def test_summary_over_seeds_and_the_targets_on_it():
         ("b", 30, margin, False), ("a", 30, margin, True), ("b", 30, best, True), ("a", 30, best, True)]
 
 
-def test_a_study_prepares_each_dataset_once_and_records_its_runs(tiny_cifar, tmp_path):
+def test_a_study_prepares_each_dataset_once_and_records_its_runs(tiny_cifar, tmp_path, monkeypatch):
     from trainers import data as data_lib
     from trainers import study
 
@@ -105,6 +105,10 @@ def test_a_study_prepares_each_dataset_once_and_records_its_runs(tiny_cifar, tmp
     stamp = os.path.getmtime(data_dir)
     assert de.prepare(["cifar10-mini:30"], path, str(tmp_path / "data")) == ({"cifar10-mini:30": prepared[
         "cifar10-mini:30"]}, sizes) and os.path.getmtime(data_dir) == stamp  # written once
+    load, sources = data_lib.load_cifar10_files, []
+    monkeypatch.setattr(data_lib, "load_cifar10_files", lambda d: (sources.append(d) if d == path else None) or load(d))
+    assert set(de.prepare(["cifar10-mini:20", "cifar10-mini:40"], path, str(tmp_path / "data"))[1]) == {
+        "cifar10-mini:20", "cifar10-mini:40"} and sources == [path]  # the source read once for both
     with pytest.raises(ValueError, match="Unknown variant"):
         de.study_runs(["quadratic", "quadratik"], ["shapes"], [0], 2, prepared)
     runs = de.study_runs(["quadratic", "quadratic+convolutional@0.10"], ["cifar10-mini:30"], [0], 2, prepared)

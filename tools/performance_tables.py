@@ -65,6 +65,11 @@ def efficiency_targets():
                   "larger standard deviation of the two sides.")
 
 
+def _recorded(name) -> bool:
+    """Whether ``benchmarks/results`` holds the report ``name`` (a study not yet run has none)."""
+    return (benchmark_tables.RESULTS / f"{name}.json").exists()
+
+
 def _reproduction(name="reproduction", budget=None):
     """``(report, budget, {model: its summary at the budget})`` of a study report (`benchmarks.reproduction`) at
     ``budget`` (default: the report's), in the order of `benchmarks.reproduction.study_models`."""
@@ -138,7 +143,7 @@ def models():
     little-data study's models under the same recipe and budget that the reproduction study lacks (`resnet20`)."""
     data, budget, cells = _at_budget()
     little = cells.iloc[:0]
-    if (benchmark_tables.RESULTS / "little_data.json").exists():
+    if _recorded("little_data"):
         little = _at_budget("little_data", budget)[2]
         little = little[(little["recipe"] == "paper") & ~little["model"].isin(cells["model"])]
     header = ["model", "parameters", "test accuracy", "seeds", "minutes a run (CPU)"]
@@ -257,7 +262,7 @@ def reproduction_claims():
              "a convolution's output within 1e-4 in float32 in every case of `tests/test_conversion.py`", "-",
              "**held**"]]
     # The study at equal size under the small-data recipe answers the accuracy claim on its own report.
-    little = _load("little_data") if (benchmark_tables.RESULTS / "little_data.json").exists() else None
+    little = _load("little_data") if _recorded("little_data") else None
     equal_size = [] if little is None else [r for r in study.claims(little["summary"], little["budget"])
                                             if "convolution" in r]
     for r in study.claims(data["summary"], budget) + equal_size:
