@@ -305,6 +305,25 @@ def test_stochastic_depth_rates_rise_linearly_with_depth():
         sa_conv.get_config("resnet20", stochastic_depth=1.0)
 
 
+def test_resnet_stochastic_depth_drops_whole_residual_branches_per_example():
+    """In training, each example's block output adds to its shortcut the residual branch dropped whole or kept scaled
+    by 1 / (1 - rate); both occur at rate 0.5, and in inference the branch is added unchanged."""
+    resnet = sa_conv.build_model("resnet20", stochastic_depth=0.5)
+    drop, add = resnet.get_layer("stage3_block3_drop_path"), resnet.get_layer("stage3_block3_add")
+    assert drop.rate == 0.5  # the last block's: the model's stochastic_depth
+    probe = keras.Model(resnet.input, [drop.input, add.input[1], add.output])
+    images = tf.random.stateless_uniform((32, 32, 32, 3), seed=(3, 4), maxval=255.0)
+    for training, scales in ((True, {0.0, 2.0}), (False, {1.0})):
+        branch, shortcut, added = (t.numpy() for t in probe(images, training=training))
+        found = set()
+        for i in range(len(images)):
+            kept = 1.0 / (1.0 - drop.rate) if training else 1.0
+            scale = 0.0 if np.allclose(added[i], shortcut[i], atol=1e-6) else kept
+            np.testing.assert_allclose(added[i], shortcut[i] + scale * branch[i], rtol=1e-5, atol=1e-5)
+            found.add(scale)
+        assert found == scales, training
+
+
 def test_resnet20_is_he_et_al_s_small_cifar_resnet():
     model = sa_conv.build_model("resnet20")
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
