@@ -545,3 +545,20 @@ def test_the_ablation_table_groups_the_small_data_runs_by_augmentation(pages, tm
         ["`sa_quadratic_small`", "`pad_crop_flip`", "0.700", "0.660", "1"],
         ["`sa_quadratic_small`", "`pad_crop_flip,rand_augment`", "0.650", "0.600", "1"],
         ["`sa_quadratic_small`", f"`{whole}`", "0.610 ± 0.014", "0.560 ± 0.014", "2"]]
+
+
+def test_the_bfloat16_accuracy_table_sets_each_model_beside_its_float32_runs(pages, tmp_path):
+    # float32: two models at the budget (8) and one at another; bfloat16: runs read with and without snapshots.
+    float32 = {f"{model}|seed={seed}|epochs={epochs}": _run({0: 0.1, epochs: accuracy})
+               for model, epochs, accuracies in (("quadratic", 8, (0.60, 0.64)), ("gated", 8, (0.70, 0.72)),
+                                                 ("learned", 4, (0.5, 0.5)))
+               for seed, accuracy in enumerate(accuracies)}
+    pages(float32)
+    files.write_json(str(tmp_path / "bfloat16_training.json"), {
+        "runs": {"gated|seed=0|epochs=8": {"test_accuracy": 0.60, "precision": "mixed_bfloat16"},
+                 "gated|seed=0|epochs=4": {"test_accuracy": 0.1, "precision": "mixed_bfloat16"}},
+        "runs_without_snapshots": {f"quadratic|seed={s}|epochs=8": {"test_accuracy": a, "precision": "mixed_bfloat16"}
+                                   for s, a in enumerate((0.62, 0.64, 0.66))}})
+    assert _cells(performance_tables.training_bfloat16_accuracy()) == [
+        ["`sa_quadratic_small`", "0.620 ± 0.028 (2)", "0.640 ± 0.020 (3)", "mixed_bfloat16", "+0.020", "yes"],
+        ["`sa_gated_small`", "0.710 ± 0.014 (2)", "0.600 (1)", "mixed_bfloat16", "-0.110", "no"]]

@@ -288,6 +288,29 @@ def reproduction_claims():
                   "convolution.")
 
 
+def training_bfloat16_accuracy():
+    """Test accuracy under ``--mixed_precision=auto`` (bfloat16 where the CPU has the units) beside the reproduction
+    study's float32 runs of the same models, flags and budget."""
+    data, budget, cells = _reproduction()
+    auto = _load("bfloat16_training")
+    runs = {**auto.get("runs_without_snapshots", {}), **auto["runs"]}
+    groups = {}  # {model: [runs at the budget]}
+    for key, run in runs.items():
+        model, _, epochs = study.split_key(key)
+        if epochs == budget:
+            groups.setdefault(model, []).append(run)
+    rows = []
+    for model in (m for m in cells if m in groups):
+        float32, bfloat16 = cells[model]["test_accuracy"], study.spread(r["test_accuracy"] for r in groups[model])
+        difference = bfloat16["mean"] - float32["mean"]
+        within = "-" if float32["std"] is None else "yes" if abs(difference) <= float32["std"] else "no"
+        rows.append([_preset(model), f"{_spread(float32)} ({float32['n']})", f"{_spread(bfloat16)} ({bfloat16['n']})",
+                     ", ".join(sorted({r["precision"] for r in groups[model]})), f"{difference:+.3f}", within])
+    return _table("model | float32 | `auto` | `auto` ran | difference | within float32's std", rows,
+                  f"Test accuracy, mean ± std (seeds), {budget} epochs; float32: "
+                  "[reproduction.md](reproduction.md)'s.")
+
+
 def little_data():
     """The little-data study's models, best first, beside the paper recipe's runs of the same presets and ResNet18
     (docs/reproduction.md's study)."""
@@ -566,6 +589,7 @@ TABLES = {
     "reproduction_budgets": ("reproduction", reproduction_budgets),
     "little_data": ("little_data", little_data), "little_data_locality": ("little_data", little_data_locality),
     "little_data_ablation": ("small_data_ablation", little_data_ablation),
+    "training_bfloat16_accuracy": ("bfloat16_training", training_bfloat16_accuracy),
     "data_efficiency": ("data_efficiency", data_efficiency),
     "efficiency_targets": ("data_efficiency", efficiency_targets),
     **benchmark_tables.TABLES,
