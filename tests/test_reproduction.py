@@ -524,6 +524,15 @@ def test_the_little_data_page_compares_recipes_and_the_equal_size_claim_joins_th
     assert [s for s in styles if s[0]] == [
         ("sa_quadratic_small (3 seeds), small_data", "-"), ("sa_quadratic_small (3 seeds), paper", "--"),
         ("resnet20 (3 seeds), paper", "--"), ("resnet20 (3 seeds), small_data", "-")]
+    # Locality: a column for the attention model, a row per metric, each layer solid under small_data and dashed
+    # under the paper's: layer 0's mass ends at 0.4 here and 0.5 there (as in the table above).
+    lines = []
+    monkeypatch.setattr(axes.Axes, "plot", lambda axis, x, y, *a, **k: lines.append((k.get("label"), k.get(
+        "linestyle", "-"), list(y))) or real_plot(axis, x, y, *a, **k))
+    performance_tables.plot_little_data_locality(tmp_path / "locality.png")
+    row = [("layer 0", "-"), ("layer 1", "-"), ("layer 0, paper's recipe", "--"), ("layer 1, paper's recipe", "--")]
+    assert [line[:2] for line in lines] == row * 3 and (tmp_path / "locality.png").stat().st_size > 0
+    assert [line[2][-1] for line in lines[4:8:2]] == [pytest.approx(0.4), pytest.approx(0.5)]
 
 
 def test_the_ablation_table_groups_the_small_data_runs_by_augmentation(pages, tmp_path):

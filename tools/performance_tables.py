@@ -26,7 +26,8 @@ FILES = ("README.md", "docs/performance.md", "docs/reference.md", "docs/training
 PLOTS = {"docs/data_efficiency.png": ("data_efficiency", "plot_data_efficiency"),
          **{f"docs/reproduction_{figure}.png": ("reproduction", f"plot_reproduction_{figure}")
             for figure in ("curves", "locality", "maps_learned", "maps_quadratic", "centers")},
-         "docs/little_data_curves.png": ("little_data", "plot_little_data_curves")}
+         **{f"docs/little_data_{figure}.png": ("little_data", f"plot_little_data_{figure}")
+            for figure in ("curves", "locality")}}
 
 
 def _efficiency_cells():
@@ -469,36 +470,58 @@ def plot_little_data_curves(path):
     _save(figure, path)
 
 
-def plot_reproduction_locality(path):
-    """Per attention model (a column), each layer's mean attention distance, 3x3 mass and entropy (a row each)
-    against epochs (mean over seeds, band min-max), distance and entropy with uniform attention's (dotted)."""
-    _, budget, entries = _reproduction()
-    models = [m for m, e in entries.items() if "locality" in e]
+def _plot_locality(path, columns, title):
+    """A column per ``(model, its summary entry, the paper recipe's locality or None)``: each layer's mean attention
+    distance, 3x3 mass and entropy (a row each) against epochs (mean over seeds, band min-max; dashed: the mean under
+    the paper's recipe), distance and entropy with uniform attention's (dotted)."""
     # Uniform attention has no peak to centre a 3x3 on (the metric would take a corner's): the
     # mass row has no baseline.
     metrics = (("mean_distance", "mean attention distance\n(grid pixels)", True),
                ("mass_3x3", "mass in the 3x3\naround the peak", False), ("entropy", "entropy (nats)", True))
-    columns = max(len(models), 1)
-    figure, axes = _plt().subplots(len(metrics), columns, figsize=(3.6 * columns, 2.6 * len(metrics)),
-                                   squeeze=False, sharex="col", sharey="row")
+    figure, axes = _plt().subplots(len(metrics), max(len(columns), 1), figsize=(
+        3.6 * max(len(columns), 1), 2.6 * len(metrics)), squeeze=False, sharex="col", sharey="row")
     for row, (metric, label, baseline) in enumerate(metrics):
-        for axis, model in zip(axes[row], models):
-            locality = entries[model]["locality"]
-            epochs = sorted(int(k) for k in locality)
-            for layer in range(len(locality[str(epochs[0])])):
-                _band(axis, epochs, [locality[str(k)][layer][metric] for k in epochs], label=f"layer {layer}")
+        for axis, (model, entry, paper) in zip(axes[row], columns):
+            for locality, dashed in ((entry["locality"], False), (paper, True)):
+                epochs = sorted(int(k) for k in locality or {})
+                for layer in range(len(locality[str(epochs[0])]) if epochs else 0):
+                    means = [locality[str(k)][layer][metric] for k in epochs]
+                    if dashed:
+                        axis.plot(epochs, [m["mean"] for m in means], linestyle="--", linewidth=1, color=f"C{layer}",
+                                  label=f"layer {layer}, paper's recipe")
+                    else:
+                        _band(axis, epochs, means, label=f"layer {layer}")  # colour C{layer}: the axes' next
             if baseline:
                 axis.axhline(_uniform_attention(model)[metric], color="grey", linestyle=":", linewidth=1,
                              label="uniform attention")
             if row == 0:
-                axis.set_title(_label(model, entries[model]), fontsize=9)
+                recipe = _recipe(model)
+                axis.set_title(_label(model, entry) + ("" if recipe == "paper" else f", {recipe}"), fontsize=9)
             if row == len(metrics) - 1:
                 axis.set_xlabel("epoch")
             axis.grid(alpha=0.3)
         axes[row, 0].set_ylabel(label, fontsize=8)
     axes[0, -1].legend(fontsize=7)
-    figure.suptitle(f"Locality per layer during training ({budget} epochs)", fontsize=9)
+    figure.suptitle(title, fontsize=9)
     _save(figure, path)
+
+
+def plot_reproduction_locality(path):
+    """`_plot_locality` of each attention model of the reproduction study."""
+    _, budget, entries = _reproduction()
+    _plot_locality(path, [(m, e, None) for m, e in entries.items() if "locality" in e],
+                   f"Locality per layer during training ({budget} epochs)")
+
+
+def plot_little_data_locality(path):
+    """`_plot_locality` of each attention model of the little-data study, beside its preset's runs under the
+    paper's recipe (docs/reproduction.md's study, dashed)."""
+    _, budget, entries = _reproduction("little_data")
+    _, _, paper = _reproduction("reproduction", budget)
+    _plot_locality(path, [(m, e, paper.get(efficiency.split_recipe(m)[0], {}).get("locality"))
+                          for m, e in entries.items() if "locality" in e],
+                   f"Locality per layer during training ({budget} epochs; solid: the recipe named, dashed: the "
+                   "paper's)")
 
 
 def _plot_reproduction_maps(path, model):
