@@ -221,7 +221,7 @@ def _noise(*spreads) -> float | None:
     return max((s["std"] for s in spreads if s["std"]), default=None)
 
 
-def _differs(a: dict, b: dict) -> bool | None:
+def differs(a: dict, b: dict) -> bool | None:
     """Whether the means of two spreads differ by more than their `_noise` (None without one)."""
     noise = _noise(a, b)
     return None if noise is None else abs(a["mean"] - b["mean"]) > noise
@@ -274,9 +274,9 @@ def summarize(runs: dict) -> dict:
             # The budget doubled, not the last quarter, says whether more epochs move a model: a cosine schedule's
             # last quarter anneals the learning rate, and gains at any budget.
             before, after = summary[summary_key(model, shorter)]["test_accuracy"], entry["test_accuracy"]
-            differs = _differs(before, after)
+            moved = differs(before, after)
             entry["against_shorter"] = {"epochs": shorter, "change": round(after["mean"] - before["mean"], 6),
-                                        "within_spread": None if differs is None else not differs}
+                                        "within_spread": None if moved is None else not moved}
     return summary
 
 
@@ -338,7 +338,7 @@ def claims(summary: dict, epochs: int) -> list[dict]:
                            for layers in (locality[min(locality, key=int)], end))
             closer = end_["mean_distance"]["mean"] < start["mean_distance"]["mean"]
             denser = end_["mass_3x3"]["mean"] > start["mass_3x3"]["mean"]
-            beyond = all(_differs(start[k], end_[k]) for k in start)
+            beyond = all(differs(start[k], end_[k]) for k in start)
             rows.append({"claim": "localized heads emerge in the first layer", "model": model, "start": start,
                          "end": end_, "seeds": seeds, "verdict": "held" if closer and denser and beyond else
                          "partly" if closer or denser else "not here"})
@@ -347,7 +347,7 @@ def claims(summary: dict, epochs: int) -> list[dict]:
             wider = last["mean"] > first["mean"]
             rows.append({"claim": "deeper layers attend to larger regions", "model": model, "first_layer": first,
                          "last_layer": last, "seeds": seeds,
-                         "verdict": "held" if wider and _differs(first, last) else "partly" if wider else "not here"})
+                         "verdict": "held" if wider and differs(first, last) else "partly" if wider else "not here"})
         flags = data_efficiency.parse_variant(model)
         if flags["model"] in data_efficiency.RESNETS:
             continue
@@ -428,7 +428,9 @@ def main():
     data = data_lib.load_cifar10_files(data_dir)
     sizes = {"training_images": len(data.train), "test_images": len(data.test)}
     report = study.Report(args.output, derive=lambda runs: {**derive(runs), "data": sizes}, keep=keep, note=args.note)
-    recorded = report.read()["runs"]
+    # Runs read before the report kept snapshots count as recorded too: they are not trained again.
+    read = report.read()
+    recorded = {**read.get("runs_without_snapshots", {}), **read["runs"]}
     runs = study_runs([r for r in runs_to_make if run_key(*r) not in recorded], data_dir, args.snapshot_every,
                       args.mixed_precision)
     if args.dry_run:

@@ -291,7 +291,7 @@ def reproduction_claims():
 
 def training_bfloat16_accuracy():
     """Test accuracy under ``--mixed_precision=auto`` (bfloat16 where the CPU has the units) beside the reproduction
-    study's float32 runs of the same models, flags and budget."""
+    study's float32 runs of the same models at its budget; within the spread as `benchmarks.reproduction.differs`."""
     data, budget, cells = _reproduction()
     auto = _load("bfloat16_training")
     runs = {**auto.get("runs_without_snapshots", {}), **auto["runs"]}
@@ -304,10 +304,11 @@ def training_bfloat16_accuracy():
     for model in (m for m in cells if m in groups):
         float32, bfloat16 = cells[model]["test_accuracy"], study.spread(r["test_accuracy"] for r in groups[model])
         difference = bfloat16["mean"] - float32["mean"]
-        within = "-" if float32["std"] is None else "yes" if abs(difference) <= float32["std"] else "no"
+        differs = study.differs(float32, bfloat16)
+        within = "-" if differs is None else "no" if differs else "yes"
         rows.append([_preset(model), f"{_spread(float32)} ({float32['n']})", f"{_spread(bfloat16)} ({bfloat16['n']})",
                      ", ".join(sorted({r["precision"] for r in groups[model]})), f"{difference:+.3f}", within])
-    return _table("model | float32 | `auto` | `auto` ran | difference | within float32's std", rows,
+    return _table("model | float32 | `auto` | `auto` ran | difference | within the spread", rows,
                   f"Test accuracy, mean ± std (seeds), {budget} epochs; float32: "
                   "[reproduction.md](reproduction.md)'s.")
 
@@ -350,15 +351,21 @@ def little_data_locality():
 
 def little_data_ablation():
     """The models under `small_data` with each `--augmentation` of the ablation study, at the little-data study's
-    budget: test and best validation accuracy."""
+    budget: test and best validation accuracy. The little-data study's own runs of those models are the recipe's
+    augmentation (one run a seed where both reports have it)."""
     from trainers.recipes import RECIPES
 
-    budget = _load("little_data")["budget"]
-    groups = {}  # {(preset, augmentation): runs}
-    for run in _load("small_data_ablation")["runs"].values():
+    little, ablation = _load("little_data"), _load("small_data_ablation")["runs"].values()
+    budget, models = little["budget"], {run["flags"]["model"] for run in ablation}
+    seeds = {}  # {(preset, augmentation, seed): run}
+    for run in [*little["runs"].values(), *ablation]:
         flags = run["flags"]
-        if (flags.get("recipe"), flags["epochs"]) == ("small_data", budget):
-            groups.setdefault((flags["model"], flags["augmentation"]), []).append(run)
+        if (flags.get("recipe"), flags["epochs"]) == ("small_data", budget) and flags["model"] in models:
+            augmentation = flags.get("augmentation", RECIPES["small_data"]["augmentation"])
+            seeds[flags["model"], augmentation, flags["seed"]] = run
+    groups = {}  # {(preset, augmentation): runs}
+    for (model, augmentation, _), run in seeds.items():
+        groups.setdefault((model, augmentation), []).append(run)
     rows = [[model, augmentation, *(study.spread(r[name] for r in runs) for name in (
         "test_accuracy", "best_val_accuracy")), len(runs)] for (model, augmentation), runs in groups.items()]
     rows.sort(key=lambda row: (row[0], -row[2]["mean"]))
@@ -366,7 +373,7 @@ def little_data_ablation():
                   [[f"`{model}`", f"`{augmentation}`", _spread(test), _spread(validation), seeds]
                    for model, augmentation, test, validation, seeds in rows],
                   f"{budget} epochs of `small_data` with the `--augmentation` named (the recipe's: "
-                  f"`{RECIPES['small_data']['augmentation']}`), best first; mean ± std over seeds; validation: the "
+                  f"`{RECIPES['small_data']['augmentation']}`); mean ± std over seeds; validation: the "
                   "held-out tenth.")
 
 
@@ -646,7 +653,7 @@ def main(argv=None):
         print(f"Stale tables in {', '.join(stale)}: run tools/performance_tables.py", file=sys.stderr)
         return 1
     for name, (source, make) in PLOTS.items():
-        if not check and (benchmark_tables.RESULTS / f"{source}.json").exists():
+        if not check and _recorded(source):
             globals()[make](ROOT / name)
     print(("stale: " if check else "rewritten: ") + (", ".join(stale) or "none"))
     return 0
