@@ -292,7 +292,7 @@ def reproduction_claims():
 def training_bfloat16_accuracy():
     """Test accuracy under ``--mixed_precision=auto`` (bfloat16 where the CPU has the units) beside the reproduction
     study's float32 runs of the same models at its budget; within the spread as `benchmarks.reproduction.differs`."""
-    data, budget, cells = _reproduction()
+    _, budget, cells = _reproduction()
     auto = _load("bfloat16_training")
     runs = {**auto.get("runs_without_snapshots", {}), **auto["runs"]}
     groups = {}  # {model: [runs at the budget]}
@@ -329,15 +329,22 @@ def little_data():
                   "`small_data`); minutes a run at its least disturbed seed's median epoch, on the CPU named.")
 
 
+def _little_data_localities():
+    """``(budget, [(model, its summary entry, its preset's locality under the paper's recipe or None)])`` for each
+    attention model of the little-data study; the paper's runs are docs/reproduction.md's study's at that budget."""
+    _, budget, entries = _reproduction("little_data")
+    _, _, paper = _reproduction("reproduction", budget)
+    return budget, [(m, e, paper.get(efficiency.split_recipe(m)[0], {}).get("locality"))
+                    for m, e in entries.items() if "locality" in e]
+
+
 def little_data_locality():
     """Per attention preset and layer, the heads' mean attention distance, 3x3 mass and entropy at the end under the
     paper's recipe (docs/reproduction.md's study) and under the little-data study's."""
-    _, budget, entries = _reproduction("little_data")
-    _, _, paper = _reproduction("reproduction", budget)
+    budget, columns = _little_data_localities()
     rows = []
-    for model, e in entries.items():
-        before = paper.get(efficiency.split_recipe(model)[0], {}).get("locality")
-        if "locality" not in e or not before:
+    for model, e, before in columns:
+        if not before:
             continue
         ends = [locality[max(locality, key=int)] for locality in (before, e["locality"])]
         for layer, (a, b) in enumerate(zip(*ends)):
@@ -485,8 +492,9 @@ def _plot_locality(path, columns, title):
     # mass row has no baseline.
     metrics = (("mean_distance", "mean attention distance\n(grid pixels)", True),
                ("mass_3x3", "mass in the 3x3\naround the peak", False), ("entropy", "entropy (nats)", True))
-    figure, axes = _plt().subplots(len(metrics), max(len(columns), 1), figsize=(
-        3.6 * max(len(columns), 1), 2.6 * len(metrics)), squeeze=False, sharex="col", sharey="row")
+    width = max(len(columns), 1)
+    figure, axes = _plt().subplots(len(metrics), width, figsize=(3.6 * width, 2.6 * len(metrics)), squeeze=False,
+                                   sharex="col", sharey="row")
     for row, (metric, label, baseline) in enumerate(metrics):
         for axis, (model, entry, paper) in zip(axes[row], columns):
             for locality, dashed in ((entry["locality"], False), (paper, True)):
@@ -523,12 +531,9 @@ def plot_reproduction_locality(path):
 def plot_little_data_locality(path):
     """`_plot_locality` of each attention model of the little-data study, beside its preset's runs under the
     paper's recipe (docs/reproduction.md's study, dashed)."""
-    _, budget, entries = _reproduction("little_data")
-    _, _, paper = _reproduction("reproduction", budget)
-    _plot_locality(path, [(m, e, paper.get(efficiency.split_recipe(m)[0], {}).get("locality"))
-                          for m, e in entries.items() if "locality" in e],
-                   f"Locality per layer during training ({budget} epochs; solid: the recipe named, dashed: the "
-                   "paper's)")
+    budget, columns = _little_data_localities()
+    _plot_locality(path, columns, f"Locality per layer during training ({budget} epochs; solid: the recipe named, "
+                   "dashed: the paper's)")
 
 
 def _plot_reproduction_maps(path, model):
