@@ -419,7 +419,8 @@ def write_report(path: str, report: dict, merge: bool = False, entries: str = "p
                  section: str | None = None, inline_numbers: bool = False) -> dict:
     """Writes ``report`` as JSON to ``path`` atomically, with today's date and the `machine`
     record unless it has them. With ``merge``, the ``entries`` mapping of the report already at
-    ``path`` keeps what this run did not measure again. With ``section`` (such as `cpu_class`'s
+    ``path`` keeps what this run did not measure again, each such entry (a mapping) with the
+    earlier run's ``other_load`` unless it has its own. With ``section`` (such as `cpu_class`'s
     name), the report is one entry of the file's ``runs`` mapping and the others stay; ``merge``
     then reads that entry. The file's ``notes`` (what the pages no longer say) stay. ``inline_numbers``:
     lists of numbers on one line each (`trainers.files.write_json`). A benchmark's report also says
@@ -437,7 +438,11 @@ def write_report(path: str, report: dict, merge: bool = False, entries: str = "p
         written = {}
     earlier = written.get("runs", {}).get(section, {}) if section else written
     if merge:
-        report[entries] = {**earlier.get(entries, {}), **report.get(entries, {})}
+        # The run-level load is this run's: an entry kept from an earlier run keeps that run's.
+        kept = {name: ({"other_load": earlier["other_load"], **entry}
+                       if isinstance(entry, dict) and "other_load" in earlier else entry)
+                for name, entry in earlier.get(entries, {}).items() if name not in report.get(entries, {})}
+        report[entries] = {**kept, **report.get(entries, {})}
     if section:
         written.setdefault("runs", {})[section] = report
     else:

@@ -218,9 +218,12 @@ class QueryMajorSum(Aggregation):
         if dropout_seed is not None:
             raise ValueError("Query-major probabilities serve; they take no attention dropout.")
         _, height, width, d = inputs.shape
+        _, n, heads, keys = probabilities.shape
         x = ops.reshape(ops.cast(inputs, dtype), (-1, height * width, d))
-        mixed = ops.einsum("bqhk,bkd->bqhd", ops.cast(probabilities, dtype), x)
-        return value_dense(ops.reshape(mixed, (-1, height, width, probabilities.shape[-2] * d)))
+        # (batch, N heads, N) x (batch, N, D), one MatMul for runtimes (OpenVINO's CPU plugin
+        # computes an einsum through transposes, slower).
+        mixed = ops.matmul(ops.reshape(ops.cast(probabilities, dtype), (-1, n * heads, keys)), x)
+        return value_dense(ops.reshape(mixed, (-1, height, width, heads * d)))
 
     def scores(self, probabilities, batch):
         return ops.transpose(probabilities, (0, 2, 1, 3))

@@ -437,3 +437,12 @@ def test_a_report_says_how_many_cores_other_processes_took_while_it_ran(tmp_path
     monkeypatch.setattr(harness, "LOAD_SINCE", start)
     written = harness.write_report(str(tmp_path / "report.json"), {"results": []})
     assert written["other_load"]["seconds"] >= load["seconds"] and written["other_load"]["cores"] >= 0
+    # A merged run's load is its own; the entries it kept say the load of the run that measured them.
+    busy = {"cores": 0.5, "seconds": 100.0}
+    path = str(tmp_path / "merged.json")
+    harness.write_report(path, {"presets": {"a": {"x": 1}, "b": {"x": 2}}, "other_load": busy})
+    merged = harness.write_report(path, {"presets": {"b": {"x": 3}}}, merge=True)
+    assert merged["presets"] == {"a": {"x": 1, "other_load": busy}, "b": {"x": 3}}
+    assert merged["other_load"] != busy and merged["other_load"]["seconds"] >= load["seconds"]
+    again = harness.write_report(path, {"presets": {"b": {"x": 4}}}, merge=True)
+    assert again["presets"]["a"]["other_load"] == busy  # an entry's own load stays with it

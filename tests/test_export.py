@@ -349,6 +349,31 @@ def test_openvino_format_writes_an_ir_checked_in_float32_and_records_the_plugins
     assert list((tmp_path / "refused").glob("*/*")) == []
 
 
+def test_content_attention_serves_its_two_products_as_matmuls_in_the_ir(real_images, tmp_path):
+    """A content encoding's serving copy computes its logits (the folded queries against the
+    pixels) and the probabilities' sum over the pixels as batched matrix products: the IR holds
+    them as two ``MatMul`` a block with activations on both sides and no ``Einsum``, which
+    OpenVINO's CPU plugin computes through transposes (slower: ``benchmarks/results/serving.json``'s
+    notes). The export's float32 check holds the IR to the Keras model."""
+    openvino = pytest.importorskip("openvino")
+    _trained("sa_content_plus_learned_bias_small", real_images, tmp_path / "c.keras", num_layers=2)
+    version = export_lib.export(model_path=str(tmp_path / "c.keras"), export_dir=str(tmp_path / "out"),
+                                formats=["saved_model", "openvino"], tf_serving_files=False, log=lambda s: None)
+    meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    assert meta["verification"]["max_abs_error"]["openvino"] < 1e-4
+    ir = openvino.Core().read_model(os.path.join(version, "assets.extra", "openvino", "model.xml"))
+
+    def computed(op, i):  # the input is an activation, not a constant (converted or not)
+        node = op.input(i).get_source_output().get_node()
+        while node.get_type_name() == "Convert":
+            node = node.input(0).get_source_output().get_node()
+        return node.get_type_name() != "Constant"
+
+    types = [op.get_type_name() for op in ir.get_ops()]
+    products = [op for op in ir.get_ops() if op.get_type_name() == "MatMul" and computed(op, 0) and computed(op, 1)]
+    assert "Einsum" not in types and len(products) == 2 * 2
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [

@@ -177,7 +177,11 @@ class FrozenPositionBias(QueryMajor):
         """``(batch, N, heads, N)`` from queries ``(batch, N, heads, D)`` and the input pixels
         ``(batch, N, D)`` as keys."""
         self._check_grid(height, width)
-        content = ops.cast(ops.einsum("bqhd,bkd->bqhk", queries, keys), "float32") / math.sqrt(queries.shape[-1])
+        n, heads, d = queries.shape[1:]
+        # One batched product (batch, N heads, D) x (batch, D, N), not an einsum: runtimes read it
+        # as one MatMul (OpenVINO's CPU plugin computes an Einsum through transposes, slower).
+        content = ops.matmul(ops.reshape(queries, (-1, n * heads, d)), ops.transpose(keys, (0, 2, 1)))
+        content = ops.reshape(ops.cast(content, "float32"), (-1, n, heads, keys.shape[1])) / math.sqrt(d)
         return content + self.constants["position_logits"][None]
 
 
