@@ -419,13 +419,14 @@ def write_report(path: str, report: dict, merge: bool = False, entries: str = "p
                  section: str | None = None, inline_numbers: bool = False) -> dict:
     """Writes ``report`` as JSON to ``path`` atomically, with today's date and the `machine`
     record unless it has them. With ``merge``, the ``entries`` mapping of the report already at
-    ``path`` keeps what this run did not measure again, each such entry (a mapping) with the
-    earlier run's ``other_load`` unless it has its own. With ``section`` (such as `cpu_class`'s
-    name), the report is one entry of the file's ``runs`` mapping and the others stay; ``merge``
-    then reads that entry. The file's ``notes`` (what the pages no longer say) stay. ``inline_numbers``:
-    lists of numbers on one line each (`trainers.files.write_json`). A benchmark's report also says
-    what other processes ran beside it (`other_load` since its command line was parsed). Returns what
-    was written."""
+    ``path`` keeps what this run did not measure again; when this run records its load, each
+    such entry (a mapping) says the earlier run's ``other_load`` (None where it recorded none)
+    unless it has its own. With ``section`` (such as `cpu_class`'s name), the report is one entry
+    of the file's ``runs`` mapping and the others stay; ``merge`` then reads that entry. The
+    file's ``notes`` (what the pages no longer say) stay. ``inline_numbers``: lists of numbers on
+    one line each (`trainers.files.write_json`). A benchmark's report also says what other
+    processes ran beside it (`other_load` since its command line was parsed). Returns what was
+    written."""
     report = {"date": datetime.date.today().isoformat(), "machine": machine(), **report}
     if LOAD_SINCE is not None and "other_load" not in report:
         report["other_load"] = other_load(LOAD_SINCE)
@@ -438,9 +439,10 @@ def write_report(path: str, report: dict, merge: bool = False, entries: str = "p
         written = {}
     earlier = written.get("runs", {}).get(section, {}) if section else written
     if merge:
-        # The run-level load is this run's: an entry kept from an earlier run keeps that run's.
-        kept = {name: ({"other_load": earlier["other_load"], **entry}
-                       if isinstance(entry, dict) and "other_load" in earlier else entry)
+        # The run-level load is this run's: an entry kept from an earlier run keeps that run's (None:
+        # not recorded), so that a run writing after each entry does not lend its load to old ones.
+        lent = "other_load" in report
+        kept = {name: {"other_load": earlier.get("other_load"), **entry} if lent and isinstance(entry, dict) else entry
                 for name, entry in earlier.get(entries, {}).items() if name not in report.get(entries, {})}
         report[entries] = {**kept, **report.get(entries, {})}
     if section:

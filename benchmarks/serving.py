@@ -242,6 +242,25 @@ def _child(side, path, steps, matmul_size, python=None, reference_dir=None):
     return harness.run_side(__name__, side, args, python, env=process.child_environment())
 
 
+def earlier_presets(path: str) -> dict:
+    """The presets of this CPU class's run in the report at ``path`` (none if there is no report),
+    each with the run's ``other_load`` unless it has its own (an entry kept from a run before)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        run = json.load(f).get("runs", {}).get(harness.cpu_class(), {})
+    return {name: {"other_load": run.get("other_load"), **entry} for name, entry in run.get("presets", {}).items()}
+
+
+def kept_sides(earlier: dict | None) -> dict:
+    """The sides of ``earlier`` (a preset's entry in `earlier_presets`), each with the day it was
+    timed and the other load beside it unless it has its own: a run that times some sides again
+    dates and loads only those."""
+    earlier = earlier or {}
+    return {side: {"date": earlier.get("date"), "other_load": earlier.get("other_load"), **run}
+            for side, run in earlier.get("sides", {}).items()}
+
+
 def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=None, matmul_size=2048,
                    only=SIDES, earlier=None):
     """The sides ``only`` of ``preset`` (and the reference's with ``reference_dir``), beside the
@@ -286,8 +305,7 @@ def measure_preset(preset, steps, workdir, reference_dir=None, reference_python=
     finally:
         export_lib.MIN_TOP1_AGREEMENT = minimum
     today = datetime.date.today().isoformat()
-    # An earlier run's sides keep the day they were timed; this run's get today.
-    sides = {side: {"date": earlier.get("date"), **run} for side, run in (earlier or {}).get("sides", {}).items()}
+    sides = kept_sides(earlier)
     for side in [side for side in SIDES if side in requested]:
         missing = missing_runtimes(side)
         if missing:
@@ -425,10 +443,7 @@ def main():
     if set(only) != set(SIDES) and not args.merge:
         parser.error("--sides times part of a run: add --merge, which keeps the other sides of each preset's "
                      "earlier entry")
-    earlier = {}
-    if args.merge and os.path.exists(args.output):
-        with open(args.output) as f:
-            earlier = json.load(f).get("runs", {}).get(harness.cpu_class(), {}).get("presets", {})
+    earlier = earlier_presets(args.output) if args.merge else {}
     with tempfile.TemporaryDirectory() as workdir:
         for preset in [p for p in args.presets.split(",") if p]:
             record["presets"][preset] = measure_preset(preset, args.steps, workdir, args.reference_dir,

@@ -276,6 +276,26 @@ def test_a_benchmark_and_a_trainer_name_this_cpu_alike():
     assert set(harness.cpu()["features"]) == set(harness.CPU_FEATURES) & set(process.cpu_info()["extensions"])
 
 
+def test_a_merged_serving_run_keeps_each_earlier_sides_day_and_load(tmp_path, monkeypatch):
+    """`benchmarks.serving --merge` times some sides again: the sides it keeps say the day and the
+    other load of the run that timed them (the preset's own, else its run's), not this run's."""
+    from benchmarks import serving
+
+    monkeypatch.setattr(harness, "cpu", lambda: {"model": "CPU A", "features": ["avx2"]})
+    busy, quiet = {"cores": 0.5, "seconds": 100.0}, {"cores": 0.0, "seconds": 50.0}
+    path = tmp_path / "serving.json"
+    assert serving.earlier_presets(str(path)) == {}
+    path.write_text(json.dumps({"runs": {"CPU A, AVX2": {"other_load": busy, "presets": {
+        "p1": {"date": "d1", "sides": {"onnx": {"x": 1}}},
+        "p2": {"date": "d2", "other_load": quiet, "sides": {"onnx": {"x": 2, "date": "d0"}}}}},
+        "CPU B, AVX2": {"presets": {"p3": {}}}}}))
+    earlier = serving.earlier_presets(str(path))
+    assert set(earlier) == {"p1", "p2"}
+    assert serving.kept_sides(earlier["p1"]) == {"onnx": {"x": 1, "date": "d1", "other_load": busy}}
+    assert serving.kept_sides(earlier["p2"]) == {"onnx": {"x": 2, "date": "d0", "other_load": quiet}}
+    assert serving.kept_sides(None) == {}
+
+
 def test_runs_of_other_cpus_stay_and_a_merge_keeps_unmeasured_presets(tmp_path, monkeypatch):
     """The serving report's layout: one run per `cpu_class` (``section``)."""
     path = str(tmp_path / "serving.json")
@@ -446,3 +466,12 @@ def test_a_report_says_how_many_cores_other_processes_took_while_it_ran(tmp_path
     assert merged["other_load"] != busy and merged["other_load"]["seconds"] >= load["seconds"]
     again = harness.write_report(path, {"presets": {"b": {"x": 4}}}, merge=True)
     assert again["presets"]["a"]["other_load"] == busy  # an entry's own load stays with it
+    # An earlier run that recorded no load: its entries say so, not the load of this run, which
+    # writes after each of its own entries.
+    old = str(tmp_path / "old.json")
+    with open(old, "w") as f:
+        json.dump({"presets": {"a": {"x": 1}}}, f)
+    harness.write_report(old, {"presets": {"b": {"x": 2}}}, merge=True)
+    second = harness.write_report(old, {"presets": {"c": {"x": 3}}}, merge=True)
+    assert second["presets"]["a"]["other_load"] is None
+    assert set(second["presets"]["b"]["other_load"]) == {"cores", "seconds"}  # the load of the write that measured it

@@ -349,12 +349,13 @@ def test_openvino_format_writes_an_ir_checked_in_float32_and_records_the_plugins
     assert list((tmp_path / "refused").glob("*/*")) == []
 
 
-def test_content_attention_serves_its_two_products_as_matmuls_in_the_ir(real_images, tmp_path):
-    """A content encoding's serving copy computes its logits (the folded queries against the
-    pixels) and the probabilities' sum over the pixels as batched matrix products: the IR holds
-    them as two ``MatMul`` a block with activations on both sides and no ``Einsum``, which
-    OpenVINO's CPU plugin computes through transposes (slower: ``benchmarks/results/serving.json``'s
-    notes). The export's float32 check holds the IR to the Keras model."""
+def test_content_plus_bias_serves_its_two_products_as_matmuls_in_the_ir(real_images, tmp_path):
+    """``content_plus_learned_bias``'s serving form (`FrozenPositionBias` and `QueryMajorSum`)
+    computes its logits (the folded queries against the pixels) and the probabilities' sum over
+    the pixels as batched matrix products: the IR holds them as two ``MatMul`` a block with
+    activations on both sides and no ``Einsum``, which OpenVINO's CPU plugin computes through
+    transposes (slower: ``benchmarks/results/serving.json``'s notes). The export's float32 check
+    holds the IR to the Keras model."""
     openvino = pytest.importorskip("openvino")
     _trained("sa_content_plus_learned_bias_small", real_images, tmp_path / "c.keras", num_layers=2)
     version = export_lib.export(model_path=str(tmp_path / "c.keras"), export_dir=str(tmp_path / "out"),
