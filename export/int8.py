@@ -53,6 +53,14 @@ class Quantized(Format):
         return job.agreement(job.served(self), self.what)
 
 
+def ir_constant(node):
+    """The OpenVINO ``Constant`` that ``node`` is, or reads through ``Convert`` ops (an IR may
+    store a constant in another type); None if ``node`` computes from the input."""
+    while node.get_type_name() == "Convert":
+        node = node.input(0).get_source_output().get_node()
+    return node if node.get_type_name() == "Constant" else None
+
+
 class ProbabilityConstants:
     """The precomputed attention probabilities of a serving copy (`sa_conv.serving.probability_constants`),
     recognised among a file's constants by their values (in any layout: a converter may have
@@ -184,18 +192,14 @@ class OpenVINOInt8(Quantized):
         in the order they compute: every ``MatMul`` whose second input is a constant (through a
         ``Convert`` where the IR stores it in another type) other than attention ``probabilities``,
         and every ``Convolution``; the first and last left out."""
-        def constant(node):
-            while node.get_type_name() == "Convert":
-                node = node.input(0).get_source_output().get_node()
-            return node if node.get_type_name() == "Constant" else None
-
         def weight(op):
-            found = constant(op.input(1).get_source_output().get_node())
+            found = ir_constant(op.input(1).get_source_output().get_node())
             return found is not None and found.get_data() not in probabilities
 
         products = [op.get_friendly_name() for op in model.get_ordered_ops()
                     if op.get_type_name() == "Convolution" or (
-                        op.get_type_name() == "MatMul" and constant(op.input(0).get_source_output().get_node()) is None
+                        op.get_type_name() == "MatMul"
+                        and ir_constant(op.input(0).get_source_output().get_node()) is None
                         and weight(op))]
         return products[1:-1]
 
