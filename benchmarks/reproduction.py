@@ -46,6 +46,7 @@ STUDY = ((("learned", "quadratic", "resnet18"), (0, 1, 2), FIRST_BUDGET),
 MAP_DECIMALS = 4  # probabilities of 256 keys: 1e-4 is below what a figure shows
 DETAIL = "analysis.json"  # a run's whole reading (`read_run`), in its directory
 MAP_SEED = 0  # the seed whose attention maps the report keeps (the figures'); the others', in `DETAIL`
+MAP_MODELS = ("learned", "quadratic")  # the models whose maps docs/reproduction.md draws; the others', in `DETAIL`
 DECIMALS = 6  # of a spread's mean and std: the pages show 3
 LAYER_METRICS = ("mean_distance", "mass_3x3", "entropy")
 HEAD_METRICS = (*LAYER_METRICS, "peak_offset")  # what the report keeps of each head at each snapshot
@@ -179,9 +180,10 @@ def read_run(model_dir: str, run, locality_images: int = 32, prune_snapshots: bo
 
 
 def keep(reading: dict) -> dict:
-    """What the report keeps of a run's reading (`data_efficiency.keep`), with the attention maps of `MAP_SEED` only."""
+    """What the report keeps of a run's reading (`data_efficiency.keep`), with the attention maps of `MAP_SEED`'s run
+    of each of `MAP_MODELS` only: a map is 2,304 numbers a layer, and the pages draw no other run's."""
     run = data_efficiency.keep(reading)
-    if run["flags"]["seed"] != MAP_SEED:
+    if (reading["key"].split("|")[0], run["flags"]["seed"]) not in [(model, MAP_SEED) for model in MAP_MODELS]:
         run["snapshots"] = [{k: v for k, v in s.items() if k not in ("maps", "query")} for s in run["snapshots"]]
     return run
 

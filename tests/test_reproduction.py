@@ -74,8 +74,13 @@ def test_runs_are_read_into_the_report_and_a_study_stopped_by_a_failure_resumes(
     centers = [np.array(s["centers"]) for s in quadratic["snapshots"]]
     assert centers[-1].shape == (1, 9, 2) and not np.array_equal(centers[0], centers[-1])
     assert set(written["summary"]) == {"learned|epochs=2", "quadratic|epochs=2"} and written["budget"] == 2
-    # Another seed's maps stay in its run's directory only.
-    assert "maps" not in rp.keep({"key": "k", "flags": {"seed": 1}, "snapshots": [last]})["snapshots"][-1]
+    # Another seed's maps, and those of a model no page draws maps of, stay in its run's directory only.
+    for key, seed, kept in (("learned|seed=0|epochs=2", 0, True), ("learned|seed=1|epochs=2", 1, False),
+                            ("content|seed=0|epochs=2", 0, False), ("quadratic:small_data|seed=0|epochs=2", 0, False)):
+        assert ("maps" in rp.keep({"key": key, "flags": {"seed": seed}, "snapshots": [last]})["snapshots"][-1]) == kept
+    # Each model whose maps the report keeps has its figure.
+    assert {f"docs/reproduction_maps_{model}.png" for model in rp.MAP_MODELS} == {
+        name for name in performance_tables.PLOTS if "_maps_" in name}
 
 
 def _committed():
@@ -92,8 +97,8 @@ def test_the_committed_report_kept_every_run_and_summary_number_when_it_moved_to
     if old.returncode:
         pytest.skip("needs the repository's history (a clone, not an export)")
     old, new = json.loads(old.stdout), _committed()
-    assert len(new["runs"]) == 37 and new["runs"] == {
-        key: {**{k: v for k, v in run.items() if k != "session_seconds"}, "precision": "float32"}
+    assert len(new["runs"]) == 37 and new["runs"] == {  # but the maps the report no longer keeps
+        key: rp.keep({**{k: v for k, v in run.items() if k != "session_seconds"}, "precision": "float32", "key": key})
         for key, run in old["runs"].items()}
     derived = ("summary", "budget", "claims")  # as the engine's report derives them, number by number
     assert rp.derive(new["runs"]) == {k: new[k] for k in derived} == {k: old[k] for k in derived}
@@ -111,8 +116,8 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
     for key, run in recorded.items():
         make_config(overrides=made[key])  # every run's settings are the trainer's
         assert run["flags"] == {k: v for k, v in made[key].items() if k != "data_dir"}, key
-        assert ("maps" in run["snapshots"][-1]) == (rp.split_key(key)[1] == rp.MAP_SEED and "locality" in
-                                                    run["snapshots"][-1]), key
+        model, seed, _ = rp.split_key(key)
+        assert ("maps" in run["snapshots"][-1]) == (model in rp.MAP_MODELS and seed == rp.MAP_SEED), key
     assert rp.plan(epochs=30) == [(model, seed, 30) for model in rp.MODELS for seed in (0, 1, 2)]
     # The encoding's full name finds the study's runs of the short one: it does not start another.
     assert rp.plan(["content_plus_learned_bias", "learned+convolutional@0.10"], [1]) == [

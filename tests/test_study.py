@@ -102,6 +102,10 @@ def test_the_report_keeps_every_run_and_what_it_derives(tmp_path):
     written = report.record("b", {"acc": 0.7})
     assert written == json.loads((tmp_path / "r.json").read_text())
     assert written == {"runs": {"a": {"acc": 0.5}, "b": {"acc": 0.7}}, "notes": ["why"], "count": 2}
+    # A rule that keeps less by now holds for the runs recorded before it, when the next run lands.
+    report.keep = lambda reading: {"acc": reading["acc"], **({"key": reading["key"]} if reading["acc"] > 0.6 else {})}
+    assert report.record("c", {"acc": 0.9})["runs"] == {"a": {"acc": 0.5}, "b": {"acc": 0.7, "key": "b"},
+                                                        "c": {"acc": 0.9, "key": "c"}}
 
 
 def test_a_trial_directory_holding_another_run_is_refused_not_reused(tmp_path):

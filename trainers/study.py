@@ -229,7 +229,8 @@ def read_results(model_dir: str, run: Run) -> dict:
 class Report:
     """A study's JSON at ``path``: ``runs`` (each reading by its key, as ``keep`` keeps it),
     ``notes``, and what ``derive(runs)`` makes of the runs. Written only by the process that holds
-    the oracle, atomically, after each run."""
+    the oracle, atomically, after each run. ``keep`` sees each reading with its ``key``, and sees again the runs the
+    report holds: what it keeps is the same run kept again, and a run recorded under an earlier rule follows today's."""
 
     def __init__(self, path: str, derive=lambda runs: {}, keep=lambda reading: reading, note: str | None = None):
         self.path, self.derive, self.keep, self.note = path, derive, keep, note
@@ -241,7 +242,7 @@ class Report:
 
     def record(self, key: str, reading: dict) -> dict:
         report = self.read()
-        report["runs"][key] = self.keep(reading)
+        report["runs"] = {k: self.keep({**run, "key": k}) for k, run in {**report["runs"], key: reading}.items()}
         if self.note and self.note not in report.setdefault("notes", []):
             report["notes"].append(self.note)
         report.update(self.derive(report["runs"]))
