@@ -42,7 +42,7 @@ def measure(preset: str, autotune: bool, epochs: int, data_dir: str, model_dir: 
     history = run_files.read_history(model_dir)
     return {"outside_steps_seconds": [round(h["epoch_seconds"] - h["train_seconds"], 2) for h in history],
             "train_seconds": [round(h["train_seconds"], 2) for h in history],
-            "final_train_loss": history[-1]["train_loss"], "process": process.describe(config.mixed_precision)}
+            "final_train_loss": history[-1]["train_loss"], "process": process.describe(run_files.read_config(model_dir)["precision"]["policy"])}
 
 
 def run_case(preset: str, side: str, epochs: int, data_dir: str) -> dict:

@@ -68,7 +68,7 @@ def measure(side: str, epoch_seconds: float, repeats: int, data_dir: str) -> dic
         deletions.append(round(time.perf_counter() - deleting, 2))
         epochs.append(round(deleting - started, 2))
     return {"deletion_seconds": deletions, "epoch_seconds": epochs, "batches": batches,
-            "process": process.describe(config.mixed_precision)}
+            "process": process.describe(task.precision)}
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from benchmarks import harness
 def measure(preset: str, keep: bool, steps: int, model_dir: str) -> dict:
     """One run in this process (configured as the trainer's entry point configures it): the
     trainer itself for ``steps`` steps, its images/s and the process's peak RSS."""
-    from trainers import process
+    from trainers import process, run_files
     from trainers.config import make_config
     from trainers.train import train
 
@@ -30,7 +30,7 @@ def measure(preset: str, keep: bool, steps: int, model_dir: str) -> dict:
     results = train(config, log=lambda s: None)
     return {"images_per_second": results["images_per_second"], "remat": results["model_config"]["remat"],
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "process": process.describe(config.mixed_precision)}
+            "process": process.describe(run_files.read_config(model_dir)["precision"]["policy"])}
 
 
 def run_case(preset: str, keep: bool, steps: int) -> dict:

@@ -70,7 +70,7 @@ def measure(preset: str, remat: str, steps: int, model_dir: str, jit) -> dict:
             "keep_freed_memory": task.keeps_freed_memory(), "step_seconds": times[1:],
             "images_per_second": 100 / min(times[1:]), "peak_rss_mb": usage.ru_maxrss / 1024,
             "minor_page_faults": usage.ru_minflt, "system_seconds": usage.ru_stime,
-            "user_seconds": usage.ru_utime, "process": process.describe(config.mixed_precision)}
+            "user_seconds": usage.ru_utime, "process": process.describe(task.precision)}
 
 
 def run_variant(preset: str, variant: str, steps: int) -> dict:

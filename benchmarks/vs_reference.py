@@ -84,7 +84,7 @@ def sa_conv_side(args):
         process.keep_freed_memory(task.keeps_freed_memory())
     rng = np.random.default_rng(0)
     result = {"parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
-              "xla": task.use_xla(), "process": process.describe(args.mixed_precision)}
+              "xla": task.use_xla(), "process": process.describe(task.precision)}
     if inference:
         infer = tf.function(lambda x: model(x, training=False), jit_compile=task.use_xla())
         for b in (1, args.batch):
