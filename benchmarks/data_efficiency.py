@@ -26,6 +26,7 @@ SHORT_NAMES = {"content": "content_plus_learned_bias"}
 ATTENTION_ENCODINGS = ("quadratic", "quadratic_full", "learned", "sinusoidal", "mlp", "content_plus_learned_bias",
                        "content_with_relative_keys", "gated")
 SUBSET_SEED = 1234  # which images a percentage keeps: the same for every variant and seed
+PRECISION = "float32"  # the study's: its runs name it, so that they keep it whatever the trainer's default
 NUMBER_FLAGS = ("locality_strength", "locality_distance")  # a variant's @STRENGTH/DISTANCE
 RESNETS = ("resnet18", "resnet20")
 log = functools.partial(print, file=sys.stderr, flush=True)  # a study's progress, beside what it prints
@@ -205,11 +206,13 @@ def prepare(datasets, data_dir: str, directory: str) -> tuple[dict, dict]:
 
 
 def study_runs(variants, datasets, seeds, epochs: int, prepared: dict):
-    """The `trainers.study.Run` of every (dataset, variant, seed), keyed by `run_key` with the `variant_name`."""
+    """The `trainers.study.Run` of every (dataset, variant, seed), keyed by `run_key` with the `variant_name`, in
+    `PRECISION` whatever the trainer's default."""
     from trainers.study import Run
 
     return [Run(run_key(variant_name(variant), dataset, seed, epochs),
-                {**parse_variant(variant), **prepared[dataset], "epochs": epochs, "seed": seed})
+                {**parse_variant(variant), **prepared[dataset], "epochs": epochs, "seed": seed,
+                 "mixed_precision": PRECISION})
             for dataset in datasets for variant in variants for seed in seeds]
 
 

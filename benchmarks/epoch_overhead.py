@@ -37,12 +37,12 @@ def measure(preset: str, autotune: bool, epochs: int, data_dir: str, model_dir: 
 
     data_lib.TF_DATA_AUTOTUNE = autotune
     config = make_config(overrides=dict(model=preset, dataset="cifar10", data_dir=data_dir, epochs=epochs, seed=0,
-                                        model_dir=model_dir))
+                                        model_dir=model_dir, mixed_precision="float32"))
     train(config, log=lambda s: None)
-    history = run_files.read_history(model_dir)
+    history, precision = run_files.read_history(model_dir), run_files.read_config(model_dir)["precision"]["policy"]
     return {"outside_steps_seconds": [round(h["epoch_seconds"] - h["train_seconds"], 2) for h in history],
             "train_seconds": [round(h["train_seconds"], 2) for h in history],
-            "final_train_loss": history[-1]["train_loss"], "process": process.describe(run_files.read_config(model_dir)["precision"]["policy"])}
+            "final_train_loss": history[-1]["train_loss"], "process": process.describe(precision)}
 
 
 def run_case(preset: str, side: str, epochs: int, data_dir: str) -> dict:

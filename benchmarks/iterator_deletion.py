@@ -48,7 +48,8 @@ def measure(side: str, epoch_seconds: float, repeats: int, data_dir: str) -> dic
     from trainers.task import Task
 
     data_lib.TF_DATA_AUTOTUNE, through_tf_distribute = SIDES[side]
-    config = make_config(overrides=dict(model="sa_learned_small", dataset="cifar10", data_dir=data_dir))
+    config = make_config(overrides=dict(model="sa_learned_small", dataset="cifar10", data_dir=data_dir,
+                                        mixed_precision="float32"))
     task = Task(config, log=lambda s: None)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     assert distribute.one_cpu_replica(strategy)

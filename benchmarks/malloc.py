@@ -26,7 +26,7 @@ def measure(preset: str, keep: bool, steps: int, model_dir: str) -> dict:
 
     config = make_config(overrides=dict(model=preset, dataset="synthetic", epochs=1, max_steps=steps,
                                         keep_freed_memory=keep, model_dir=model_dir, strategy="one_device",
-                                        validation_size=100, eval_batch_size=100))
+                                        validation_size=100, eval_batch_size=100, mixed_precision="float32"))
     results = train(config, log=lambda s: None)
     return {"images_per_second": results["images_per_second"], "remat": results["model_config"]["remat"],
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

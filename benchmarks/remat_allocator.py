@@ -52,7 +52,7 @@ def measure(preset: str, remat: str, steps: int, model_dir: str, jit) -> dict:
 
     config = make_config(overrides=dict(model=preset, dataset="synthetic", global_batch_size=100, eval_batch_size=100,
                                         validation_size=100, epochs=1, strategy="one_device", model_dir=model_dir,
-                                        remat=remat, jit_compile=jit))
+                                        remat=remat, jit_compile=jit, mixed_precision="float32"))
     task = Task(config, log=lambda s: None)
     model = task.build_model()
     process.keep_freed_memory(task.keeps_freed_memory())  # as trainers.train.train does

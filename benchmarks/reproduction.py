@@ -78,13 +78,14 @@ def plan(models=None, seeds=None, epochs=None) -> list[tuple[str, int, int]]:
 def study_runs(runs_to_make, data_dir: str, snapshot_every: int | None = None, precision: str = "float32"):
     """The `trainers.study.Run` of each ``(model, seed, epochs)``, with the trainer's defaults but what the study
     fixes; by default at most `SNAPSHOTS` snapshots a run (the trainer also keeps the last epoch's). ``precision``:
-    their ``--mixed_precision`` (float32, the default, is left out of the flags, as the recorded runs have it)."""
+    their ``--mixed_precision``, named in their flags so that a run keeps it whatever the trainer's default (the
+    recorded study's: float32)."""
     from trainers.study import Run
 
-    fixed = {} if precision == "float32" else {"mixed_precision": precision}
     return [Run(run_key(model, seed, epochs),
                 {**data_efficiency.parse_variant(model), "dataset": "cifar10", "data_dir": data_dir,
-                 "epochs": epochs, "seed": seed, "snapshot_every": snapshot_every or -(-epochs // SNAPSHOTS), **fixed})
+                 "epochs": epochs, "seed": seed, "snapshot_every": snapshot_every or -(-epochs // SNAPSHOTS),
+                 "mixed_precision": precision})
             for model, seed, epochs in runs_to_make]
 
 

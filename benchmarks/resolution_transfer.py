@@ -60,7 +60,7 @@ def main():
     workdir = tempfile.mkdtemp(prefix="resolution_transfer_")
     common = dict(model=args.model, dataset=args.dataset, data_dir=os.path.abspath(args.data_dir),
                   global_batch_size=args.batch, eval_batch_size=500, learning_rate=args.learning_rate,
-                  strategy="one_device")
+                  strategy="one_device", mixed_precision="float32")
 
     def run(name, **overrides):
         config = make_config(overrides={**common, **overrides, "model_dir": os.path.join(workdir, name)})

@@ -69,7 +69,8 @@ def measure(preset, grid, path, mode, batch, steps):
 
     config = make_config(overrides=dict(
         model=preset, dataset="synthetic", image_size=2 * grid, global_batch_size=batch, eval_batch_size=batch,
-        validation_size=100, epochs=1, strategy="one_device", model_dir=tempfile.mkdtemp(prefix="scaling_")))
+        validation_size=100, epochs=1, strategy="one_device", model_dir=tempfile.mkdtemp(prefix="scaling_"),
+        mixed_precision="float32"))
     task = Task(config, log=lambda s: None,
                 model_fields={"attention_dropout": 0.0, "fast_position_attention": PATHS[path]})
     process.keep_freed_memory(task.keeps_freed_memory())

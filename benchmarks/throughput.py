@@ -204,7 +204,7 @@ def measure(case: str, train_steps: int, infer_steps: int, profile_steps: int = 
     config = make_config(overrides=dict(
         model="sa_quadratic" if preset == "keras_mha" else preset, dataset="synthetic", global_batch_size=batch,
         eval_batch_size=batch, validation_size=100, epochs=1, strategy="one_device", jit_compile=jit,
-        model_dir=tempfile.mkdtemp(prefix="throughput_"), **{"remat": "none", **trainer}))
+        model_dir=tempfile.mkdtemp(prefix="throughput_"), **{"remat": "none", "mixed_precision": "float32", **trainer}))
     task = Task(config, log=lambda s: None, model_fields=None if preset == "keras_mha" else overrides)
     process.keep_freed_memory(task.keeps_freed_memory())  # the trainer's setting for the model
     model_config = task.model_config

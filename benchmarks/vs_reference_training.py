@@ -149,7 +149,8 @@ def sa_conv_settings(encoding, seed, args, model_dir):
     settings = dict(model=PRESETS[encoding], dataset="cifar10", data_dir=args.data_dir, epochs=args.epochs,
                     global_batch_size=100, attention_dropout=0.0, seed=seed, model_dir=model_dir,
                     strategy="one_device", lr_update=args.sa_conv_lr_update,
-                    momentum_form=args.sa_conv_momentum_form, pixel_statistics=args.sa_conv_pixel_statistics)
+                    momentum_form=args.sa_conv_momentum_form, pixel_statistics=args.sa_conv_pixel_statistics,
+                    mixed_precision="float32")  # the reference trains in float32
     return {**settings, "dropout": 0.0} if args.lockstep else settings
 
 

@@ -115,7 +115,8 @@ def test_a_study_prepares_each_dataset_once_and_records_its_runs(tiny_cifar, tmp
     assert [run.key for run in runs] == ["quadratic|cifar10-mini:30|seed=0|epochs=2",
                                          "quadratic+convolutional@0.1|cifar10-mini:30|seed=0|epochs=2"]
     assert runs[1].flags == {"model": "sa_quadratic_small", **CONVOLUTIONAL, "locality_strength": 0.1,
-                             "dataset": "cifar10", "data_dir": data_dir, "epochs": 2, "seed": 0}
+                             "dataset": "cifar10", "data_dir": data_dir, "epochs": 2, "seed": 0,
+                             "mixed_precision": "float32"}
     tiny = [study.Run(run.key, {**run.flags, "num_layers": 1, "global_batch_size": 25, "eval_batch_size": 25,
                                 "strategy": "one_device"}) for run in runs]
     report = study.Report(str(tmp_path / "r.json"), keep=de.keep,

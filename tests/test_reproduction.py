@@ -48,7 +48,7 @@ def test_runs_are_read_into_the_report_and_a_study_stopped_by_a_failure_resumes(
     run, quadratic = written["runs"]["learned|seed=0|epochs=2"], written["runs"]["quadratic|seed=0|epochs=2"]
     # Only what the study fixes (here with the tiny model's settings), no machine's data path.
     assert run["flags"] == {"model": "sa_learned_small", "dataset": "cifar10", "epochs": 2, "seed": 0,
-                            "snapshot_every": 1, **TINY}
+                            "snapshot_every": 1, "mixed_precision": "float32", **TINY}
     assert run["precision"] == "float32" and [s["epoch"] for s in run["snapshots"]] == [0, 1, 2]
     with open(os.path.join(trial, "results.json")) as f, open(os.path.join(trial, rp.DETAIL)) as g:
         results, detail = json.load(f), json.load(g)
@@ -97,8 +97,9 @@ def test_the_committed_report_kept_every_run_and_summary_number_when_it_moved_to
     if old.returncode:
         pytest.skip("needs the repository's history (a clone, not an export)")
     old, new = json.loads(old.stdout), _committed()
-    assert len(new["runs"]) == 37 and new["runs"] == {  # but the maps the report no longer keeps
-        key: rp.keep({**{k: v for k, v in run.items() if k != "session_seconds"}, "precision": "float32", "key": key})
+    assert len(new["runs"]) == 37 and new["runs"] == {  # but the maps the report no longer keeps, and the precision
+        key: rp.keep({**{k: v for k, v in run.items() if k != "session_seconds"}, "precision": "float32", "key": key,
+                      "flags": {**run["flags"], "mixed_precision": "float32"}})
         for key, run in old["runs"].items()}
     derived = ("summary", "budget", "claims")  # as the engine's report derives them, number by number
     assert rp.derive(new["runs"]) == {k: new[k] for k in derived} == {k: old[k] for k in derived}
@@ -127,10 +128,11 @@ def test_the_default_plan_is_the_study_and_makes_every_recorded_run_as_it_was_ma
         == [1, 1, 2, 5, 5, 20]
     with pytest.raises(ValueError, match="Unknown initialization 'convlutional'.*random, convolutional"):
         rp.plan(["learned+convlutional"], [0], 2)
-    # A study in bfloat16 where the CPU has it: the precision joins the flags, not the keys.
+    # The precision is in the flags, not the keys: a run keeps the study's whatever the trainer's default.
     [bf16] = rp.study_runs([("resnet20:small_data", 1, 240)], "/d", precision="auto")
     assert bf16.key == "resnet20:small_data|seed=1|epochs=240"
     assert make_config(overrides=bf16.flags).mixed_precision == "auto" and bf16.flags["recipe"] == "small_data"
+    assert rp.study_runs([("learned", 0, 2)], "/d")[0].flags["mixed_precision"] == "float32"
 
 
 @pytest.mark.parametrize("flags, error", [
