@@ -182,7 +182,7 @@ def read_run(model_dir: str, run, locality_images: int = 32, prune_snapshots: bo
 
 def keep(reading: dict) -> dict:
     """What the report keeps of a run's reading (`data_efficiency.keep`), with the attention maps of `MAP_SEED`'s run
-    of each of `MAP_MODELS` only: a map is 2,304 numbers a layer, and the pages draw no other run's."""
+    of each of `MAP_MODELS` only: a map is 2,304 numbers a layer, and the pages draw no other model's."""
     run = data_efficiency.keep(reading)
     if (reading["key"].split("|")[0], run["flags"]["seed"]) not in [(model, MAP_SEED) for model in MAP_MODELS]:
         run["snapshots"] = [{k: v for k, v in s.items() if k not in ("maps", "query")} for s in run["snapshots"]]

@@ -106,6 +106,8 @@ def test_the_report_keeps_every_run_and_what_it_derives(tmp_path):
     report.keep = lambda reading: {"acc": reading["acc"], **({"key": reading["key"]} if reading["acc"] > 0.6 else {})}
     assert report.record("c", {"acc": 0.9})["runs"] == {"a": {"acc": 0.5}, "b": {"acc": 0.7, "key": "b"},
                                                         "c": {"acc": 0.9, "key": "c"}}
+    # By default a run as read, its key aside: the report holds it under the key.
+    assert study.Report(str(tmp_path / "d.json")).record("a", {"key": "a", "acc": 0.5})["runs"] == {"a": {"acc": 0.5}}
 
 
 def test_a_trial_directory_holding_another_run_is_refused_not_reused(tmp_path):

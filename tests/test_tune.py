@@ -27,7 +27,7 @@ def _rows(project):
 @pytest.mark.parametrize("tuner", ["random", "bayesian", "hyperband"])
 def test_tiny_search_writes_reports(tuner, tiny_cifar, tmp_path):
     base = make_config(overrides=dict(dataset="cifar10_files", data_dir=tiny_cifar[0], global_batch_size=25,
-                                      validation_size=50, strategy="one_device", epochs=1))
+                                      validation_size=50, strategy="one_device", epochs=1, mixed_precision="float32"))
     # One epoch a trial, but hyperband's brackets need at least two.
     config = tune_lib.TuneConfig(tuner=tuner, max_trials=2, max_epochs=2 if tuner == "hyperband" else 1,
                                  search_space="tiny",
@@ -37,13 +37,15 @@ def test_tiny_search_writes_reports(tuner, tiny_cifar, tmp_path):
     rows = _rows(project)
     assert len(rows) >= 2
     assert set(rows[0]) == {"trial_id", "encoding", "num_layers", "hidden_size", "learning_rate", "objective",
-                            "epochs", "wall_time_seconds"}
+                            "epochs", "precision", "wall_time_seconds"}
+    assert {row["precision"] for row in rows} == {"float32"}  # the policy each trial trained in
     for row in rows:
         assert row["encoding"] in ("quadratic", "learned") and row["num_layers"] == "1"
         assert 0.02 <= float(row["learning_rate"]) <= 0.2 and float(row["wall_time_seconds"]) > 0
     best = json.load(open(project / "best_hyperparameters.json"))
     assert best["score"] == max(float(r["objective"]) for r in rows)
     assert best["process"]["keras"] == keras.__version__ and best["process"]["cpu"]["machine"]
+    assert best["precision"] == "float32"
     # Exactly the space's hyperparameters (hyperband's own tuner/* values are not ones), each the
     # winning row's value as trials.csv wrote it.
     assert set(best["hyperparameters"]) == {"encoding", "num_layers", "hidden_size", "learning_rate"}
@@ -173,6 +175,25 @@ def test_distributed_search_names_a_missing_variable(monkeypatch):
 def test_invalid_search_space(space, message):
     with pytest.raises(ConfigError, match=message):
         tune_lib.validate_search_space(space)
+
+
+def test_a_trial_resolves_its_precision_whatever_run_the_model_dir_holds(tmp_path):
+    """--mixed_precision=auto keeps the precision of a run it resumes: a trial is no resumption of whatever
+    --model_dir holds, and takes this machine's choice."""
+    import keras_tuner as kt
+    import tensorflow as tf
+
+    from trainers import data as data_lib, precision, run_files
+
+    held = tmp_path / "held"
+    run_files.write(str(held), run_files.CONFIG, {"precision": {"policy": "mixed_float16", "why": "requested"}})
+    run_files.write(str(held), run_files.HISTORY, [{"epoch": 1}])
+    base = make_config(overrides=dict(dataset="synthetic", model_dir=str(held), mixed_precision="auto"))
+    space = tune_lib.load_search_space("tiny")
+    hypermodel = tune_lib.SaConvHyperModel(space, base, tf.distribute.get_strategy(),
+                                           data_lib.load_dataset("synthetic", seed=0), log=lambda s: None)
+    model = hypermodel.build(kt.HyperParameters())
+    assert hypermodel.tasks[id(model)].precision == precision.training_policy("auto")[0] != "mixed_float16"
 
 
 def test_invalid_search_space_file_fails_before_any_trial(tmp_path):

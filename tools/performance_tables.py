@@ -547,8 +547,10 @@ def _plot_reproduction_maps(path, model):
     if not runs:
         return
     if not mapped:
-        raise ValueError(f"No {model} run at {budget} epochs in the report keeps its attention maps: rerun "
-                         f"benchmarks.reproduction, which reads the recorded runs again and keeps them.")
+        raise ValueError(f"No {model} run at {budget} epochs in the report keeps its attention maps: the report "
+                         f"keeps those of seed {study.MAP_SEED} of {', '.join(study.MAP_MODELS)} "
+                         f"(benchmarks.reproduction.MAP_MODELS); every run's are in {study.DETAIL} in its trial "
+                         f"directory.")
     seed, run = mapped[0]
     last = run["snapshots"][-1]
     images = f"{run['locality_images']} test images" if run.get("locality_images") else "test images"

@@ -232,7 +232,9 @@ class Report:
     the oracle, atomically, after each run. ``keep`` sees each reading with its ``key``, and sees again the runs the
     report holds: what it keeps is the same run kept again, and a run recorded under an earlier rule follows today's."""
 
-    def __init__(self, path: str, derive=lambda runs: {}, keep=lambda reading: reading, note: str | None = None):
+    def __init__(self, path: str, derive=lambda runs: {}, keep=None, note: str | None = None):
+        # By default a run as it was read, but its key: the report holds it under the key.
+        keep = keep or (lambda reading: {k: v for k, v in reading.items() if k != "key"})
         self.path, self.derive, self.keep, self.note = path, derive, keep, note
 
     def read(self) -> dict:

@@ -29,7 +29,8 @@ restarted with the same ``KERASTUNER_TUNER_ID``: the oracle hands it its unfinis
 
 Outputs in ``directory/project_name``: keras-tuner's state (a rerun of the same command resumes
 the search; finished trials are not run again), ``trials.csv`` (one row per trial:
-hyperparameters, objective, epochs, wall time), ``best_hyperparameters.json`` and, with
+hyperparameters, objective, epochs, precision, wall time), ``best_hyperparameters.json`` (the best
+trial's hyperparameters, score and precision) and, with
 ``--retrain_best``, ``best_run/``: a normal trainer ``model_dir`` that ``sa-conv-export`` accepts.
 """
 
@@ -280,7 +281,9 @@ class SaConvHyperModel(kt.HyperModel):
         """The trial's model, from its `Task` (which ``fit`` then trains: the model configuration
         is resolved once per trial)."""
         values = define_hyperparameters(hp, self.space)
-        config = trial_config(self.base, self.space, values, self.base.epochs, self.base.model_dir)
+        # No output folder: --model_dir may hold another run, whose precision a Task resuming it would keep
+        # (`trainers.precision.training_policy`); a trial resolves its own.
+        config = trial_config(self.base, self.space, values, self.base.epochs, "")
         task = self.task(config)
         # Every trial starts from --seed: its initial weights, dropout and data order do not depend
         # on the trials before it (nor, in a distributed search, on which worker runs it).
@@ -301,7 +304,7 @@ class SaConvHyperModel(kt.HyperModel):
         if trial_dir:
             files.write_json(_record_path(trial_dir),
                              {**_read_record(trial_dir), "status": "completed", "epochs": epochs,
-                              "initial_epoch": initial_epoch, "history": history,
+                              "initial_epoch": initial_epoch, "precision": trainer.task.precision, "history": history,
                               "wall_time_seconds": time.perf_counter() - start})
         best = max(history, key=lambda h: h["val_accuracy"])
         return {"val_accuracy": best["val_accuracy"], "val_loss": best["val_loss"]}
@@ -444,7 +447,8 @@ def make_tuner(config: TuneConfig, hypermodel, strategy, seed: int | None = None
 
 
 def write_reports(tuner, space: dict, project_dir: str) -> list[dict]:
-    """``trials.csv`` (one row per finished trial) and ``best_hyperparameters.json``."""
+    """``trials.csv`` (one row per finished trial) and ``best_hyperparameters.json``. A trial's ``precision`` is
+    the dtype policy it trained in (``--mixed_precision=auto`` resolved by the host that ran it)."""
     names = [entry["name"] for entry in space["hyperparameters"]]
     rows = []
     for trial in sorted(tuner.oracle.trials.values(), key=lambda t: (len(t.trial_id), t.trial_id)):
@@ -456,10 +460,12 @@ def write_reports(tuner, space: dict, project_dir: str) -> list[dict]:
             **{name: trial.hyperparameters.values.get(name) for name in names},
             "objective": trial.score,
             "epochs": record.get("epochs"),
+            "precision": record.get("precision"),
             "wall_time_seconds": round(record.get("wall_time_seconds", float("nan")), 2),
         })
     table = io.StringIO()
-    writer = csv.DictWriter(table, fieldnames=["trial_id", *names, "objective", "epochs", "wall_time_seconds"])
+    writer = csv.DictWriter(table, fieldnames=["trial_id", *names, "objective", "epochs", "precision",
+                                               "wall_time_seconds"])
     writer.writeheader()
     writer.writerows(rows)
     files.write_text(os.path.join(project_dir, "trials.csv"), table.getvalue())
@@ -469,6 +475,7 @@ def write_reports(tuner, space: dict, project_dir: str) -> list[dict]:
             "trial_id": best[0].trial_id, "objective": tuner.oracle.objective.name, "score": best[0].score,
             "base_model": space.get("base_model"),
             "hyperparameters": {k: v for k, v in best[0].hyperparameters.values.items() if k in names},
+            "precision": _read_record(tuner.get_trial_dir(best[0].trial_id)).get("precision"),
             "process": process.describe(),  # what this process's trials ran with
         }
         files.write_json(os.path.join(project_dir, "best_hyperparameters.json"), summary)
