@@ -39,10 +39,11 @@ def measure(preset: str, autotune: bool, epochs: int, data_dir: str, model_dir: 
     config = make_config(overrides=dict(model=preset, dataset="cifar10", data_dir=data_dir, epochs=epochs, seed=0,
                                         model_dir=model_dir, mixed_precision="float32"))
     train(config, log=lambda s: None)
-    history, precision = run_files.read_history(model_dir), run_files.read_config(model_dir)["precision"]["policy"]
+    history = run_files.read_history(model_dir)
     return {"outside_steps_seconds": [round(h["epoch_seconds"] - h["train_seconds"], 2) for h in history],
             "train_seconds": [round(h["train_seconds"], 2) for h in history],
-            "final_train_loss": history[-1]["train_loss"], "process": process.describe(precision)}
+            "final_train_loss": history[-1]["train_loss"],
+            "process": process.describe(run_files.read_precision(model_dir))}
 
 
 def run_case(preset: str, side: str, epochs: int, data_dir: str) -> dict:

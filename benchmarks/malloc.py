@@ -30,7 +30,7 @@ def measure(preset: str, keep: bool, steps: int, model_dir: str) -> dict:
     results = train(config, log=lambda s: None)
     return {"images_per_second": results["images_per_second"], "remat": results["model_config"]["remat"],
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "process": process.describe(run_files.read_config(model_dir)["precision"]["policy"])}
+            "process": process.describe(run_files.read_precision(model_dir))}
 
 
 def run_case(preset: str, keep: bool, steps: int) -> dict:

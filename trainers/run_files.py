@@ -42,6 +42,12 @@ def read_config(model_dir: str) -> dict | None:
     return _read(model_dir, CONFIG, None)
 
 
+def read_precision(model_dir: str) -> str:
+    """The dtype policy the run in ``model_dir`` trains in (``--mixed_precision=auto`` resolved), as its
+    ``config.json`` records it."""
+    return read_config(model_dir)["precision"]["policy"]
+
+
 def read_history(model_dir: str) -> list[dict]:
     """The run's per-epoch records, oldest first; ``[]`` before its first epoch has finished."""
     return _read(model_dir, HISTORY, [])

@@ -156,7 +156,7 @@ def train_and_read(run: Run, model_dir: str, read, log=print) -> dict:
     log(f"{run.key}: reading ...")
     results = run_files.read_results(model_dir, required=True)
     reading = {"key": run.key, "flags": run.flags, "best_val_accuracy": results["best_val_accuracy"],
-               "precision": run_files.read_config(model_dir)["precision"]["policy"], **read(model_dir, run)}
+               "precision": run_files.read_precision(model_dir), **read(model_dir, run)}
     keras.backend.clear_session()
     tune.write_json_atomically(os.path.join(model_dir, READING), reading)
     return reading

@@ -475,7 +475,7 @@ def write_reports(tuner, space: dict, project_dir: str) -> list[dict]:
             "trial_id": best[0].trial_id, "objective": tuner.oracle.objective.name, "score": best[0].score,
             "base_model": space.get("base_model"),
             "hyperparameters": {k: v for k, v in best[0].hyperparameters.values.items() if k in names},
-            "precision": _read_record(tuner.get_trial_dir(best[0].trial_id)).get("precision"),
+            "precision": next((row["precision"] for row in rows if row["trial_id"] == best[0].trial_id), None),
             "process": process.describe(),  # what this process's trials ran with
         }
         files.write_json(os.path.join(project_dir, "best_hyperparameters.json"), summary)
