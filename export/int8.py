@@ -53,9 +53,10 @@ class Quantized(Format):
         return job.agreement(job.served(self), self.what)
 
 
-def ir_constant(node):
-    """The OpenVINO ``Constant`` that ``node`` is, or reads through ``Convert`` ops (an IR may
-    store a constant in another type); None if ``node`` computes from the input."""
+def ir_constant(op, index: int):
+    """The OpenVINO ``Constant`` that input ``index`` of ``op`` is, or reads through ``Convert`` ops
+    (an IR may store a constant in another type); None if that input computes from the model's."""
+    node = op.input(index).get_source_output().get_node()
     while node.get_type_name() == "Convert":
         node = node.input(0).get_source_output().get_node()
     return node if node.get_type_name() == "Constant" else None
@@ -193,14 +194,12 @@ class OpenVINOInt8(Quantized):
         ``Convert`` where the IR stores it in another type) other than attention ``probabilities``,
         and every ``Convolution``; the first and last left out."""
         def weight(op):
-            found = ir_constant(op.input(1).get_source_output().get_node())
+            found = ir_constant(op, 1)
             return found is not None and found.get_data() not in probabilities
 
         products = [op.get_friendly_name() for op in model.get_ordered_ops()
                     if op.get_type_name() == "Convolution" or (
-                        op.get_type_name() == "MatMul"
-                        and ir_constant(op.input(0).get_source_output().get_node()) is None
-                        and weight(op))]
+                        op.get_type_name() == "MatMul" and ir_constant(op, 0) is None and weight(op))]
         return products[1:-1]
 
     def quantize(self, version_dir: str, serving, images: np.ndarray) -> dict:
