@@ -134,6 +134,8 @@ def test_attention_probabilities_of_a_model():
         (dict(hidden_size=-4), "hidden_size must be a positive integer"),
         (dict(encoding="content_with_relative_keys", hidden_size=63), "hidden_size must be even, got 63"),
         (dict(encoding="learned", max_grid_size=8), "grid is 16x16 but max_grid_size is 8"),
+        (dict(encoding="content_plus_learned_bias", max_grid_size=15), "grid is 16x16 but max_grid_size is 15"),
+        (dict(encoding="content_with_relative_keys", max_grid_size=8), "set max_grid_size >= 16"),
         (dict(pooling_width=3), "not divisible by pooling_width 3"),
         (dict(dropout=1.5), "dropout must be in"),
         (dict(num_layer=3), "Unknown model config field"),
@@ -142,6 +144,13 @@ def test_attention_probabilities_of_a_model():
 def test_config_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
         sa_conv.build_model("sa_quadratic_small", **overrides)
+
+
+@pytest.mark.parametrize("encoding", ["quadratic", "gated", "sinusoidal"])
+def test_encodings_without_offset_tables_take_any_grid(encoding):
+    """max_grid_size bounds only the tables of learned offsets: these encodings have none."""
+    model = sa_conv.build_model("sa_quadratic_small", encoding=encoding, max_grid_size=8)
+    assert model(np.zeros((1, 32, 32, 3), np.uint8)).shape == (1, 10)
 
 
 def test_unknown_preset():

@@ -116,7 +116,8 @@ class RelativeEncoding(keras.layers.Layer):
     * ``from_attention(attention, input_dim, **options)`` (classmethod): the encoding for an
       attention layer, from its hyperparameters (``options``: the registered ones plus the
       layer's ``encoding_options``); ``check_model(...)`` (classmethod): raises
-      ValueError for a model configuration the encoding cannot serve.
+      ValueError for a model configuration the encoding cannot serve (with ``offset_tables``, an
+      encoding whose weights are tables over offsets up to ``max_grid_size``: a larger grid).
 
     An encoding's weights and position terms are float32: its ``dtype`` policy is pinned and its
     weights are never autocast, so the position-only logits and softmax stay in float32 under mixed
@@ -130,6 +131,7 @@ class RelativeEncoding(keras.layers.Layer):
     serves_only = False
     query_major = False
     mixes = False
+    offset_tables = False
 
     def __init__(self, **kwargs):
         kwargs["dtype"] = "float32"  # position terms in float32, also under mixed precision
@@ -144,6 +146,9 @@ class RelativeEncoding(keras.layers.Layer):
     @classmethod
     def check_model(cls, *, grid_size, hidden_size, max_grid_size, **options) -> None:
         """Raises ValueError naming the fix when a model of this shape cannot use the encoding."""
+        if cls.offset_tables and grid_size > max_grid_size:
+            raise ValueError(f"The attention grid is {grid_size}x{grid_size} but max_grid_size is {max_grid_size}; "
+                             f"set max_grid_size >= {grid_size}.")
 
     @classmethod
     def is_separable(cls, **options) -> bool:

@@ -18,6 +18,7 @@ class ContentEncoding(RelativeEncoding):
     ``query`` and ``key`` maps. Not position-only: the logits are ``(batch, heads, N, N)``."""
 
     position_only = False
+    offset_tables = True
 
     def __init__(self, max_grid_size, query_dim, initializer_range=0.02, seed=None, initialization=None, **kwargs):
         super().__init__(**kwargs)
@@ -32,14 +33,6 @@ class ContentEncoding(RelativeEncoding):
         return cls(attention.max_grid_size, input_dim, initializer_range=attention.initializer_range,
                    seed=attention.sublayer_seed(0), name="position_encoding",
                    initialization=getattr(attention, "initialization", None), **extra)
-
-    @classmethod
-    def check_model(cls, *, grid_size, hidden_size, max_grid_size):
-        if grid_size > max_grid_size:
-            raise ValueError(
-                f"The attention grid is {grid_size}x{grid_size} but max_grid_size is "
-                f"{max_grid_size}; set max_grid_size >= {grid_size}."
-            )
 
     @staticmethod
     def content_logits(queries, keys):

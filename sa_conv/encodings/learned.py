@@ -28,6 +28,7 @@ class LearnedRelativeEncoding(RelativeEncoding):
     """
 
     convolutional_init = True
+    offset_tables = True
 
     def __init__(self, num_heads, max_grid_size, embedding_dim, initializer_range=0.02, seed=None,
                  initialization=None, **kwargs):
@@ -46,14 +47,6 @@ class LearnedRelativeEncoding(RelativeEncoding):
         return cls(attention.num_heads, attention.max_grid_size, attention.position_embedding_dim or input_dim,
                    initializer_range=attention.initializer_range, seed=attention.sublayer_seed(0),
                    initialization=getattr(attention, "initialization", None), name="position_encoding")
-
-    @classmethod
-    def check_model(cls, *, grid_size, hidden_size, max_grid_size):
-        if grid_size > max_grid_size:
-            raise ValueError(
-                f"The attention grid is {grid_size}x{grid_size} but max_grid_size is "
-                f"{max_grid_size}; set max_grid_size >= {grid_size}."
-            )
 
     @classmethod
     def is_separable(cls):
