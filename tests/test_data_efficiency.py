@@ -13,6 +13,15 @@ from benchmarks import harness
 CONTENT, CONVOLUTIONAL = "sa_content_plus_learned_bias_small", {"attention_init": "convolutional"}
 
 
+def test_every_variant_encoding_has_the_small_preset_it_trains():
+    import sa_conv
+
+    small = {name[len("sa_"):-len("_small")] for name in sa_conv.PRESETS if name.endswith("_small")}
+    assert set(de.ATTENTION_ENCODINGS) == small
+    for encoding in de.ATTENTION_ENCODINGS:
+        assert de.parse_variant(encoding)["model"] in sa_conv.PRESETS
+
+
 def test_variant_and_dataset_names():
     # Two spellings of one variant must key one run, or a resumed study trains it again.
     quadratic = {"model": "sa_quadratic_small", **CONVOLUTIONAL}
