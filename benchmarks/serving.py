@@ -60,10 +60,10 @@ RUNTIME_SIDES = ("tflite", "tflite_int8", "onnx", "onnx_int8", "openvino", "open
 
 def runtime_formats() -> dict:
     """``{side: the export format whose file it reads}`` for the `RUNTIME_SIDES`: the float32
-    formats of `export.precisions.FORMATS` and the int8 ones of `export.int8.QUANTIZED`, by name."""
-    from export import int8, precisions
+    formats of `export.formats.FORMATS` and the int8 ones of `export.int8.QUANTIZED`, by name."""
+    from export import formats, int8
 
-    named = {**precisions.FORMATS, **{fmt.name: fmt for fmt in int8.QUANTIZED}}
+    named = {**formats.FORMATS, **{fmt.name: fmt for fmt in int8.QUANTIZED}}
     return {side: named[side] for side in RUNTIME_SIDES}
 
 

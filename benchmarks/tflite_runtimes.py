@@ -29,8 +29,7 @@ import os
 import tempfile
 
 from benchmarks import harness
-
-PRESETS = ["sa_quadratic", "sa_quadratic_full", "sa_learned", "sa_content_plus_learned_bias", "resnet18"]
+from benchmarks.serving import PAPER as PRESETS  # the serving benchmark's presets
 FILES = {"float32": "model.tflite", "full_integer": "model_full_integer.tflite", "dynamic_range": "model_int8.tflite"}
 # One-op int8 files: (heads, positions, head size) of sa_quadratic's attention at batch 8.
 HEADS, POSITIONS, HEAD_SIZE, OPS_BATCH = 9, 256, 44, 8

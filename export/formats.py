@@ -5,7 +5,8 @@ exported (`write`, from an `ExportJob`), and runs that file in the runtime that 
 (`runner`: ``images (N, H, W, C) uint8 -> probabilities (N, classes)``). The export's
 `precisions.Precision` chooses the formats and checks each file the same way (`Format.check`):
 against the Keras model it was written from, to its precision's bound. A new format is one class
-here (a quantized one, in `export.int8`) and its entry in `precisions.FORMATS`.
+here and its entry in `FORMATS` (a quantized one: a class in `export.int8` and its entry in
+`export.int8.QUANTIZED`).
 """
 
 from __future__ import annotations
@@ -229,3 +230,6 @@ class OpenVINO(Format):
     def runner(self, path):
         return runtimes.openvino_runner(path, inference_precision="f32")
 
+
+# The float files, in the order they are written (TFLite converts the SavedModel).
+FORMATS = {fmt.name: fmt for fmt in (SavedModel(), TFLite(), Onnx(), OpenVINO())}

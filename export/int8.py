@@ -34,7 +34,7 @@ import os
 import numpy as np
 
 import sa_conv
-from export.formats import EXTRA, ExportJob, Format
+from export.formats import EXTRA, FORMATS, ExportJob, Format
 from export.onnx_files import store_float16
 from export.runtimes import onnx_runner, openvino_default_precision, openvino_runner, tflite_runner
 
@@ -51,6 +51,10 @@ class Quantized(Format):
 
     def check(self, job: ExportJob) -> dict:
         return job.agreement(job.served(self), self.what)
+
+    def source(self, version_dir: str) -> str:
+        """The float32 file this one is written from, in ``version_dir``."""
+        return os.path.join(version_dir, FORMATS[self.quantizes].file)
 
 
 def ir_constant(op, index: int):
@@ -105,7 +109,7 @@ class OnnxDynamicInt8(Quantized):
         from onnx import numpy_helper
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        source = os.path.join(version_dir, EXTRA, "model.onnx")
+        source = self.source(version_dir)
         target = os.path.join(version_dir, self.file)
         constants = ProbabilityConstants(serving)
         graph = onnx.load(source).graph
@@ -151,7 +155,7 @@ class TFLiteDynamicRange(Quantized):
         target = os.path.join(version_dir, self.file)
         with open(target, "wb") as f:
             f.write(converter.convert())
-        float32 = os.path.join(version_dir, EXTRA, "model.tflite")
+        float32 = self.source(version_dir)
         return {"route": self.route, "file": self.file,
                 "megabytes": os.path.getsize(target) / 2**20,
                 "float32_megabytes": os.path.getsize(float32) / 2**20 if os.path.exists(float32) else None}
@@ -208,7 +212,7 @@ class OpenVINOInt8(Quantized):
         import nncf
         import openvino
 
-        source = os.path.join(version_dir, EXTRA, "openvino", "model.xml")
+        source = self.source(version_dir)
         target = os.path.join(version_dir, self.file)
         model = openvino.Core().read_model(source)
         chosen = self.quantized_products(model, ProbabilityConstants(serving))

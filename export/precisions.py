@@ -1,6 +1,6 @@
 """What an export computes in (``--precision``): one class per precision, chosen once
 (`resolve`). A precision makes the serving copy the files are written from, says which files an
-export in it writes (`formats`, from `FORMATS` and `export.int8.QUANTIZED`), how a file is checked
+export in it writes (`formats`, from `export.formats.FORMATS` and `export.int8.QUANTIZED`), how a file is checked
 against the float32 Keras model (`check`) and what ``metadata.json`` records (`record`)."""
 
 from __future__ import annotations
@@ -11,10 +11,6 @@ import sa_conv
 from export import formats, int8, runtimes
 from export.verify import ExportError, max_error, probability_tolerance
 from trainers import precision as precision_lib
-
-# The float files, in the order they are written (TFLite converts the SavedModel).
-FORMATS = {fmt.name: fmt for fmt in (formats.SavedModel(), formats.TFLite(), formats.Onnx(), formats.OpenVINO())}
-
 
 class Precision:
     """float32: every file computes as the Keras model does, to float32's bound."""
@@ -30,7 +26,7 @@ class Precision:
 
     def formats(self, requested) -> list[formats.Format]:
         """The files an export asked for ``requested`` (``--formats``) writes, in order."""
-        return [fmt for name, fmt in FORMATS.items() if name in requested]
+        return [fmt for name, fmt in formats.FORMATS.items() if name in requested]
 
     def describe(self, fmt: formats.Format) -> str:
         """How messages name ``fmt``'s file in this precision."""

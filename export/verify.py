@@ -22,7 +22,7 @@ class ExportError(SaConvError):
 # 1e-6). bfloat16 keeps 8 significant bits: one rounding moves a value by up to 2**-9 of it, and the
 # SavedModel and Keras's predict round the same activations through differently fused kernels, a
 # few roundings of the logits' scale that grow with depth (measured up to 1.2e-3 on probabilities
-# for the paper presets, against a fixed 1e-3 that refused them); 2**-6 of the logits' scale leaves
+# for the paper presets, so no fixed bound of that size holds); 2**-6 of the logits' scale leaves
 # room for that and not for a changed computation, which moves them by tenths. The user's own
 # criterion, top-1 agreement with float32 (`Top1Agreement`), is checked besides.
 FLOAT32_TOLERANCE = 1e-5

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import sa_conv
 from export import export as export_lib
-from export import int8, onnx_files, precisions, runtimes
+from export import formats, int8, onnx_files, runtimes
 from tests import image_formats
 from tests.conftest import PROJECT_ROOT
 from trainers import data as data_lib
@@ -256,7 +256,7 @@ def test_tflite_files_run_in_litert_and_its_absence_names_the_install(monkeypatc
         runtimes.tflite_interpreter(model_content=content)
 
 
-@pytest.mark.parametrize("fmt", [fmt for fmt in (*precisions.FORMATS.values(), *int8.QUANTIZED) if fmt.packages],
+@pytest.mark.parametrize("fmt", [fmt for fmt in (*formats.FORMATS.values(), *int8.QUANTIZED) if fmt.packages],
                          ids=lambda fmt: fmt.name)
 def test_a_format_whose_package_is_missing_names_its_install_before_anything_is_written(fmt, monkeypatch):
     for package in fmt.packages:
@@ -337,8 +337,6 @@ def test_openvino_format_writes_an_ir_checked_in_float32_and_records_the_plugins
     probabilities = runtimes.openvino_runner(os.path.join(version, record["file"]), "f32")(real_images)
     np.testing.assert_allclose(probabilities, tf.nn.softmax(model.predict(real_images, verbose=0)).numpy(), atol=1e-4)
     # The IR of another model (other weights): the check refuses it, and no version is left.
-    from export import formats
-
     other = sa_conv.build_model("sa_quadratic_small", num_layers=1)
     write = formats.OpenVINO.write
     monkeypatch.setattr(formats.OpenVINO, "write", lambda self, job: write(self, dataclasses.replace(
