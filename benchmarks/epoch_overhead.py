@@ -8,9 +8,9 @@ Each run trains a preset for ``--epochs`` epochs on the CIFAR-10 files of ``--da
 the trainer itself and reads its history: per epoch, the wall time of the whole epoch
 (``epoch_seconds``: steps, validation, artefacts) less the steps' (``train_seconds``). The
 trainer makes one data iterator per epoch; under tf.distribute, deleting it waits for the
-autotuning model's thread, whose sleep doubles over the epoch. (The recorded runs went through
-tf.distribute's per-device iterator; on one CPU replica the trainer now iterates the dataset
-itself: benchmarks/iterator_deletion.py.) Both settings train on the same
+autotuning model's thread, whose sleep doubles over the epoch; on one CPU replica the trainer
+iterates the dataset itself (benchmarks/iterator_deletion.py), and each result records the trainer
+settings it ran with. Both settings train on the same
 data in the same order: the final losses are recorded to show it. Nothing here is a test.
 """
 

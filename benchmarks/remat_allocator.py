@@ -12,8 +12,8 @@ kernels on, whose pool serves the large tensors):
   threads arenas of their own, up to 8 per core);
 * ``remat_onednn_to_malloc``: the same with oneDNN's large tensors from malloc
   (``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1``), so every freed tensor goes back to the system;
-* ``remat_no_xla``: ``remat`` with ``--nojit_compile`` (the same as ``remat`` now that the trainer
-  compiles no rematerialized model with XLA by default; kept for the reports measured before);
+* ``remat_no_xla``: ``remat`` with ``--nojit_compile`` (the same step as ``remat``: the trainer
+  compiles no rematerialized model with XLA by default; each result's ``xla`` says what ran);
 * ``no_remat``: ``--remat=none`` with its defaults (freed memory kept).
 
 Each reports the fastest of ``--steps`` timed steps after a warm-up step, images/s, peak RSS, and

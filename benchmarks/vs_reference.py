@@ -248,7 +248,7 @@ def main():
         with open(args.output) as f:
             stored = json.load(f)
         report["cases"] = stored["cases"]
-        for case in report["cases"].values():  # sides measured before sides carried dates
+        for case in report["cases"].values():  # a side without its own date has the report's
             for side, result in case.items():
                 if side != "ratios":
                     result.setdefault("date", stored.get("date"))

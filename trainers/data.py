@@ -57,7 +57,7 @@ MAX_FILE_BYTES = 200 * 2**20
 # tf.data's autotuning model for the pipelines of `make_dataset`. Off: the trainer makes one
 # iterator per epoch (a resumed epoch sees the data the lost one did), and deleting an iterator
 # whose pipeline runs the model waits for the model's thread to wake from its optimization period,
-# which doubles to tens of seconds over an epoch (benchmarks/epoch_overhead.py,
+# which doubles on every wake and so grows over an epoch (benchmarks/epoch_overhead.py,
 # benchmarks/iterator_deletion.py). tf.distribute's per-device iterator runs the model whatever
 # this says (`trainers.distribute.distribute_dataset`). Without the model, ``AUTOTUNE``
 # parallelism stays tf.data's initial one (the cores, at most 16); what the pipeline yields does

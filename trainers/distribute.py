@@ -162,8 +162,8 @@ def distribute_dataset(strategy: tf.distribute.Strategy, dataset: tf.data.Datase
 
     tf.distribute iterates through a per-device tf.data iterator whose datasets have tf.data's
     default options, the autotuning model on, whatever ``dataset``'s say; deleting that iterator
-    waits for the model's thread to wake, up to its optimization period, which doubles to tens of
-    seconds over an epoch (TF 2.21; benchmarks/iterator_deletion.py). The trainer deletes one
+    waits for the model's thread to wake, up to its optimization period, which doubles on every
+    wake and so grows over an epoch (benchmarks/iterator_deletion.py). The trainer deletes one
     iterator per epoch; on one CPU replica the per-device iterator only re-buffers batches already
     in the replica's memory, so it is skipped there.
     """

@@ -2,8 +2,8 @@
 
 TensorFlow's tf.data lowers glibc's ``M_TRIM_THRESHOLD`` to 128 KiB the first time a generator
 dataset runs (it logs "Memory patch applied"). From then on every training step hands the
-megabytes of freed activations back to the kernel and faults them in again on the next step:
-on CPU that roughly halves the step rate and doubles the system time. `keep_freed_memory` sets
+megabytes of freed activations back to the kernel and faults them in again on the next step,
+in system time the step waits for. `keep_freed_memory` sets
 the trim and mmap thresholds high, so the process keeps and reuses what it freed: faster steps
 for a higher resident size (freed blocks stay in the process and fragment). Measured in
 ``benchmarks/results/malloc.json``; the trainer's ``--keep_freed_memory`` turns it off.
