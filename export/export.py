@@ -59,7 +59,7 @@ import tensorflow as tf
 import sa_conv
 from export import precisions, tf_serving, verify
 from export.formats import FORMATS as FLOAT_FORMATS
-from export.formats import ExportJob
+from export.formats import METADATA, ExportJob
 from export.signatures import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_IMAGE_PIXELS, build_archive  # noqa: F401
 from export.verify import (ExportError, Top1Agreement, probability_tolerance, read_images,  # noqa: F401
                            verification_images)
@@ -67,7 +67,6 @@ from trainers import cli, files, run_files
 from trainers import data as data_lib
 
 FORMATS = tuple(FLOAT_FORMATS)
-METADATA = os.path.join("assets.extra", "metadata.json")
 # The agreement guard's minimum (`verify.MIN_TOP1_AGREEMENT`), read by every export from here.
 MIN_TOP1_AGREEMENT = verify.MIN_TOP1_AGREEMENT
 

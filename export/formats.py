@@ -22,7 +22,8 @@ from export import onnx_files, runtimes, signatures, tf_serving
 from export.verify import (CONVERTED_FLOAT32_TOLERANCE, FLOAT32_TOLERANCE, ExportError, Top1Agreement, read_images,
                            verification_images)
 
-EXTRA = "assets.extra"
+EXTRA = tf_serving.EXTRA  # every other file of an export goes beside TensorFlow Serving's
+METADATA = os.path.join(EXTRA, "metadata.json")  # what the export wrote and checked
 # How many images a file quantized with calibration measures its activations' ranges on (NNCF's default).
 CALIBRATION_IMAGES = 300
 
@@ -149,7 +150,7 @@ class SavedModel(Format):
 
         import tensorflow as tf
 
-        metadata = os.path.join(path, EXTRA, "metadata.json")
+        metadata = os.path.join(path, METADATA)
         limit = signatures.DEFAULT_MAX_BATCH_SIZE
         if os.path.isfile(metadata):
             with open(metadata) as f:

@@ -22,8 +22,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
-BATCHING_FILE = os.path.join("assets.extra", "batching_params.pbtxt")
+# The SavedModel's folder for other files, which TensorFlow Serving reads its warm-up requests from.
+EXTRA = "assets.extra"
+WARMUP_FILE = os.path.join(EXTRA, "tf_serving_warmup_requests")
+BATCHING_FILE = os.path.join(EXTRA, "batching_params.pbtxt")
 INSTALL = "pip install --no-deps tensorflow-serving-api"
 # Throughput counts as saturated at this fraction of the best measured.
 SATURATION = 0.95
