@@ -91,6 +91,11 @@ class Split:
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(int(s) for s in self.images.shape[1:])
 
+    @property
+    def statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-channel mean and std in ``[0, 1]`` of the images (`channel_statistics`)."""
+        return channel_statistics(self.images)
+
 
 def channel_statistics(images: np.ndarray, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and standard deviation of uint8 ``images`` scaled to ``[0, 1]``, summed
@@ -125,9 +130,7 @@ class ImageData:
 
     @functools.cached_property
     def _statistics(self):
-        if isinstance(self.train, FileSplit):
-            return self.train.statistics
-        return channel_statistics(self.train.images)
+        return self.train.statistics  # (of the files' center crops for a `FileSplit`)
 
     def model_fields(self, image_size: int | None = None) -> dict:
         """The `sa_conv.ModelConfig` fields the data decides: image size (``image_size`` when the
