@@ -278,6 +278,25 @@ def test_in_memory_data_resizes_to_image_size():
 
 
 @pytest.mark.slow
+def test_a_search_on_a_folder_trains_at_image_size(folder, tmp_path):
+    """The search loads the folder as its trials train it: scanned at ``--image_size``."""
+    import csv
+
+    from trainers import tune as tune_lib
+    from trainers.config import make_config
+
+    root, _ = folder
+    base = make_config(overrides=dict(dataset=f"folder:{root}", image_size=16, global_batch_size=8, eval_batch_size=8,
+                                      validation_size=4, epochs=1, strategy="one_device", mixed_precision="float32"))
+    config = tune_lib.TuneConfig(tuner="random", max_trials=1, max_epochs=1, search_space="tiny",
+                                 directory=str(tmp_path), project_name="p")
+    summary = tune_lib.tune(config, base, log=lambda s: None)
+    with open(tmp_path / "p" / "trials.csv") as f:
+        [row] = list(csv.DictReader(f))
+    assert float(row["objective"]) >= 0 and summary["best"]["trial_id"] == row["trial_id"]
+
+
+@pytest.mark.slow
 def test_a_folder_trains_evaluates_exports_and_serves_with_class_names(folder, tmp_path):
     from export import export as export_lib
     from trainers import train as train_lib

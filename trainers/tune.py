@@ -530,7 +530,7 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
                           "of the weights (--ema_momentum) would start from zero: use --tuner=random or bayesian, or "
                           "--ema_momentum=0.")
     strategy = strategy or distribute.create_strategy(base.strategy)
-    dataset = data_lib.load_dataset(base.dataset, base.data_dir, seed=base.seed)
+    dataset = data_lib.load_dataset(base.dataset, base.data_dir, seed=base.seed, image_size=base.image_size, log=log)
     process.keep_freed_memory(search_keeps_freed_memory(base, space, dataset, strategy))
     hypermodel = SaConvHyperModel(space, base, strategy, dataset, log=log)
     project_dir = os.path.join(config.directory, config.project_name)
