@@ -51,7 +51,7 @@ def demo(config: DemoConfig, log=print) -> dict:
 
     served = tf.saved_model.load(version_dir).signatures["serving_default"]
     loaded = data_lib.load_dataset(config.dataset, config.data_dir)
-    prediction = served(images=tf.constant(loaded.test.images[:1]))
+    prediction = served(images=tf.constant(data_lib.head(loaded.test, 1)))
     name = prediction["class_names"].numpy()[0].decode()
     confidence = float(np.max(prediction["probabilities"].numpy()[0]))
     log(f"Test accuracy {results['test_accuracy']:.3f} (chance {1 / loaded.num_classes:.3f}) after "

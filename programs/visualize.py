@@ -61,21 +61,24 @@ class VisualizeConfig:
 
 def load_images(spec, dataset, data_dir, model_dir, image_shape):
     """``spec``: comma-separated test-split indices or image file paths; images are resized to
-    ``image_shape`` ``(H, W, C)``. Returns uint8 images and their names."""
+    ``image_shape`` ``(H, W, C)`` (test images as the evaluation pipeline does, `trainers.data.head`).
+    Returns uint8 images and their names."""
     items = [s.strip() for s in (spec or "0").split(",") if s.strip()]
     if all(s.isdigit() for s in items):
         config = run_files.read_config(model_dir) if dataset is None and model_dir else None
         if config is not None:
             dataset, data_dir = config.get("dataset"), data_dir or config.get("data_dir")
-        loaded = data_lib.load_dataset(dataset or "cifar10", data_dir)
+        size, channels = image_shape[0], image_shape[-1]
+        loaded = data_lib.load_dataset(dataset or "cifar10", data_dir, image_size=size)
         test = loaded.test
         indices = [int(s) for s in items]
         bad = [i for i in indices if i >= len(test)]
         if bad:
             raise ConfigError(f"--images indices {bad} are outside the test split of {len(test)} images.")
-        if loaded.image_shape != tuple(image_shape):
-            raise ConfigError(f"--dataset images are {loaded.image_shape} but the model takes {tuple(image_shape)}.")
-        return test.images[indices], [f"test image {i} ({loaded.label_names[int(test.labels[i])]})" for i in indices]
+        if loaded.image_shape[-1] != channels:
+            raise ConfigError(f"--dataset images have {loaded.image_shape[-1]} channels but the model takes {channels}.")
+        images = data_lib.head(test.subset(indices), len(indices), image_size=size)
+        return images, [f"test image {i} ({loaded.label_names[int(test.labels[i])]})" for i in indices]
     import tensorflow as tf
 
     height, width, channels = image_shape

@@ -322,3 +322,10 @@ def test_a_folder_trains_evaluates_exports_and_serves_with_class_names(folder, t
     blobs = [tf.io.encode_jpeg(_image(rng, 30, 70, 2), quality=95).numpy(), tf.io.encode_png(_image(rng, 50, 20, 0)).numpy()]
     out = served(image_bytes=tf.constant(blobs))
     assert [n.decode() for n in out["class_names"].numpy()] == ["zebra", "cat"]
+    # sa-conv-visualize reads the run's test images by index, at its 16x16, as evaluation crops them.
+    from programs import visualize
+
+    images, names = visualize.load_images("0,2", None, None, str(tmp_path / "run"), (16, 16, 3))
+    test = data_lib.load_dataset(f"folder:{root}", seed=0, image_size=16).test
+    np.testing.assert_array_equal(images, data_lib.head(test, 3)[[0, 2]])
+    assert [name.split(" (")[1].rstrip(")") for name in names] == [CLASSES[int(test.labels[i])] for i in (0, 2)]
