@@ -77,8 +77,17 @@ def test_a_plan_naming_a_run_twice_or_an_unknown_setting_is_refused(tmp_path):
                          directory=str(tmp_path), project_name="p")
     bad = tmp_path / "plan.json"
     bad.write_text(json.dumps([{"key": "a", "flags": {**TINY, "learning_rat": 0.1}}]))
-    with pytest.raises(study.ConfigError, match="learning_rat"):
-        study.load_plan(str(bad))
+    with pytest.raises(study.ConfigError, match="Run 'a': .*learning_rat"):
+        study.check(study.load_plan(str(bad)))
+
+
+def test_a_run_the_model_cannot_take_stops_the_study_before_any_run_trains(tmp_path):
+    """The settings of every run are checked up front, the model's too: a plan whose second run asks
+    for mimetic initialization of position-only attention trains nothing."""
+    runs = [study.Run("a", {**TINY, "epochs": 1}), study.Run("b", {**TINY, "epochs": 1, "attention_init": "mimetic"})]
+    with pytest.raises(study.ConfigError, match="Run 'b': attention_init='mimetic' starts the query and key maps"):
+        study.run_study("p", runs, study.read_results, lambda key, reading: None, str(tmp_path), log=lambda s: None)
+    assert not os.path.exists(tmp_path / "p")
 
 
 def test_a_process_handed_a_run_its_plan_lacks_says_to_share_the_plan(tmp_path):

@@ -12,7 +12,7 @@ from typing import Optional
 
 from trainers import cli
 from sa_conv.attention_init import ATTENTION_INITS
-from sa_conv.config import PRESETS
+from sa_conv.config import PRESETS, get_config
 from trainers.data import DATASETS, get_source
 from sa_conv.encodings import get_encoding
 from sa_conv.errors import ConfigError, SaConvError
@@ -228,15 +228,18 @@ class TrainConfig:
 
     def milestone_epochs(self) -> tuple[int, ...]:
         try:
-            return tuple(int(m) for m in self.lr_milestones.split(",") if m.strip())
+            epochs = tuple(int(m) for m in self.lr_milestones.split(",") if m.strip())
         except ValueError:
+            epochs = None
+        if epochs is None or list(epochs) != sorted(epochs) or any(e < 0 for e in epochs):
             raise ConfigError(
-                f"--lr_milestones must be comma-separated epochs, got {self.lr_milestones!r}."
-            ) from None
+                f"--lr_milestones must be comma-separated increasing epochs, got {self.lr_milestones!r}."
+            )
+        return epochs
 
     def validate(self) -> None:
-        """Raises ConfigError for values no run can use (model fields are checked by
-        `sa_conv.get_config`, data paths when loading)."""
+        """Raises ConfigError for values no run can use: the preset with its overrides as
+        `sa_conv.get_config` checks them (the fields the data decides, and data paths, when loading)."""
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -244,9 +247,12 @@ class TrainConfig:
                 raise ConfigError(f"--{f.name}={value!r} is not one of: {', '.join(choices)}.")
         if self.encoding is not None:
             try:
-                get_encoding(self.encoding)
+                spec = get_encoding(self.encoding)
             except ValueError as exc:
                 raise ConfigError(f"--encoding: {exc}") from None
+            if spec.serves_only:
+                raise ConfigError(f"--encoding={self.encoding} serves a trained model's copy "
+                                  "(sa_conv.freeze_for_inference) and does not train: train the encoding it freezes.")
         for name in ("epochs", "global_batch_size", "eval_batch_size", "steps_per_execution",
                      "cpu_devices", "keep_checkpoints"):
             if getattr(self, name) < 1:
@@ -258,6 +264,8 @@ class TrainConfig:
             raise ConfigError(f"--max_steps must be positive, got {self.max_steps}.")
         if self.learning_rate <= 0:
             raise ConfigError(f"--learning_rate must be positive, got {self.learning_rate}.")
+        if self.lr_decay_factor <= 0:
+            raise ConfigError(f"--lr_decay_factor must be positive, got {self.lr_decay_factor}.")
         for name, low, high in (("momentum", 0, 1), ("warmup_ratio", 0, 1), ("label_smoothing", 0, 1)):
             if not low <= getattr(self, name) < high:
                 raise ConfigError(f"--{name} must be in [{low}, {high}), got {getattr(self, name)}.")
@@ -296,6 +304,10 @@ class TrainConfig:
             get_source(self.dataset)
         except SaConvError as exc:
             raise ConfigError(f"--dataset: {exc}") from None
+        try:
+            get_config(self.model, **self.model_overrides())
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

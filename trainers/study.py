@@ -172,7 +172,9 @@ def run_study(name: str, runs: list[Run], read, record, directory: str, log=prin
     with its share in keras-tuner's distributed mode), passing each completed run to
     ``record(key, reading)`` in the process that holds the oracle; there, at the end, every
     completed run of the plan is passed again (a record is idempotent), so that a run whose
-    trial ended just before a kill is not lost. Returns the keys this process recorded."""
+    trial ended just before a kill is not lost. Returns the keys this process recorded. Every run's
+    settings are checked first (`check`)."""
+    check(runs)
     role = tune.search_role()
     recorded = []
 
@@ -268,18 +270,27 @@ class StudyConfig:
             raise ConfigError("--plan is required: a JSON file listing the runs.")
 
 
+def check(runs: list[Run]) -> None:
+    """ConfigError naming the first run whose settings no trainer config takes (`TrainConfig.validate`):
+    a study stops before any run trains, not when it reaches the wrong one hours later."""
+    from trainers.config import make_config
+
+    for run in runs:
+        try:
+            make_config(overrides=run.flags)
+        except ConfigError as exc:
+            raise ConfigError(f"Run {run.key!r}: {exc}") from None
+
+
 def load_plan(path: str) -> list[Run]:
-    """The runs of a plan file; ConfigError naming what is wrong."""
+    """The runs of a plan file; ConfigError naming what is wrong with the file (`run_study` checks
+    the runs' settings)."""
     try:
         entries = json.loads(files.read_text(path))
         runs = [Run(entry["key"], dict(entry["flags"])) for entry in entries]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"--plan {path!r}: {error!r}; a plan is a JSON list of "
                           '{"key": "...", "flags": {...}}.') from None
-    for run in runs:  # every run's settings checked before any trains
-        from trainers.config import make_config
-
-        make_config(overrides=run.flags)
     return runs
 
 
@@ -287,6 +298,7 @@ def main():
     config = cli.make(StudyConfig, cli.settings(StudyConfig))
     runs = load_plan(config.plan)
     if config.dry_run:
+        check(runs)
         for key, state in status(config.name, runs, config.directory).items():
             print(f"{key}: {state}")
         return

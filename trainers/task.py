@@ -159,10 +159,11 @@ class Task:
         # starts: a resumed run keeps what it started with.
         self.precision, self.precision_reason = precision.training_policy(
             config.mixed_precision, resumed=resumed_precision(config.model_dir))
-        try:  # the preset and overrides first: their errors need no data
-            sa_conv.get_config(config.model, **config.model_overrides(), **(model_fields or {}))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        if model_fields:  # the caller's fields on the preset and overrides (which validate() checked)
+            try:
+                sa_conv.get_config(config.model, **config.model_overrides(), **model_fields)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         self.replicas = replicas
         for name in ("global_batch_size", "eval_batch_size"):
             if getattr(config, name) % replicas:
