@@ -525,10 +525,10 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
         raise ConfigError(f"--search_space={config.search_space} searches --rand_augment_factor, which does nothing "
                           f"without RandAugment: add rand_augment to --augmentation (the recorded small_data searches "
                           f"ran with --augmentation=pad_crop_flip,rand_augment,random_erasing,mixup,cutmix).")
-    if config.tuner == "hyperband" and base.ema_momentum:
+    if config.tuner == "hyperband" and (base.ema_momentum or "ema_momentum" in searched):
         raise ConfigError("--tuner=hyperband continues trials from their weights with a new optimizer, whose average "
-                          "of the weights (--ema_momentum) would start from zero: use --tuner=random or bayesian, or "
-                          "--ema_momentum=0.")
+                          "of the weights (--ema_momentum, set or searched) would start from zero: use --tuner=random "
+                          "or bayesian, or --ema_momentum=0 and a space without it.")
     strategy = strategy or distribute.create_strategy(base.strategy)
     dataset = data_lib.load_dataset(base.dataset, base.data_dir, seed=base.seed, image_size=base.image_size, log=log)
     process.keep_freed_memory(search_keeps_freed_memory(base, space, dataset, strategy))
