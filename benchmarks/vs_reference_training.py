@@ -235,6 +235,9 @@ def main():
         parser.error("--reference_dir (a local clone of epfml/attention-cnn) is required.")
     args.data_dir = harness.cifar10_dir(parser, args.data_dir)
     encodings = [e for e in args.encodings.split(",") if e]
+    unknown = [e for e in encodings if e not in PRESETS]
+    if unknown:  # before either side trains: the report is written at the end
+        parser.error(f"--encodings {unknown}: the reference trains {', '.join(PRESETS)}.")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.lockstep:
         lockstep_main(args, encodings, seeds)

@@ -364,6 +364,14 @@ def test_a_data_dir_without_cifar10_files_stops_the_benchmark_before_its_runs(mo
     assert os.listdir(tmp_path) == []  # no report, no run directory
 
 
+def test_an_encoding_the_reference_lacks_stops_the_training_comparison_before_its_runs(tiny_cifar, tmp_path):
+    proc = harness.run_module("benchmarks.vs_reference_training", [
+        "--reference_dir=.", f"--data_dir={tiny_cifar[0]}", "--encodings=quadratic,gated",
+        f"--output={tmp_path / 'report.json'}"])
+    assert proc.returncode == 2 and "--encodings ['gated']: the reference trains quadratic," in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_data_dir_is_taken_as_an_absolute_path_when_it_holds_cifar10_files(tiny_cifar, tmp_path, monkeypatch,
                                                                              capsys):
     import argparse
