@@ -96,6 +96,10 @@ def export(
     if calibration_images and not any(fmt.calibrates for fmt in chosen):
         raise ExportError("--calibration_images calibrates the int8 OpenVINO file, which this export does not write: "
                           "add --precision=int8 --formats=saved_model,openvino, or leave it out.")
+    if agreement_images and not precision.checks_agreement:
+        log(f"--agreement_images {agreement_images} is not used: {precision.name} files ({precision.why}) are checked "
+            "against the Keras model to float32's bound, not by top-1 agreement.")
+        agreement_images = None
     path, results = resolve_model(model_dir, model_path)
     model = resized(load_keras_model(path), image_size)
     names = class_names(model, results)

@@ -58,14 +58,20 @@ class ExportJob:
     results: dict = dataclasses.field(default_factory=dict)
     calibration_images: str | None = None
 
+    def __post_init__(self):
+        # A user's file is read now: a bad one stops the export before it writes anything.
+        self._calibration = None if not self.calibration_images else (
+            read_images(self.calibration_images, self.model.inputs[0].shape[1:], "--calibration_images"),
+            f"images of {self.calibration_images}")
+
     def calibration(self) -> tuple[np.ndarray, str]:
         """``(uint8 images (N, H, W, C), a description)`` a quantized file calibrates on: those of
         ``calibration_images``, else up to `CALIBRATION_IMAGES` training images of the run's own
         dataset (local files; the agreement reads its test images), else generated ones."""
-        shape = self.model.inputs[0].shape[1:]
-        if self.calibration_images:
-            return read_images(self.calibration_images, shape), f"images of {self.calibration_images}"
-        return verification_images(self.results, shape, count=CALIBRATION_IMAGES, split="train")
+        if self._calibration:
+            return self._calibration
+        return verification_images(self.results, self.model.inputs[0].shape[1:], count=CALIBRATION_IMAGES,
+                                   split="train")
 
     def path(self, fmt: "Format") -> str:
         return os.path.join(self.directory, fmt.file)

@@ -16,6 +16,7 @@ class Precision:
     """float32: every file computes as the Keras model does, to float32's bound."""
 
     name = "float32"
+    checks_agreement = False  # whether its files are checked by top-1 agreement (--agreement_images)
 
     def __init__(self, why: str = "requested"):
         self.why = why
@@ -48,6 +49,7 @@ class BFloat16(Precision):
     bound, then by its top-1 agreement with the float32 model."""
 
     name = "bfloat16"
+    checks_agreement = True
 
     def serving_copy(self, model):
         return sa_conv.freeze_for_inference(sa_conv.with_dtype_policy(model, "mixed_bfloat16"))
@@ -80,6 +82,7 @@ class Int8(Precision):
     int8 file of each."""
 
     name = "int8"
+    checks_agreement = True
 
     def formats(self, requested):
         requested = set(requested) | {"onnx"}

@@ -79,9 +79,9 @@ def verification_images(results: dict, image_shape, count: int = 16, split: str 
     return generated.test.images, "generated images"
 
 
-def read_images(path: str, image_shape) -> np.ndarray:
+def read_images(path: str, image_shape, flag: str = "--agreement_images") -> np.ndarray:
     """uint8 images ``(N, H, W, C)`` of the model's input shape from a ``.npy`` file or an
-    ``.npz`` file's ``images`` (or only) array."""
+    ``.npz`` file's ``images`` (or only) array; ExportError naming ``flag``, the setting that gave ``path``."""
     try:
         loaded = np.load(path, allow_pickle=False)  # an array (.npy) or an archive of arrays (.npz)
         if isinstance(loaded, np.lib.npyio.NpzFile):
@@ -90,9 +90,9 @@ def read_images(path: str, image_shape) -> np.ndarray:
         else:
             array = loaded
     except (OSError, ValueError, IndexError) as exc:
-        raise ExportError(f"--agreement_images: cannot read {path} ({exc}).") from None
+        raise ExportError(f"{flag}: cannot read {path} ({exc}).") from None
     if array.ndim != 4 or tuple(array.shape[1:]) != tuple(image_shape) or len(array) == 0:
-        raise ExportError(f"--agreement_images: {path} holds {array.shape}; the model takes (N, "
+        raise ExportError(f"{flag}: {path} holds {array.shape}; the model takes (N, "
                           f"{', '.join(map(str, image_shape))}) images.")
     return np.clip(array, 0, 255).astype(np.uint8)
 
@@ -109,13 +109,14 @@ class Top1Agreement:
         self.model, self.results, self.agreement_images, self.image_shape = model, results, agreement_images, image_shape
         self.minimum = minimum
         self._reference = None
+        # A user's file is read now: a bad one stops the export before it writes anything.
+        self._images = read_images(agreement_images, image_shape) if agreement_images else None
 
     def reference(self) -> tuple[np.ndarray, np.ndarray, str]:
         """``(images (N, H, W, C) uint8, float32 classes (N,), a description of the images)``."""
         if self._reference is None:
             if self.agreement_images:
-                images = read_images(self.agreement_images, self.image_shape)
-                source = f"images of {self.agreement_images}"
+                images, source = self._images, f"images of {self.agreement_images}"
             else:
                 images, source = verification_images(self.results, self.image_shape, count=1000)
             classes = np.argmax(self.model.predict(images, verbose=0), axis=-1)

@@ -926,6 +926,23 @@ def test_agreement_images_from_npy_and_npz_and_clear_errors(tmp_path):
         export_lib.read_images(str(tmp_path / "missing.npz"), (32, 32, 3))
 
 
+def test_an_export_reads_the_users_image_files_first_and_names_the_one_it_cannot_use(tmp_path):
+    path = str(tmp_path / "m.keras")
+    sa_conv.build_model("sa_quadratic_small", num_layers=1).save(path)
+    np.save(tmp_path / "small.npy", np.zeros((4, 8, 8, 3), np.uint8))
+    for flag, kwargs in (("--agreement_images", dict(precision="bfloat16")),
+                         ("--calibration_images", dict(precision="int8", formats=("saved_model", "openvino")))):
+        logs = []
+        with pytest.raises(export_lib.ExportError, match=rf"{flag}: .*small.npy holds \(4, 8, 8, 3\)"):
+            export_lib.export(model_path=path, export_dir=str(tmp_path / "out"), log=logs.append,
+                              **{flag[2:]: str(tmp_path / "small.npy")}, **kwargs)
+        assert logs == [] and not os.listdir(tmp_path / "out" / "sa_quadratic_small")  # before any file
+    logs = []
+    export_lib.export(model_path=path, export_dir=str(tmp_path / "f32"), agreement_images=str(tmp_path / "small.npy"),
+                      tf_serving_files=False, log=logs.append)
+    assert "--agreement_images {} is not used: float32 files (requested)".format(tmp_path / "small.npy") in logs[0]
+
+
 def test_the_serving_benchmark_skips_a_side_for_the_packages_its_format_declares(monkeypatch):
     """A runtime side of `benchmarks/serving.py` is skipped for the packages of the format whose
     file it reads (`Format.packages`), an int8 side also for those of the float32 format it
