@@ -3,6 +3,7 @@ workers in keras-tuner's chief/worker mode, each run resumed after a kill."""
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -79,6 +80,20 @@ def test_a_plan_naming_a_run_twice_or_an_unknown_setting_is_refused(tmp_path):
     bad.write_text(json.dumps([{"key": "a", "flags": {**TINY, "learning_rat": 0.1}}]))
     with pytest.raises(study.ConfigError, match="Run 'a': .*learning_rat"):
         study.check(study.load_plan(str(bad)))
+
+
+def test_a_plan_asking_for_logical_cpu_devices_trains_on_them(tmp_path):
+    """The study process splits its CPU as its runs ask (``cpu_devices``), once: one count for all."""
+    mirrored = {**TINY, "epochs": 1, "strategy": "mirrored", "cpu_devices": 2}
+    with pytest.raises(study.ConfigError, match=r"ask for \[1, 2\] logical CPU devices"):
+        study.run_study("p", [study.Run("a", {**TINY, "epochs": 1}), study.Run("b", mirrored)], study.read_results,
+                        lambda key, reading: None, str(tmp_path), log=lambda s: None)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"key": "a", "flags": mirrored}]))
+    proc = subprocess.run(command(str(plan), str(tmp_path / "d")), cwd=PROJECT_ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 replica(s)" in proc.stdout + proc.stderr
 
 
 def test_a_run_the_model_cannot_take_stops_the_study_before_any_run_trains(tmp_path):

@@ -173,8 +173,15 @@ def run_study(name: str, runs: list[Run], read, record, directory: str, log=prin
     ``record(key, reading)`` in the process that holds the oracle; there, at the end, every
     completed run of the plan is passed again (a record is idempotent), so that a run whose
     trial ended just before a kill is not lost. Returns the keys this process recorded. Every run's
-    settings are checked first (`check`)."""
-    check(runs)
+    settings are checked first (`check`), and the process split into the logical CPU devices they
+    ask for (``cpu_devices``, one count for the study: its runs share the process)."""
+    from trainers import distribute
+
+    counts = sorted({config.cpu_devices for config in check(runs)})
+    if len(counts) > 1:
+        raise ConfigError(f"The plan's runs ask for {counts} logical CPU devices (cpu_devices); its runs train in one "
+                          "process, which splits its CPU once: give them one count.")
+    distribute.configure_cpu_devices(counts[0] if counts else 1)
     role = tune.search_role()
     recorded = []
 
@@ -270,16 +277,19 @@ class StudyConfig:
             raise ConfigError("--plan is required: a JSON file listing the runs.")
 
 
-def check(runs: list[Run]) -> None:
-    """ConfigError naming the first run whose settings no trainer config takes (`TrainConfig.validate`):
-    a study stops before any run trains, not when it reaches the wrong one hours later."""
+def check(runs: list[Run]) -> list:
+    """Each run's `trainers.config.TrainConfig`; ConfigError naming the first run whose settings no trainer
+    config takes (`TrainConfig.validate`): a study stops before any run trains, not when it reaches the wrong one
+    hours later."""
     from trainers.config import make_config
 
+    configs = []
     for run in runs:
         try:
-            make_config(overrides=run.flags)
+            configs.append(make_config(overrides=run.flags))
         except ConfigError as exc:
             raise ConfigError(f"Run {run.key!r}: {exc}") from None
+    return configs
 
 
 def load_plan(path: str) -> list[Run]:
