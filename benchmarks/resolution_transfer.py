@@ -54,7 +54,7 @@ def main():
     import sa_conv
     from trainers import distribute, run_files
     from trainers import train as train_lib
-    from trainers.config import make_config
+    from trainers.config import ConfigError, make_config
     from trainers.task import Task
 
     workdir = tempfile.mkdtemp(prefix="resolution_transfer_")
@@ -62,11 +62,19 @@ def main():
                   global_batch_size=args.batch, eval_batch_size=500, learning_rate=args.learning_rate,
                   strategy="one_device", mixed_precision="float32")
 
-    def run(name, **overrides):
-        config = make_config(overrides={**common, **overrides, "model_dir": os.path.join(workdir, name)})
-        results = train_lib.train(config, log=lambda s: print(f"[{name}] {s}", flush=True))
-        return config, results
+    def config(name, **overrides):
+        return make_config(overrides={**common, **overrides, "model_dir": os.path.join(workdir, name)})
 
+    def run(name, **overrides):
+        return train_lib.train(config(name, **overrides), log=lambda s: print(f"[{name}] {s}", flush=True))
+
+    fine_tuning = dict(image_size=64, epochs=args.fine_tune_epochs)
+    for name, overrides in (("at32", dict(epochs=args.epochs)),  # every run's settings before the first trains
+                            ("fine_tuned_at64", dict(fine_tuning, learning_rate=args.fine_tune_learning_rate))):
+        try:
+            config(name, **overrides)
+        except ConfigError as exc:
+            raise SystemExit(f"resolution_transfer's {name} run: {exc}") from None
     if args.trained_run:
         at32_dir = args.trained_run
         at32 = run_files.read_results(at32_dir)
@@ -78,16 +86,16 @@ def main():
                              f"{at32['model_config']['image_size']}x{at32['model_config']['image_size']}, not "
                              f"{args.epochs} at 32x32.")
     else:
-        _, at32 = run("at32", epochs=args.epochs)
+        at32 = run("at32", epochs=args.epochs)
         at32_dir = os.path.join(workdir, "at32")
     trained = keras.models.load_model(os.path.join(at32_dir, run_files.MODEL))
     config64 = make_config(overrides={**common, "image_size": 64, "epochs": 1, "model_dir": os.path.join(workdir, "e")})
     task = Task(config64, log=lambda s: None)
     moved = sa_conv.with_image_size(trained, 64)
     zero_shot = distribute.local_evaluate(task, moved, task.test_split)
-    _, tuned = run("fine_tuned_at64", image_size=64, epochs=args.fine_tune_epochs,
-                   learning_rate=args.fine_tune_learning_rate, init_from=os.path.join(at32_dir, run_files.MODEL))
-    _, scratch = run("scratch_at64", image_size=64, epochs=args.fine_tune_epochs)
+    tuned = run("fine_tuned_at64", **fine_tuning, learning_rate=args.fine_tune_learning_rate,
+                init_from=os.path.join(at32_dir, run_files.MODEL))
+    scratch = run("scratch_at64", **fine_tuning)
     report = {
         "model": args.model, "dataset": args.dataset, "data_dir": os.path.basename(os.path.normpath(args.data_dir)),
         "train_images": len(task.train_split), "test_images": len(task.test_split),

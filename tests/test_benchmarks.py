@@ -372,6 +372,14 @@ def test_an_encoding_the_reference_lacks_stops_the_training_comparison_before_it
     assert os.listdir(tmp_path) == []
 
 
+def test_resolution_transfer_checks_its_fine_tuning_before_it_trains(tiny_cifar, tmp_path):
+    proc = harness.run_module("benchmarks.resolution_transfer", [
+        f"--data_dir={tiny_cifar[0]}", "--fine_tune_epochs=0", f"--output={tmp_path / 'report.json'}"])
+    assert proc.returncode == 1, proc.stderr
+    assert "resolution_transfer's fine_tuned_at64 run: --epochs must be a positive integer, got 0." in proc.stderr
+    assert "[at32]" not in proc.stdout and os.listdir(tmp_path) == []
+
+
 def test_a_data_dir_is_taken_as_an_absolute_path_when_it_holds_cifar10_files(tiny_cifar, tmp_path, monkeypatch,
                                                                              capsys):
     import argparse
