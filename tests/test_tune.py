@@ -281,13 +281,19 @@ def test_range_bounds_of_the_wrong_type_are_named(entry, message):
     (dict(search_space="small_data"), {}, "searches the small_data recipe's settings: add --recipe=small_data"),
     (dict(search_space="small_data"), dict(recipe="small_data"), "add rand_augment to --augmentation"),
     (dict(search_space="tiny", tuner="hyperband"), dict(ema_momentum=0.99), "would start from zero"),
-    (dict(search_space="EMA", tuner="hyperband"), {}, "would start from zero"),
+    (dict(search_space={"base_model": "sa_quadratic_small", "hyperparameters": [  # a user's space
+        {"name": "ema_momentum", "type": "choice", "values": [0.99, 0.999]}]}, tuner="hyperband"), {},
+     "would start from zero"),
+    # The trials' model with the search's settings: --model (the space names none) and --attention_init.
+    (dict(search_space={"hyperparameters": [
+        {"name": "encoding", "type": "choice", "values": ["learned", "content_with_relative_keys"]}]}, tuner="random"),
+     dict(model="sa_learned_small", attention_init="convolutional"),
+     "value 'content_with_relative_keys' is invalid: attention_init='convolutional' needs an encoding with a"),
 ])
 def test_searches_the_recipe_cannot_run_are_refused_before_any_trial(search, base, message, tmp_path):
-    if search["search_space"] == "EMA":  # a space of the user's that searches the average
-        path = tmp_path / "ema.json"
-        path.write_text(json.dumps({"base_model": "sa_quadratic_small", "hyperparameters": [
-            {"name": "ema_momentum", "type": "choice", "values": [0.99, 0.999]}]}))
+    if isinstance(search["search_space"], dict):
+        path = tmp_path / "space.json"
+        path.write_text(json.dumps(search["search_space"]))
         search = {**search, "search_space": str(path)}
     config = tune_lib.TuneConfig(directory=str(tmp_path / "d"), **search)
     with pytest.raises(ConfigError, match=message):

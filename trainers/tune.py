@@ -149,8 +149,9 @@ class TuneConfig:
 # ------------------------------------------------------------------------------ search spaces
 
 
-def load_search_space(spec: str | dict) -> dict:
-    """A named space, a JSON file path or a dict; validated (see `validate_search_space`)."""
+def load_search_space(spec: str | dict, base: TrainConfig | None = None) -> dict:
+    """A named space, a JSON file path or a dict; validated for the search's ``base`` settings
+    (see `validate_search_space`)."""
     if isinstance(spec, dict):
         space = spec
     elif spec in SEARCH_SPACES:
@@ -163,7 +164,7 @@ def load_search_space(spec: str | dict) -> dict:
             raise ConfigError(f"--search_space file {spec!r} is not valid JSON: {exc}") from None
     else:
         raise ConfigError(f"--search_space {spec!r} is neither a named space ({', '.join(SEARCH_SPACES)}) nor a file.")
-    validate_search_space(space)
+    validate_search_space(space, base)
     return space
 
 
@@ -176,12 +177,14 @@ def _values(entry):
     return [entry["min"], entry["max"]]
 
 
-def validate_search_space(space: dict) -> None:
+def validate_search_space(space: dict, settings: TrainConfig | None = None) -> None:
     """Raises ConfigError naming the entry, before any trial: unknown names or types, bad
-    ranges, and values that no model of the base preset accepts (each tried on its own)."""
+    ranges, and values that no model of the model the trials train (`trial_model`) accepts with
+    the search's model ``settings`` (each value tried on its own)."""
     if not isinstance(space, dict) or "hyperparameters" not in space:
         raise ConfigError("A search space is a JSON object with 'base_model' and 'hyperparameters'.")
-    base = space.get("base_model", "sa_quadratic_small")
+    base = trial_model(space, settings)
+    fixed = settings.model_overrides() if settings else {}
     if base not in sa_conv.PRESETS:
         raise ConfigError(f"search space base_model {base!r} is not a preset ({', '.join(sa_conv.PRESETS)}).")
     if space.get("recipe", "paper") not in RECIPES:
@@ -224,7 +227,7 @@ def validate_search_space(space: dict) -> None:
         for value in _values(entry):
             try:
                 if name in MODEL_HYPERPARAMETERS:
-                    sa_conv.get_config(base, **{name: value})
+                    sa_conv.get_config(base, **{**fixed, name: value})
                 else:
                     make_config(overrides={name: value})
             except (ValueError, TypeError) as exc:
@@ -249,9 +252,14 @@ def define_hyperparameters(hp: kt.HyperParameters, space: dict) -> dict:
     return values
 
 
+def trial_model(space: dict, base: TrainConfig | None = None) -> str:
+    """The preset the trials train: the space's ``base_model``, else ``--model``."""
+    return space.get("base_model", base.model if base else TrainConfig.model)
+
+
 def trial_config(base: TrainConfig, space: dict, values: dict, epochs: int, model_dir: str) -> TrainConfig:
     """The trainer's configuration for one set of hyperparameter values."""
-    overrides = {**dataclasses.asdict(base), "model": space.get("base_model", base.model), "epochs": epochs,
+    overrides = {**dataclasses.asdict(base), "model": trial_model(space, base), "epochs": epochs,
                  "model_dir": model_dir, "max_steps": None}
     overrides.update({k: v for k, v in values.items()})
     return make_config(overrides=overrides)
@@ -516,7 +524,10 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
     role = search_role()
     if role == "worker" and config.overwrite:
         raise ConfigError("--overwrite on a worker would delete the shared search; only the chief may start over.")
-    space = load_search_space(config.search_space)  # before any trial
+    space = load_search_space(config.search_space, base)  # before any trial
+    if trial_model(space, base) != base.model:
+        log(f"--search_space={config.search_space} trains its base_model {trial_model(space, base)}: --model="
+            f"{base.model} is not used.")
     if space.get("recipe", base.recipe) != base.recipe:
         raise ConfigError(f"--search_space={config.search_space} searches the {space['recipe']} recipe's settings: "
                           f"add --recipe={space['recipe']}.")
