@@ -301,6 +301,17 @@ def test_searches_the_recipe_cannot_run_are_refused_before_any_trial(search, bas
     assert not (tmp_path / "d").exists()
 
 
+def test_a_search_says_which_trainer_settings_its_trials_do_not_use(tmp_path):
+    logs = []
+    base = make_config(overrides=dict(dataset="synthetic", snapshot_every=5, max_steps=3, global_batch_size=50,
+                                      validation_size=100, epochs=1, strategy="one_device", mixed_precision="float32"))
+    tune_lib.tune(tune_lib.TuneConfig(tuner="random", max_trials=1, max_epochs=1, search_space="tiny",
+                                      directory=str(tmp_path), project_name="p"), base, log=logs.append)
+    assert logs[0].startswith("--snapshot_every: not used by the trials")
+    assert logs[1].startswith("--max_steps: not used by a search")
+    assert not any(path.name.startswith("epoch_") for path in tmp_path.rglob("*.keras"))  # no snapshot taken
+
+
 def test_searches_of_one_seed_try_the_same_points():
     """The oracle draws from the trainer's --seed: a search repeats, and the small-data searches
     of an attention preset and of resnet20 try the same settings."""

@@ -62,6 +62,8 @@ from trainers.recipes import RECIPES
 from trainers.task import Task, resolve_model_config
 from trainers.train import Trainer, train
 
+# Trainer settings a trial does without (`SaConvHyperModel.fit`), which the retrained best run takes.
+TRIALS_IGNORE = ("init_from", "snapshot_every", "attention_summaries_every")
 MODEL_HYPERPARAMETERS = ("encoding", "num_heads", "num_layers", "hidden_size", "mlp_size", "dropout",
                          "attention_dropout", "stochastic_depth")
 TRAINING_HYPERPARAMETERS = ("learning_rate", "weight_decay", "warmup_ratio", "momentum", "label_smoothing",
@@ -524,6 +526,12 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
     role = search_role()
     if role == "worker" and config.overwrite:
         raise ConfigError("--overwrite on a worker would delete the shared search; only the chief may start over.")
+    ignored = [f"--{name}" for name in TRIALS_IGNORE if getattr(base, name)]
+    if ignored:
+        log(f"{', '.join(ignored)}: not used by the trials, which train from their initialization and write no "
+            "snapshots or summaries (--retrain_best's run uses them).")
+    if base.max_steps:
+        log("--max_steps: not used by a search: its trials and --retrain_best's run train whole epochs.")
     space = load_search_space(config.search_space, base)  # before any trial
     if trial_model(space, base) != base.model:
         log(f"--search_space={config.search_space} trains its base_model {trial_model(space, base)}: --model="
