@@ -121,6 +121,10 @@ def main():
         preset, grid, path, mode = args.side.split("/")
         steps = args.train_steps if mode == "train" else args.infer_steps
         return harness.print_result(measure(preset, int(grid), path, mode, args.batch, steps))
+    for flag, known in (("modes", MODES), ("paths", PATHS)):
+        unknown = sorted(set(getattr(args, flag).split(",")) - set(known))
+        if unknown:  # before any case runs: a child would take an unknown mode for inference
+            parser.error(f"--{flag} {unknown}: each is one of {', '.join(known)}.")
     report = {"batch": args.batch, "cases": {}}
 
     for preset in args.presets.split(","):

@@ -372,6 +372,14 @@ def test_an_encoding_the_reference_lacks_stops_the_training_comparison_before_it
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("flag, error", [("--modes=train,inferr", "--modes ['inferr']: each is one of train, infer"),
+                                         ("--paths=dense,seperable", "--paths ['seperable']: each is one of")])
+def test_the_scaling_benchmark_refuses_an_unknown_mode_or_path_before_its_cases(flag, error, tmp_path):
+    proc = harness.run_module("benchmarks.scaling", [flag, f"--output={tmp_path / 'report.json'}"])
+    assert proc.returncode == 2 and error in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
 def test_resolution_transfer_checks_its_fine_tuning_before_it_trains(tiny_cifar, tmp_path):
     proc = harness.run_module("benchmarks.resolution_transfer", [
         f"--data_dir={tiny_cifar[0]}", "--fine_tune_epochs=0", f"--output={tmp_path / 'report.json'}"])

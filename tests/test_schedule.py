@@ -77,6 +77,7 @@ def test_config_file_then_flags(tmp_path):
         ({"lr_milestones": "80,x"}, "comma-separated increasing epochs"),
         ({"lr_milestones": "150,80"}, "comma-separated increasing epochs, got '150,80'"),
         ({"lr_decay_factor": 0}, "lr_decay_factor must be positive"),
+        ({"seed": -1}, "--seed must be >= 0, got -1"),
         ({"encoding": "frozen:quadratic"}, "serves a trained model's copy"),
         ({"model": "sa_quadratic_small", "attention_init": "mimetic"}, "'quadratic' is position only"),
         ({"model": "sa_learned_small", "hidden_size": 0}, "hidden_size must be a positive integer"),

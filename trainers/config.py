@@ -257,7 +257,7 @@ class TrainConfig:
                      "cpu_devices", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be a positive integer, got {getattr(self, name)}.")
-        for name in ("attention_summaries_every", "snapshot_every"):
+        for name in ("attention_summaries_every", "snapshot_every", "seed"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}.")
         if self.max_steps is not None and self.max_steps < 1:
