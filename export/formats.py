@@ -23,7 +23,7 @@ from export.verify import (CONVERTED_FLOAT32_TOLERANCE, FLOAT32_TOLERANCE, Expor
                            verification_images)
 
 EXTRA = tf_serving.EXTRA  # every other file of an export goes beside TensorFlow Serving's
-METADATA = os.path.join(EXTRA, "metadata.json")  # what the export wrote and checked
+METADATA = os.path.join(EXTRA, "metadata.json")  # read back by the runners (limits) and by users
 # How many images a file quantized with calibration measures its activations' ranges on (NNCF's default).
 CALIBRATION_IMAGES = 300
 

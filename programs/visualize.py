@@ -66,17 +66,18 @@ def load_images(spec, dataset, data_dir, model_dir, image_shape):
     items = [s.strip() for s in (spec or "0").split(",") if s.strip()]
     if all(s.isdigit() for s in items):
         config = run_files.read_config(model_dir) if dataset is None and model_dir else None
-        if config is not None:
-            dataset, data_dir = config.get("dataset"), data_dir or config.get("data_dir")
+        seed = 0
+        if config is not None:  # the run's seed: a folder without test/ holds out its test images by it
+            dataset, data_dir, seed = config.get("dataset"), data_dir or config.get("data_dir"), config.get("seed", 0)
         size, channels = image_shape[0], image_shape[-1]
-        loaded = data_lib.load_dataset(dataset or "cifar10", data_dir, image_size=size)
+        loaded = data_lib.load_dataset(dataset or "cifar10", data_dir, seed=seed, image_size=size)
         test = loaded.test
         indices = [int(s) for s in items]
         bad = [i for i in indices if i >= len(test)]
         if bad:
             raise ConfigError(f"--images indices {bad} are outside the test split of {len(test)} images.")
         if loaded.image_shape[-1] != channels:
-            raise ConfigError(f"--dataset images have {loaded.image_shape[-1]} channels but the model takes {channels}.")
+            raise ConfigError(f"--dataset images have {loaded.image_shape[-1]} channels; the model takes {channels}.")
         images = data_lib.head(test.subset(indices), len(indices), image_size=size)
         return images, [f"test image {i} ({loaded.label_names[int(test.labels[i])]})" for i in indices]
     import tensorflow as tf

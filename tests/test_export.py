@@ -927,6 +927,7 @@ def test_agreement_images_from_npy_and_npz_and_clear_errors(tmp_path):
 
 
 def test_an_export_reads_the_users_image_files_first_and_names_the_one_it_cannot_use(tmp_path):
+    pytest.importorskip("nncf")  # the int8 OpenVINO file's quantizer
     path = str(tmp_path / "m.keras")
     sa_conv.build_model("sa_quadratic_small", num_layers=1).save(path)
     np.save(tmp_path / "small.npy", np.zeros((4, 8, 8, 3), np.uint8))

@@ -277,6 +277,23 @@ def test_in_memory_data_resizes_to_image_size():
 # ------------------------------------------------------------------------------ end to end
 
 
+def test_visualize_takes_a_runs_test_images_from_the_split_its_seed_held_out(folder, tmp_path):
+    """A folder without test/ holds out its test images by the run's --seed: image i of a seed-5 run
+    is that run's test image, not seed 0's (which that run may have trained on)."""
+    from programs import visualize
+    from trainers import run_files
+
+    root, _ = folder
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / run_files.CONFIG).write_text(json.dumps({"dataset": f"folder:{root}", "seed": 5}))
+    images, _ = visualize.load_images("0,1,2", None, None, str(run), (16, 16, 3))
+    held_out = {seed: data_lib.head(data_lib.load_dataset(f"folder:{root}", seed=seed, image_size=16).test, 3)
+                for seed in (0, 5)}
+    np.testing.assert_array_equal(images, held_out[5])
+    assert not np.array_equal(held_out[0], held_out[5])  # the two seeds hold out other images
+
+
 @pytest.mark.slow
 def test_a_search_on_a_folder_trains_at_image_size(folder, tmp_path):
     """The search loads the folder as its trials train it: scanned at ``--image_size``."""

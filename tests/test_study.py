@@ -82,6 +82,7 @@ def test_a_plan_naming_a_run_twice_or_an_unknown_setting_is_refused(tmp_path):
         study.check(study.load_plan(str(bad)))
 
 
+@pytest.mark.slow
 def test_a_plan_asking_for_logical_cpu_devices_trains_on_them(tmp_path):
     """The study process splits its CPU as its runs ask (``cpu_devices``), once: one count for all."""
     mirrored = {**TINY, "epochs": 1, "strategy": "mirrored", "cpu_devices": 2}

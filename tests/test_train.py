@@ -1,6 +1,7 @@
 """The distributed trainer: learning, replicas, workers, resume after SIGKILL, errors (the bad flags
 themselves: test_cli, test_schedule, test_data, in process)."""
 
+import dataclasses
 import json
 import os
 import re
@@ -595,8 +596,12 @@ def test_nan_loss_stops_with_a_clear_error(tmp_path):
 
 
 def test_config_error_for_model_overrides(tmp_path):
-    config = make_config(overrides=dict(model="sa_learned_small", hidden_size=63, encoding="content_with_relative_keys",
-                                        model_dir=str(tmp_path)))
+    overrides = dict(model="sa_learned_small", hidden_size=63, encoding="content_with_relative_keys",
+                     model_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="hidden_size must be even"):
+        make_config(overrides=overrides)
+    # A config changed after it was made is checked again when the trainer starts.
+    config = dataclasses.replace(make_config(overrides={**overrides, "hidden_size": 64}), hidden_size=63)
     with pytest.raises(ConfigError, match="hidden_size must be even"):
         train_lib.Trainer(config, strategy=tf.distribute.get_strategy())
 
@@ -616,10 +621,9 @@ def test_attention_init_flags_start_the_trained_model_and_are_recorded(tmp_path)
     gated = make_config(overrides=dict(model="sa_gated_small", dataset="synthetic", attention_init="random",
                                        model_dir=str(tmp_path)))
     assert Task(gated, log=lambda s: None).model_config.attention_init == "random"
-    wrong = make_config(overrides=dict(model="sa_content_plus_learned_bias_small", dataset="synthetic",
-                                       attention_init="convolutional", model_dir=str(tmp_path)))
     with pytest.raises(ConfigError, match="has none. Use one of quadratic"):
-        train_lib.Trainer(wrong, strategy=tf.distribute.get_strategy())
+        make_config(overrides=dict(model="sa_content_plus_learned_bias_small", dataset="synthetic",
+                                   attention_init="convolutional", model_dir=str(tmp_path)))
 
 
 # ------------------------------------------------------------------------------ normalization

@@ -289,6 +289,10 @@ def test_range_bounds_of_the_wrong_type_are_named(entry, message):
         {"name": "encoding", "type": "choice", "values": ["learned", "content_with_relative_keys"]}]}, tuner="random"),
      dict(model="sa_learned_small", attention_init="convolutional"),
      "value 'content_with_relative_keys' is invalid: attention_init='convolutional' needs an encoding with a"),
+    (dict(search_space={"base_model": "sa_quadratic_small", "hyperparameters": [
+        {"name": "learning_rate", "type": "float", "min": 0.01, "max": 0.1}]}, tuner="random"),
+     dict(model="sa_content_plus_learned_bias_small", attention_init="mimetic"),
+     "model settings on its base_model sa_quadratic_small: attention_init='mimetic' starts the query and key"),
 ])
 def test_searches_the_recipe_cannot_run_are_refused_before_any_trial(search, base, message, tmp_path):
     if isinstance(search["search_space"], dict):

@@ -159,7 +159,7 @@ class Task:
         # starts: a resumed run keeps what it started with.
         self.precision, self.precision_reason = precision.training_policy(
             config.mixed_precision, resumed=resumed_precision(config.model_dir))
-        if model_fields:  # the caller's fields on the preset and overrides (which validate() checked)
+        if model_fields:  # validate() checked the preset and overrides; a caller's fields can still conflict
             try:
                 sa_conv.get_config(config.model, **config.model_overrides(), **model_fields)
             except ValueError as exc:

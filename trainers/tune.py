@@ -187,6 +187,10 @@ def validate_search_space(space: dict, settings: TrainConfig | None = None) -> N
         raise ConfigError("A search space is a JSON object with 'base_model' and 'hyperparameters'.")
     base = trial_model(space, settings)
     fixed = settings.model_overrides() if settings else {}
+    try:  # the search's own model settings on the trials' model, whatever the space searches
+        sa_conv.get_config(base, **fixed)
+    except ValueError as exc:
+        raise ConfigError(f"The search's model settings on its base_model {base}: {exc}") from None
     if base not in sa_conv.PRESETS:
         raise ConfigError(f"search space base_model {base!r} is not a preset ({', '.join(sa_conv.PRESETS)}).")
     if space.get("recipe", "paper") not in RECIPES:
@@ -325,7 +329,7 @@ def search_keeps_freed_memory(base: TrainConfig, space: dict, dataset, strategy)
     ``--keep_freed_memory``, or its default for the space's base model on this data."""
     if base.keep_freed_memory is not None:
         return base.keep_freed_memory
-    base = dataclasses.replace(base, model=space.get("base_model", base.model))
+    base = dataclasses.replace(base, model=trial_model(space, base))
     model_config = resolve_model_config(base, dataset, base.global_batch_size // strategy.num_replicas_in_sync, log=None)
     return default_keep_freed_memory(model_config)
 
@@ -533,7 +537,7 @@ def tune(config: TuneConfig, base: TrainConfig, strategy=None, log=print) -> dic
     if base.max_steps:
         log("--max_steps: not used by a search: its trials and --retrain_best's run train whole epochs.")
     space = load_search_space(config.search_space, base)  # before any trial
-    if trial_model(space, base) != base.model:
+    if base.model not in (TrainConfig.model, trial_model(space, base)):  # a --model the space overrides
         log(f"--search_space={config.search_space} trains its base_model {trial_model(space, base)}: --model="
             f"{base.model} is not used.")
     if space.get("recipe", base.recipe) != base.recipe:
