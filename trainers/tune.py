@@ -187,12 +187,12 @@ def validate_search_space(space: dict, settings: TrainConfig | None = None) -> N
         raise ConfigError("A search space is a JSON object with 'base_model' and 'hyperparameters'.")
     base = trial_model(space, settings)
     fixed = settings.model_overrides() if settings else {}
+    if base not in sa_conv.PRESETS:
+        raise ConfigError(f"search space base_model {base!r} is not a preset ({', '.join(sa_conv.PRESETS)}).")
     try:  # the search's own model settings on the trials' model, whatever the space searches
         sa_conv.get_config(base, **fixed)
     except ValueError as exc:
         raise ConfigError(f"The search's model settings on its base_model {base}: {exc}") from None
-    if base not in sa_conv.PRESETS:
-        raise ConfigError(f"search space base_model {base!r} is not a preset ({', '.join(sa_conv.PRESETS)}).")
     if space.get("recipe", "paper") not in RECIPES:
         raise ConfigError(f"search space recipe {space['recipe']!r} is not one of {', '.join(RECIPES)}.")
     seen = set()
