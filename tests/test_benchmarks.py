@@ -381,6 +381,7 @@ def test_the_scaling_benchmark_refuses_an_unknown_mode_or_path_before_its_cases(
 
 
 def test_resolution_transfer_checks_its_fine_tuning_before_it_trains(tiny_cifar, tmp_path):
+    pytest.importorskip("tensorflow", reason="the trainer's settings (make test-backends runs without it)")
     proc = harness.run_module("benchmarks.resolution_transfer", [
         f"--data_dir={tiny_cifar[0]}", "--fine_tune_epochs=0", f"--output={tmp_path / 'report.json'}"])
     assert proc.returncode == 1, proc.stderr
