@@ -167,7 +167,7 @@ def reset_heads(model: keras.Model, heads_by_layer: dict) -> None:
             raise ValueError(f"Block {index}'s {attention.encoding!r} encoding has no Gaussian heads to reset.")
         fresh = attention.encoding_spec.create(attention, attention.input_dim)
         fresh.build()
-        for weight, initial in zip(encoding.weights, fresh.weights):  # centers, spreads: heads first
+        for weight, initial in zip(encoding.gaussian_weights(), fresh.gaussian_weights()):
             value = np.array(ops.convert_to_numpy(weight))
             value[heads] = np.asarray(ops.convert_to_numpy(initial))[heads]
             weight.assign(value)

@@ -86,6 +86,17 @@ def test_reset_redraws_only_the_named_heads():
     assert not np.array_equal(new_centers[3], centers[3])
 
 
+def test_reset_keeps_a_gated_heads_gate():
+    """Gated attention's Gaussian half is redrawn; the gates, the weight of each half, are kept."""
+    model = _model("sa_gated_small")
+    enc = sa_conv.attention_blocks(model)[0].attention.position_encoding
+    enc.gating.assign(np.linspace(-2.0, 2.0, 9).astype("float32"))
+    gating, centers = _np(enc.gating).copy(), _np(enc.position.centers).copy()
+    sa_conv.reset_heads(model, {0: [3]})
+    np.testing.assert_array_equal(_np(enc.gating), gating)
+    assert not np.array_equal(_np(enc.position.centers)[3], centers[3])
+
+
 def test_head_errors():
     model = _model()
     with pytest.raises(ValueError, match="Block 5 does not exist"):

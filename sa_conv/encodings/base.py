@@ -227,6 +227,11 @@ class RelativeEncoding(keras.layers.Layer):
     def gaussian(self):
         return None
 
+    def gaussian_weights(self) -> list:
+        """The variables of the Gaussian heads, each indexed by head first (centers, spreads): what
+        `sa_conv.reset_heads` redraws; none here."""
+        return []
+
     def no_weight_decay(self) -> list:
         return []
 

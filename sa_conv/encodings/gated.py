@@ -75,6 +75,9 @@ class GatedPositionalEncoding(RelativeEncoding):
     def gaussian(self):
         return self.position.gaussian()
 
+    def gaussian_weights(self):
+        return self.position.gaussian_weights()  # not the gates
+
     def initialize_convolutional(self, shifts, strength, max_offset=None):
         """The positional half's centers on the ``shifts`` with ``alpha = strength`` (exact)."""
         self.position.initialize_convolutional(shifts, strength, max_offset)

@@ -79,6 +79,9 @@ class QuadraticEncoding(RelativeEncoding):
     def no_weight_decay(self):
         return [self.centers, self.spreads]
 
+    def gaussian_weights(self):
+        return [self.centers, self.spreads]
+
     # ---------------------------------------------------------------- public accessors
 
     def inverse_covariance(self):
