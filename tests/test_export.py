@@ -924,6 +924,12 @@ def test_agreement_images_from_npy_and_npz_and_clear_errors(tmp_path):
         export_lib.read_images(str(tmp_path / "c.npy"), (32, 32, 3))
     with pytest.raises(export_lib.ExportError, match="cannot read"):
         export_lib.read_images(str(tmp_path / "missing.npz"), (32, 32, 3))
+    # Pixels as the model takes them, 0-255: images scaled to [0, 1] would all read as black.
+    np.save(tmp_path / "scaled.npy", images / 255.0)
+    with pytest.raises(export_lib.ExportError, match=r"float64 values in \[0, 1\]; the model takes pixel values 0-255"):
+        export_lib.read_images(str(tmp_path / "scaled.npy"), (32, 32, 3))
+    np.save(tmp_path / "float.npy", images.astype(np.float32))  # 0-255 in floats: the same images
+    np.testing.assert_array_equal(export_lib.read_images(str(tmp_path / "float.npy"), (32, 32, 3)), images)
 
 
 def test_an_export_reads_the_users_image_files_first_and_names_the_one_it_cannot_use(tmp_path):
