@@ -40,12 +40,19 @@ def build_archive(model: keras.Model, class_names, max_image_pixels: int = DEFAU
         # Each check runs before the next step: nothing is decoded before its size is known, and the
         # decoder is training's own (`image_files.decode`), so an image gives the pixels it trained on.
         size = image_files.encoded_size(blob)
+        # Resizing the shorter side to the input's makes a long thin image long: bound that too.
+        resized = height * (tf.reduce_max(size) * height // tf.maximum(tf.reduce_min(size), 1) + 1)
+        limit = tf.constant(max_image_pixels, tf.int64)
         with tf.control_dependencies([
                 tf.debugging.assert_positive(size, message="image_bytes holds an empty image"),
                 tf.debugging.assert_less_equal(
-                    size[0] * size[1], tf.constant(max_image_pixels, tf.int64),
+                    size[0] * size[1], limit,
                     message=f"image larger than max_image_pixels={max_image_pixels} (set at export with "
-                            "--max_image_pixels)")]):
+                            "--max_image_pixels)"),
+                tf.debugging.assert_less_equal(
+                    resized, limit,
+                    message=f"image too elongated: its shorter side resized to {height} pixels would make it larger "
+                            f"than max_image_pixels={max_image_pixels}")]):
             image = image_files.decode(blob, channels, from_bytes=True)
         # As the model was evaluated: shorter side to the input size, then the center crop.
         return data_lib.resize_and_crop(image, height)

@@ -164,6 +164,8 @@ maps = served.signatures["attention_maps"]
 attempt("huge_png", lambda: encoded(image_bytes=tf.constant([png(5000, 4000)])))
 attempt("big_jpeg", lambda: encoded(image_bytes=tf.constant([jpeg(120, 100)])))
 attempt("small_png_after_refusals", lambda: encoded(image_bytes=tf.constant([png(40, 30)])))
+attempt("thin_png", lambda: encoded(image_bytes=tf.constant([png(5000, 1)])))  # 5,000 pixels; 32 x 160,000 resized
+attempt("wide_png", lambda: encoded(image_bytes=tf.constant([png(300, 32)])))  # 32 x 300 resized: within
 attempt("gif", lambda: encoded(image_bytes=tf.constant([b"GIF89a" + b"\0" * 40])))
 attempt("huge_gif", lambda: encoded(image_bytes=tf.constant([b"GIF89a" + struct.pack("<HH", 5000, 4000) + b"\0" * 40])))
 attempt("huge_bmp", lambda: encoded(image_bytes=tf.constant([b"BM" + b"\0" * 16 + struct.pack("<iiHH", 5000, -4000, 1, 24)
@@ -203,6 +205,8 @@ def test_serving_limits_hold_in_a_fresh_process(tmp_path):
     assert results["huge_png"].startswith("refused:") and "max_image_pixels=10000" in results["huge_png"]
     assert results["big_jpeg"].startswith("refused:") and "max_image_pixels=10000" in results["big_jpeg"]
     assert results["small_png_after_refusals"] == "ok:(1, 10)"
+    assert results["thin_png"].startswith("refused:") and "image too elongated" in results["thin_png"], results
+    assert results["wide_png"] == "ok:(1, 10)"
     assert results["gif"].startswith("refused:") and "empty image" in results["gif"]
     for name in ("huge_gif", "huge_bmp"):  # sizes from the header, a top-down BMP's negative height included
         assert results[name].startswith("refused:") and "max_image_pixels=10000" in results[name], results
