@@ -139,6 +139,9 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and len(value) != self.image_channels:
                 raise ValueError(f"{name} has {len(value)} values for {self.image_channels} image channels.")
+            if value is None and self.image_channels != 3:  # the default is CIFAR-10's, of 3 channels
+                raise ValueError(f"image_channels={self.image_channels} needs {name}, one value per channel (the "
+                                 "trainer takes it from the training images).")
         if self.pixel_std is not None and min(self.pixel_std) <= 0:
             raise ValueError(f"pixel_std must be positive, got {self.pixel_std}.")
         if self.architecture != "attention":

@@ -29,6 +29,12 @@ class PixelNormalization(keras.layers.Layer):
         if len(self.mean) != len(self.std) or min(self.std) <= 0:
             raise ValueError(f"mean {self.mean} and std {self.std} must have equal length, std > 0.")
 
+    def build(self, input_shape):
+        if input_shape[-1] is not None and input_shape[-1] != len(self.mean):
+            raise ValueError(f"PixelNormalization has statistics of {len(self.mean)} channels; its input has "
+                             f"{input_shape[-1]}: give a mean and std per channel.")
+        super().build(input_shape)
+
     def call(self, inputs):
         x = ops.cast(inputs, self.compute_dtype)
         mean = ops.convert_to_tensor(self.mean, dtype=self.compute_dtype)

@@ -137,6 +137,7 @@ def test_attention_probabilities_of_a_model():
         (dict(encoding="content_plus_learned_bias", max_grid_size=15), "grid is 16x16 but max_grid_size is 15"),
         (dict(encoding="content_with_relative_keys", max_grid_size=8), "set max_grid_size >= 16"),
         (dict(pooling_width=3), "not divisible by pooling_width 3"),
+        (dict(image_channels=1), "image_channels=1 needs pixel_mean, one value per channel"),
         (dict(dropout=1.5), "dropout must be in"),
         (dict(num_layer=3), "Unknown model config field"),
     ],
@@ -151,6 +152,15 @@ def test_encodings_without_offset_tables_take_any_grid(encoding):
     """max_grid_size bounds only the tables of learned offsets: these encodings have none."""
     model = sa_conv.build_model("sa_quadratic_small", encoding=encoding, max_grid_size=8)
     assert model(np.zeros((1, 32, 32, 3), np.uint8)).shape == (1, 10)
+
+
+def test_pixel_normalization_refuses_statistics_of_other_channels():
+    from sa_conv.preprocessing import PixelNormalization
+
+    with pytest.raises(ValueError, match="statistics of 3 channels; its input has 1"):
+        PixelNormalization()(np.zeros((1, 4, 4, 1), np.uint8))
+    one = PixelNormalization(mean=(0.5,), std=(0.25,))(np.full((1, 2, 2, 1), 255, np.uint8))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(one), 2.0)  # (1 - 0.5) / 0.25
 
 
 def test_unknown_preset():
