@@ -115,6 +115,10 @@ def prune_heads(model: keras.Model, heads_by_layer: dict) -> keras.Model:
     ``model`` computes with those heads' contributions removed (each head's rows of the value
     map go, and so do its slices of every other per-head weight). Other weights are copied."""
     blocks, heads_by_layer = _check_heads(model, heads_by_layer)
+    other = [i for i in heads_by_layer if not isinstance(blocks[i], TransformerBlock)]
+    if other:  # the copy rebuilds transformer blocks only: any other layer would keep its heads
+        raise ValueError(f"Block {other[0]} ({type(blocks[other[0]]).__name__}) is not a TransformerBlock: "
+                         "prune_heads prunes the transformer blocks of sa_conv's classifiers.")
     take = _slicer(blocks, heads_by_layer)
     pruned_names = {blocks[i].name: heads for i, heads in heads_by_layer.items()}
 

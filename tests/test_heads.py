@@ -97,6 +97,18 @@ def test_reset_keeps_a_gated_heads_gate():
     assert not np.array_equal(_np(enc.position.centers)[3], centers[3])
 
 
+def test_prune_refuses_attention_that_is_not_a_transformer_block():
+    """A converted CNN's `AttentionConv2D` layers have heads, but the pruned copy rebuilds transformer
+    blocks only: pruning one would hand back the unpruned model."""
+    from sa_conv import conversion
+
+    inputs = keras.Input((8, 8, 3))
+    cnn = keras.Model(inputs, keras.layers.Conv2D(4, 3, padding="same")(inputs))
+    converted = conversion.convert_model(cnn)
+    with pytest.raises(ValueError, match=r"Block 0 \(AttentionConv2D\) is not a TransformerBlock"):
+        sa_conv.prune_heads(converted, {0: [0]})
+
+
 def test_head_errors():
     model = _model()
     with pytest.raises(ValueError, match="Block 5 does not exist"):
