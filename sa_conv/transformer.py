@@ -113,10 +113,10 @@ class TransformerBlock(keras.layers.Layer):
 
     def _make_attention(self):
         # A rematerialized block trades compute for memory: so does its separable attention.
-        return MultiHeadSelfAttention2D(
-            kernel_initializer=self.kernel_initializer, name="attention", dtype=self.dtype_policy,
-            **{"recompute_gradient": self.remat, **self.attention_config},
-        )
+        # The block's initializers unless attention_config names its own.
+        return MultiHeadSelfAttention2D(name="attention", dtype=self.dtype_policy, **{
+            "kernel_initializer": self.kernel_initializer, "bias_initializer": self.bias_initializer,
+            "recompute_gradient": self.remat, **self.attention_config})
 
     def _sublayer(self, cls, name, fan_in=None, **kwargs):
         if cls is keras.layers.Dense:

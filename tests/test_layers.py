@@ -317,6 +317,18 @@ LAYERS = [
 ]
 
 
+def test_a_transformer_blocks_initializers_reach_its_attention_unless_its_config_names_others():
+    block = sa_conv.TransformerBlock(8, bias_initializer="ones", attention_config={
+        "num_heads": 2, "encoding": "content_plus_learned_bias"})
+    block.build((1, 4, 4, 8))
+    for name in ("query_dense", "key_dense", "value_dense"):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(getattr(block.attention, name).bias), 1.0)
+    own = sa_conv.TransformerBlock(8, attention_config={"num_heads": 2, "kernel_initializer": "zeros"})
+    own.build((1, 4, 4, 8))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(own.attention.value_dense.kernel), 0.0)
+    assert np.abs(keras.ops.convert_to_numpy(own.intermediate.kernel)).max() > 0  # the block's own: glorot
+
+
 @pytest.mark.parametrize("make", LAYERS)
 def test_get_config_round_trips(make):
     layer = make()
