@@ -50,7 +50,8 @@ class InvertiblePooling(_BlockLayer):
 
     def call(self, inputs):
         w = self.width
-        _, h, wd, c = inputs.shape
+        _, h, wd, _ = ops.shape(inputs)  # a height or width unknown when traced is a tensor
+        c = inputs.shape[-1]
         x = ops.reshape(inputs, (-1, h // w, w, wd // w, w, c))
         x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
         return ops.reshape(x, (-1, h // w, wd // w, w * w * c))
@@ -78,8 +79,8 @@ class InvertibleUnpooling(_BlockLayer):
 
     def call(self, inputs):
         w = self.width
-        _, h, wd, cww = inputs.shape
-        c = cww // (w * w)
+        _, h, wd, _ = ops.shape(inputs)  # a height or width unknown when traced is a tensor
+        c = inputs.shape[-1] // (w * w)
         x = ops.reshape(inputs, (-1, h, wd, w, w, c))
         x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
         return ops.reshape(x, (-1, h * w, wd * w, c))

@@ -46,6 +46,20 @@ def test_invertible_pooling_matches_space_to_depth():
     )
 
 
+def test_invertible_pooling_traces_with_unknown_height_and_width():
+    """A graph over images of any size (a SavedModel's signature, say) knows the sizes only when run."""
+    tf = pytest.importorskip("tensorflow")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("a tf.function of a Keras layer")
+    pool, unpool = sa_conv.InvertiblePooling(2), sa_conv.InvertibleUnpooling(2)
+    spec = tf.TensorSpec((None, None, None, 3), tf.float32)
+    pooled = tf.function(pool, input_signature=[spec])
+    x = np.arange(2 * 4 * 6 * 3, dtype="float32").reshape(2, 4, 6, 3)
+    np.testing.assert_array_equal(pooled(x).numpy(), keras.ops.convert_to_numpy(pool(x)))
+    restored = tf.function(unpool, input_signature=[tf.TensorSpec((None, None, None, 12), tf.float32)])
+    np.testing.assert_array_equal(restored(pooled(x)).numpy(), x)
+
+
 def test_invertible_pooling_errors():
     with pytest.raises(ValueError, match="height 5 is not divisible by 2"):
         sa_conv.InvertiblePooling(2)(np.zeros((1, 5, 4, 1), np.float32))
