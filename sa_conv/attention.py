@@ -18,6 +18,14 @@ from sa_conv.initializers import INITIALIZATIONS, bias_for, clone_initializer, d
 __all__ = ["MultiHeadSelfAttention2D"]
 
 
+def scores_spec(input_shape, num_heads):
+    """The attention scores' `keras.KerasTensor` for inputs ``(batch, H, W, D)``: ``(batch, heads, H*W, H*W)``
+    float32, what a layer called with ``return_attention_scores=True`` returns beside its outputs."""
+    batch, height, width, _ = input_shape
+    n = None if height is None or width is None else height * width
+    return keras.KerasTensor((batch, num_heads, n, n), dtype="float32")
+
+
 @keras.saving.register_keras_serializable(package="sa_conv")
 class MultiHeadSelfAttention2D(keras.layers.Layer):
     """Multi-head self-attention (MHSA) over a 2-D grid, the paper's Eq. (5)-(6)::
@@ -291,6 +299,10 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
+
+    def compute_output_spec(self, inputs, training=None, return_attention_scores=False, dropout_seed=None):
+        outputs = keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
+        return (outputs, scores_spec(inputs.shape, self.num_heads)) if return_attention_scores else outputs
 
     def get_config(self):
         return {**super().get_config(), **{name: getattr(self, name) for name in self._CONFIG},

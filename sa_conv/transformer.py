@@ -6,7 +6,7 @@ import math
 import keras
 from keras import ops
 
-from sa_conv.attention import MultiHeadSelfAttention2D
+from sa_conv.attention import MultiHeadSelfAttention2D, scores_spec
 from sa_conv.seeded_dropout import after, apply_keep_mask, draw_keep_mask, rematerialize
 from sa_conv.initializers import bias_for, clone_initializer, dense_initializers
 
@@ -199,6 +199,10 @@ class TransformerBlock(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+    def compute_output_spec(self, inputs, training=None, return_attention_scores=False):
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        return (outputs, scores_spec(inputs.shape, self.attention.num_heads)) if return_attention_scores else outputs
 
     def get_config(self):
         return {

@@ -343,6 +343,24 @@ def test_a_transformer_blocks_initializers_reach_its_attention_unless_its_config
     assert np.abs(keras.ops.convert_to_numpy(own.intermediate.kernel)).max() > 0  # the block's own: glorot
 
 
+@pytest.mark.parametrize("make", [lambda: MultiHeadSelfAttention2D(2, encoding="content_plus_learned_bias"),
+                                  lambda: sa_conv.TransformerBlock(8, attention_config={"num_heads": 2})])
+def test_attention_scores_are_a_functional_models_output(make):
+    """``return_attention_scores=True`` on a symbolic input gives the scores' tensor too (Keras's
+    MultiHeadAttention does): a functional model can output them."""
+    layer = make()
+    inputs = keras.Input((4, 4, 8))
+    outputs, scores = layer(inputs, return_attention_scores=True)
+    assert tuple(scores.shape) == (None, 2, 16, 16) and tuple(outputs.shape) == (None, 4, 4, 8)
+    model = keras.Model(inputs, [outputs, scores])
+    x = np.random.default_rng(0).normal(size=(3, 4, 4, 8)).astype("float32")
+    got, probabilities = (keras.ops.convert_to_numpy(t) for t in model(x))
+    want, want_scores = layer(x, return_attention_scores=True)
+    np.testing.assert_allclose(got, keras.ops.convert_to_numpy(want), atol=1e-6)
+    np.testing.assert_allclose(probabilities, keras.ops.convert_to_numpy(want_scores), atol=1e-6)
+    np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-5)
+
+
 @pytest.mark.parametrize("make", LAYERS)
 def test_get_config_round_trips(make):
     layer = make()
