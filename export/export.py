@@ -18,7 +18,7 @@ Signatures:
   the trainer reads from a folder, decoded by the same function, `trainers.image_files.decode`)
   -> the same outputs (shorter side resized to the model's input size and center-cropped, in the
   graph, as evaluation crops). Each image's size is read from its header first: empty, or above
-  ``max_image_pixels`` (default 4096 x 4096), it is refused before decoding.
+  ``max_image_pixels`` (default 4096 x 4096) as sent or once resized, it is refused before decoding.
 * ``attention_maps`` (attention models): ``images`` as above and ``query_pixel`` int32 ``(2,)``
   (row, col on the attention grid) -> ``attention`` float32 ``(None, layers, heads, H, W)``, the
   probabilities of every layer and head for that query (a layer with fewer heads, after
@@ -306,8 +306,8 @@ class ExportConfig:
     version: Optional[int] = _field(None, "Version number; default: the next free integer.")
     overwrite: bool = _field(False, "Replace an existing version.")
     formats: tuple = _field(("saved_model",), f"Comma-separated formats among {', '.join(FORMATS)}.")
-    max_image_pixels: int = _field(DEFAULT_MAX_IMAGE_PIXELS, "predict_encoded refuses images with more pixels "
-                                   "(read from the PNG/JPEG header before decoding).")
+    max_image_pixels: int = _field(DEFAULT_MAX_IMAGE_PIXELS, "predict_encoded refuses images with more pixels, as "
+                                   "sent or once resized to the input (read from the header before decoding).")
     max_batch_size: int = _field(DEFAULT_MAX_BATCH_SIZE, "Every signature refuses requests with more images.")
     precision: str = _field(
         "float32", "bfloat16: compute in bfloat16 (float32 weights and encodings), checked to pick the "

@@ -13,6 +13,14 @@ DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
 DEFAULT_MAX_BATCH_SIZE = 256
 
 
+def _after(checks, fn):
+    """``fn()`` run after each of ``checks`` (functions making assertion ops), in order."""
+    if not checks:
+        return fn()
+    with tf.control_dependencies([checks[0]()]):
+        return _after(checks[1:], fn)
+
+
 def build_archive(model: keras.Model, class_names, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
                   max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> keras.export.ExportArchive:
     """An ExportArchive with the signatures described in the module docstring. Requests with
@@ -40,20 +48,22 @@ def build_archive(model: keras.Model, class_names, max_image_pixels: int = DEFAU
         # Each check runs before the next step: nothing is decoded before its size is known, and the
         # decoder is training's own (`image_files.decode`), so an image gives the pixels it trained on.
         size = image_files.encoded_size(blob)
-        # Resizing the shorter side to the input's makes a long thin image long: bound that too.
-        resized = height * (tf.reduce_max(size) * height // tf.maximum(tf.reduce_min(size), 1) + 1)
         limit = tf.constant(max_image_pixels, tf.int64)
-        with tf.control_dependencies([
-                tf.debugging.assert_positive(size, message="image_bytes holds an empty image"),
-                tf.debugging.assert_less_equal(
-                    size[0] * size[1], limit,
-                    message=f"image larger than max_image_pixels={max_image_pixels} (set at export with "
-                            "--max_image_pixels)"),
-                tf.debugging.assert_less_equal(
-                    resized, limit,
-                    message=f"image too elongated: its shorter side resized to {height} pixels would make it larger "
-                            f"than max_image_pixels={max_image_pixels}")]):
-            image = image_files.decode(blob, channels, from_bytes=True)
+        longer, shorter = tf.reduce_max(size), tf.maximum(tf.reduce_min(size), 1)
+        # Resizing the shorter side to the input's makes a long thin image long: bound that too. Its
+        # longer side as `resize_and_crop` rounds it; sizes divided, not multiplied, so no header overflows.
+        resized = tf.maximum(tf.constant(height, tf.int64), (2 * longer * height + shorter) // (2 * shorter))
+        checks = [  # in this order, each after the one before: the first that fails names the problem
+            lambda: tf.debugging.assert_positive(size, message="image_bytes holds an empty image"),
+            lambda: tf.debugging.assert_less_equal(
+                size[0], limit // tf.maximum(size[1], 1),
+                message=f"image larger than max_image_pixels={max_image_pixels} (set at export with "
+                        "--max_image_pixels)"),
+            lambda: tf.debugging.assert_less_equal(
+                resized, limit // height,
+                message=f"image too elongated: its shorter side resized to {height} pixels would make it larger "
+                        f"than max_image_pixels={max_image_pixels}")]
+        image = _after(checks, lambda: image_files.decode(blob, channels, from_bytes=True))
         # As the model was evaluated: shorter side to the input size, then the center crop.
         return data_lib.resize_and_crop(image, height)
 

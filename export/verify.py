@@ -94,8 +94,10 @@ def read_images(path: str, image_shape, flag: str = "--agreement_images") -> np.
     if array.ndim != 4 or tuple(array.shape[1:]) != tuple(image_shape) or len(array) == 0:
         raise ExportError(f"{flag}: {path} holds {array.shape}; the model takes (N, "
                           f"{', '.join(map(str, image_shape))}) images.")
+    if array.dtype.kind not in "biuf":
+        raise ExportError(f"{flag}: {path} holds {array.dtype} values; the model takes pixel values 0-255 (uint8).")
     low, high = float(array.min()), float(array.max())
-    if low < 0 or high > 255 or (array.dtype.kind == "f" and high <= 1):
+    if not (0 <= low and high <= 255) or (array.dtype.kind == "f" and high <= 1):  # NaN fails the first
         raise ExportError(f"{flag}: {path} holds {array.dtype} values in [{low:g}, {high:g}]; the model takes pixel "
                           "values 0-255 (uint8), as its images come to it (floats in [0, 1]: multiply by 255).")
     return np.rint(array).astype(np.uint8)

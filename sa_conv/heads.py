@@ -169,6 +169,9 @@ def reset_heads(model: keras.Model, heads_by_layer: dict) -> None:
         encoding = attention.position_encoding
         if encoding.gaussian() is None:
             raise ValueError(f"Block {index}'s {attention.encoding!r} encoding has no Gaussian heads to reset.")
+        if not encoding.gaussian_weights():
+            raise ValueError(f"Block {index}'s {attention.encoding!r} encoding names no gaussian_weights() (its "
+                             "centers and spreads, heads first) to reset.")
         fresh = attention.encoding_spec.create(attention, attention.input_dim)
         fresh.build()
         for weight, initial in zip(encoding.gaussian_weights(), fresh.gaussian_weights()):

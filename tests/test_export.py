@@ -928,6 +928,11 @@ def test_agreement_images_from_npy_and_npz_and_clear_errors(tmp_path):
     np.save(tmp_path / "scaled.npy", images / 255.0)
     with pytest.raises(export_lib.ExportError, match=r"float64 values in \[0, 1\]; the model takes pixel values 0-255"):
         export_lib.read_images(str(tmp_path / "scaled.npy"), (32, 32, 3))
+    unreadable = images.astype(np.float32)
+    unreadable[0, 0, 0, 0] = np.nan
+    np.save(tmp_path / "nan.npy", unreadable)
+    with pytest.raises(export_lib.ExportError, match=r"float32 values in \[nan, nan\]"):
+        export_lib.read_images(str(tmp_path / "nan.npy"), (32, 32, 3))
     np.save(tmp_path / "float.npy", images.astype(np.float32))  # 0-255 in floats: the same images
     np.testing.assert_array_equal(export_lib.read_images(str(tmp_path / "float.npy"), (32, 32, 3)), images)
 

@@ -109,6 +109,15 @@ def test_prune_refuses_attention_that_is_not_a_transformer_block():
         sa_conv.prune_heads(converted, {0: [0]})
 
 
+def test_reset_refuses_an_encoding_that_does_not_name_its_gaussian_weights(monkeypatch):
+    """A user's encoding with Gaussian heads but no gaussian_weights(): nothing to redraw, said so."""
+    model = _model()
+    monkeypatch.setattr(type(sa_conv.attention_blocks(model)[0].attention.position_encoding), "gaussian_weights",
+                        lambda self: [])
+    with pytest.raises(ValueError, match="names no gaussian_weights"):
+        sa_conv.reset_heads(model, {0: [1]})
+
+
 def test_head_errors():
     model = _model()
     with pytest.raises(ValueError, match="Block 5 does not exist"):

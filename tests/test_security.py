@@ -182,6 +182,33 @@ print(json.dumps(results))
 """
 
 
+def test_an_image_of_the_inputs_own_size_is_served_at_a_limit_of_that_size(tmp_path):
+    """--max_image_pixels of the model's input size serves square images up to it, none larger."""
+    import io
+
+    import tensorflow as tf
+    from PIL import Image
+
+    import sa_conv
+    from export.export import export
+
+    sa_conv.build_model("sa_quadratic_small", num_layers=1, hidden_size=16, mlp_size=16).save(tmp_path / "m.keras")
+    version = export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "exported"),
+                     max_image_pixels=32 * 32, tf_serving_files=False, log=lambda s: None)
+    encoded = tf.saved_model.load(version).signatures["predict_encoded"]
+
+    def png(width, height):
+        buffer = io.BytesIO()
+        Image.new("RGB", (width, height)).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    assert encoded(image_bytes=tf.constant([png(32, 32), png(16, 16)]))["probabilities"].shape == (2, 10)
+    for (width, height), error in (((33, 32), "image larger than max_image_pixels=1024"),
+                                   ((32, 31), "image too elongated")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=error):
+            encoded(image_bytes=tf.constant([png(width, height)]))
+
+
 @pytest.mark.slow
 def test_serving_limits_hold_in_a_fresh_process(tmp_path):
     import json
