@@ -11,11 +11,15 @@ from sa_conv.initializers import INITIALIZATIONS
 from sa_conv.resnet import RESNETS
 
 ARCHITECTURES = ("attention", *RESNETS)
+# The fields a CIFAR ResNet reads (`sa_conv.build_model`); the others configure attention.
+_RESNET_FIELDS = frozenset({"architecture", "stochastic_depth", "initialization", "image_size", "image_channels",
+                            "num_classes", "pixel_mean", "pixel_std"})
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Every field of a model. Attention fields are ignored by the ResNets.
+    """Every field of a model. The ResNets ignore the attention fields (`ignored_fields`), which
+    `get_config` refuses to override on a ResNet preset.
 
     Attributes:
       architecture: ``"attention"`` (the paper's fully-attentional classifier) or a CIFAR ResNet
@@ -152,6 +156,12 @@ class ModelConfig:
             )
         spec.check_model(grid_size=self.grid_size, hidden_size=self.hidden_size, max_grid_size=self.max_grid_size)
 
+    def ignored_fields(self) -> frozenset:
+        """The fields this configuration's architecture does not read: a ResNet's attention fields."""
+        if self.architecture == "attention":
+            return frozenset()
+        return frozenset(f.name for f in dataclasses.fields(self)) - _RESNET_FIELDS
+
     def replace(self, **overrides) -> "ModelConfig":
         """A copy with ``overrides`` applied; unknown field names raise a clear error."""
         fields = {f.name for f in dataclasses.fields(self)}
@@ -196,8 +206,14 @@ def preset_names() -> list[str]:
 
 
 def get_config(name: str, **overrides) -> ModelConfig:
-    """The preset ``name`` with ``overrides`` applied; ValueError listing the presets for an
-    unknown name."""
+    """The preset ``name`` with ``overrides`` applied. ValueError listing the presets for an
+    unknown name, or naming the overrides the preset's architecture would ignore (attention
+    fields of a ResNet preset)."""
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
-    return PRESETS[name].replace(**overrides)
+    config = PRESETS[name].replace(**overrides)
+    ignored = sorted(set(overrides) & config.ignored_fields())
+    if ignored:
+        raise ValueError(f"{name} (architecture {config.architecture}) has no attention: {', '.join(ignored)} "
+                         f"would change nothing. Drop {'them' if len(ignored) > 1 else 'it'}, or choose an attention preset.")
+    return config

@@ -168,6 +168,16 @@ def test_unknown_preset():
         sa_conv.build_model("vit")
 
 
+def test_resnet_presets_refuse_attention_overrides():
+    with pytest.raises(ValueError, match=r"resnet20 \(architecture resnet20\) has no attention: dropout would"):
+        sa_conv.build_model("resnet20", dropout=0.3)
+    config = sa_conv.get_config("resnet20", stochastic_depth=0.1, image_size=16, num_classes=4)
+    assert (config.stochastic_depth, config.image_size, config.num_classes) == (0.1, 16, 4)
+    assert {"encoding", "num_heads", "dropout", "remat"} <= config.ignored_fields()
+    assert not {"stochastic_depth", "initialization", "image_size", "pixel_mean"} & config.ignored_fields()
+    assert sa_conv.get_config("sa_quadratic_small").ignored_fields() == frozenset()
+
+
 def test_wrong_input_rank_is_rejected():
     model = sa_conv.build_model("sa_quadratic_small")
     with pytest.raises(ValueError):

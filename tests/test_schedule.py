@@ -81,6 +81,8 @@ def test_config_file_then_flags(tmp_path):
         ({"encoding": "frozen:quadratic"}, "serves a trained model's copy"),
         ({"model": "sa_quadratic_small", "attention_init": "mimetic"}, "'quadratic' is position only"),
         ({"model": "sa_learned_small", "hidden_size": 0}, "hidden_size must be a positive integer"),
+        ({"model": "resnet18", "encoding": "learned", "num_heads": 4},
+         r"resnet18 \(architecture resnet18\) has no attention: encoding, num_heads would change nothing"),
         ({"validation_size": 0}, "needs a validation split"),
         ({"epoch": 3}, "Unknown setting"),
     ],
