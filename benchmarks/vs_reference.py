@@ -257,7 +257,7 @@ def main():
         for index, preset in enumerate(presets):
             config = get_config(preset)
             sides = ["sa_conv", "reference"]
-            if config.architecture == "attention" and training_activation_bytes(config, args.batch) > 4 * 2**30:
+            if config.is_attention and training_activation_bytes(config, args.batch) > 4 * 2**30:
                 sides.insert(1, "sa_conv_no_remat")  # the trainer's auto turns remat on: show its cost
             if preset in args.precision_cases.split(","):
                 sides[1:1] = ["sa_conv_mixed_bfloat16", "sa_conv_mixed_float16"]

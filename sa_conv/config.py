@@ -133,7 +133,7 @@ class ModelConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
         initializer = get_attention_init(self.attention_init, self.locality_strength, self.locality_distance)
-        if self.architecture == "attention":
+        if self.is_attention:
             initializer.check(spec)
         if self.fast_position_attention not in ("auto", True, False):
             raise ValueError(
@@ -148,7 +148,7 @@ class ModelConfig:
                                  "trainer takes it from the training images).")
         if self.pixel_std is not None and min(self.pixel_std) <= 0:
             raise ValueError(f"pixel_std must be positive, got {self.pixel_std}.")
-        if self.architecture != "attention":
+        if not self.is_attention:
             return
         if self.image_size % self.pooling_width:
             raise ValueError(
@@ -156,9 +156,14 @@ class ModelConfig:
             )
         spec.check_model(grid_size=self.grid_size, hidden_size=self.hidden_size, max_grid_size=self.max_grid_size)
 
+    @property
+    def is_attention(self) -> bool:
+        """Whether the model is the attention classifier (not a ResNet)."""
+        return self.architecture == "attention"
+
     def ignored_fields(self) -> frozenset:
         """The fields this configuration's architecture does not read: a ResNet's attention fields."""
-        if self.architecture == "attention":
+        if self.is_attention:
             return frozenset()
         return frozenset(f.name for f in dataclasses.fields(self)) - _RESNET_FIELDS
 

@@ -75,7 +75,7 @@ def gradient_dtype(config) -> str:
     on images are smooth (GELU, softmax); their only kinks are the MLP encoding's ReLUs, on the
     fixed offsets rather than the images (about 60 thousand inputs a block, computed by a short
     sum): they are recorded in float32, the dtype they train in."""
-    return "float32" if config.architecture == "attention" else "float64"
+    return "float32" if config.is_attention else "float64"
 
 
 def presets() -> list[str]:
@@ -156,7 +156,7 @@ def inference(preset: str, model) -> dict[str, np.ndarray]:
     """``logits`` and (attention presets) block 0's ``attention`` of `inputs`."""
     images, _ = inputs()
     out = {"logits": ops.convert_to_numpy(model(images, training=False))}
-    if sa_conv.get_config(preset).architecture == "attention":
+    if sa_conv.get_config(preset).is_attention:
         probs = ops.convert_to_numpy(sa_conv.attention_probabilities(model, images[:2])[0])
         out["attention"] = probs[:, :, ::QUERY_STEP, :]
     return out
@@ -191,7 +191,7 @@ def record(preset: str, change=None, part: bool | None = None, layout=None) -> d
     out = inference(preset, model)
     config = sa_conv.get_config(preset)
     part = tiers.is_paper_size(preset) if part is None else part
-    attention = config.architecture == "attention"
+    attention = config.is_attention
     variants = VARIANTS if attention else {"plain": (False, 0.0)}
     if part:
         variants = {name: variants[name] for name in PART_VARIANTS}

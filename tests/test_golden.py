@@ -57,7 +57,7 @@ def check_gradients(preset, want, got):
     whole = [k for k in got if k.startswith("grad/")]
     sketched = [k for k in got if k.startswith("sketch/")]
     variants = {k.split("/")[1] for k in whole + sketched}
-    every = set(golden.VARIANTS) if config.architecture == "attention" else {"plain"}
+    every = set(golden.VARIANTS) if config.is_attention else {"plain"}
     assert variants == every or variants == every & set(golden.PART_VARIANTS)
     # The scale of a step's gradients: the largest entry of any gradient of the same variant. A
     # gradient that is zero but for rounding (the key bias, which the softmax removes) is held to it.

@@ -40,7 +40,7 @@ def is_paper_size(preset: str) -> bool:
     does (imported here, not at the top: the Makefile runs this module for its file list)."""
     import sa_conv
 
-    return sa_conv.get_config(preset).architecture == "attention" and not preset.endswith("_small")
+    return sa_conv.get_config(preset).is_attention and not preset.endswith("_small")
 
 
 def presets(names, in_make_test=PAPER_IN_MAKE_TEST):

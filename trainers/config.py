@@ -319,7 +319,7 @@ def default_jit_compile(model_config, replica_batch: int, memory_budget_gb: floa
     which XLA's buffer reuse holds in less memory) whose blocks are not rematerialized and whose
     ``replica_batch`` step's estimated activations exceed ``memory_budget_gb``. Elsewhere steps trained
     faster without XLA on AVX-512 CPUs, the content presets' most (see `TrainConfig.jit_compile`)."""
-    content = model_config.architecture == "attention" and not get_encoding(model_config.encoding).position_only
+    content = model_config.is_attention and not get_encoding(model_config.encoding).position_only
     return content and not model_config.remat and (
         footprint.over_budget(model_config, replica_batch, memory_budget_gb) is not None)
 

@@ -81,7 +81,7 @@ def over_budget(config: ModelConfig, batch_size: int, memory_budget_gb: float) -
 def training_activation_bytes(config: ModelConfig, batch_size: int, remat: bool | None = None) -> int:
     """Estimated bytes of activations a training step of ``batch_size`` examples keeps for its
     backward pass (``remat``: None = ``config.remat``). ResNet18 is not estimated (0)."""
-    if config.architecture != "attention":
+    if not config.is_attention:
         return 0
     remat = config.remat if remat is None else remat
     g = config.grid_size

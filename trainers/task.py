@@ -68,7 +68,7 @@ def remat_blocks(config: TrainConfig, model_config, replica_batch: int, log=prin
     """Whether the transformer blocks rematerialize (``--remat``; for ``auto``, whether the
     estimated activations of a ``replica_batch`` step exceed ``--memory_budget_gb``, which
     ``log``, unless None, reports)."""
-    attention = model_config.architecture == "attention"
+    attention = model_config.is_attention
     if config.remat == "blocks" and not attention:
         raise ConfigError(f"--remat=blocks: {config.model} has no transformer blocks; use --remat=none or auto.")
     if config.remat != "auto":
@@ -90,7 +90,7 @@ def resolve_model_config(config: TrainConfig, dataset: data_lib.ImageData, repli
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     fields = data_model_fields(config, dataset)
-    if config.image_size is not None and preset.architecture == "attention":
+    if config.image_size is not None and preset.is_attention:
         # The learned encodings' tables are sized from the grid (the offset-function encodings
         # need nothing); a preset's larger tables stay.
         fields["max_grid_size"] = max(preset.max_grid_size, fields["image_size"] // preset.pooling_width)
@@ -109,7 +109,7 @@ def attention_dropout_note(model_config) -> str | None:
     """What attention dropout costs a run whose encoding could otherwise train through the exact
     separable path, and the choice (None where it does not apply): the dense path's per-example
     ``(heads, N, N)`` tensors grow as ``N^2``, the separable path's activations as ``N``."""
-    if (model_config.architecture != "attention" or footprint.trains_separable(model_config)
+    if (not model_config.is_attention or footprint.trains_separable(model_config)
             or not footprint.trains_separable(model_config, attention_dropout=0.0)):
         return None
     g = model_config.grid_size
