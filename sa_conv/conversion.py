@@ -125,6 +125,9 @@ class AttentionConv2D(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         b, h, w, _ = input_shape
+        if h is None or w is None:  # as its attention layer needs (`MultiHeadSelfAttention2D`)
+            raise ValueError(f"AttentionConv2D needs a static height and width; got input shape {tuple(input_shape)}. "
+                             "Give the model input a fixed spatial shape.")
         return (b, self._output_window(h)[1], self._output_window(w)[1], self.filters)
 
     def get_config(self):

@@ -163,6 +163,10 @@ def test_conv_to_attention_errors():
         conversion.conv_to_attention(keras.layers.Dense(3))
     with pytest.raises(ValueError, match="kernel must have shape"):
         conversion.conv_to_attention(kernel=np.zeros((3, 2, 1, 1)))
+    layer = conversion.conv_to_attention(_conv(3, 2, 2))
+    assert layer.compute_output_shape((None, 9, 7, 2)) == (None, 7, 5, 2)  # "valid", as the convolution
+    with pytest.raises(ValueError, match="needs a static height and width; got input shape \\(None, None, 9, 2\\)"):
+        keras.Sequential([keras.Input((None, 9, 2)), layer])  # formerly a TypeError on None - 3
 
 
 def test_serialization_of_the_converted_layer(tmp_path):
