@@ -244,6 +244,26 @@ def test_split_folders_are_used_as_given(tmp_path):
     assert all("/test/" in p for p in data.test.paths)
 
 
+def test_the_trainer_says_which_data_settings_a_folder_leaves_unused(tmp_path):
+    from trainers.config import make_config
+    from trainers.task import Task
+
+    make_folder(str(tmp_path / "d"), per_class=4, splits=["train", "validation", "test"])
+    settings = dict(dataset=f"folder:{tmp_path / 'd'}", image_size=8, global_batch_size=6, eval_batch_size=6)
+    logs = []
+    task = Task(make_config(overrides=dict(settings, validation_size=5, data_dir=str(tmp_path))), log=logs.append)
+    assert len(task.val_split) == 18  # the folder's validation/, not 5 held out of train/
+    assert f"--data_dir={tmp_path} is unused: --dataset=folder:{tmp_path / 'd'} does not read it." in logs
+    assert "--validation_size=5 is unused: the data has its own validation split (18 images)." in logs
+    logs.clear()
+    Task(make_config(overrides=settings), log=logs.append)
+    assert not [line for line in logs if "unused" in line]
+    logs.clear()
+    Task(make_config(overrides=dict(dataset="synthetic", validation_size=5, data_dir=str(tmp_path))), log=logs.append)
+    assert [line for line in logs if "unused" in line] == [
+        f"--data_dir={tmp_path} is unused: --dataset=synthetic does not read it."]  # its validation split is drawn
+
+
 @pytest.mark.parametrize("layout,message", [
     ({"train/cat/a.txt": b"x", "test/dog/b.txt": b"x"}, "classes \\['dog'\\] that"),
     ({"validation/cat/a.txt": b"x"}, "no train/ folder"),

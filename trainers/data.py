@@ -618,6 +618,7 @@ class DatasetSource:
 
     name: str = ""
     needs_data_dir = False  # True: reads only local files (never the network)
+    reads_data_dir = False  # whether --data_dir says where the data is
 
     def load(self, data_dir: str | None, seed: int = 0, image_size: int | None = None, log=None) -> ImageData:
         """The data; ``image_size``: the side the pipeline will resize to (sources whose images
@@ -628,6 +629,8 @@ class DatasetSource:
 class CifarSource(DatasetSource):
     """CIFAR-10 or -100: the official python files when ``data_dir`` holds them, else tfds
     (``files_only``: the files, never tfds)."""
+
+    reads_data_dir = True
 
     def __init__(self, name: str, fmt: CifarFormat, tfds_name: str, files_only: bool = False):
         self.name, self.fmt, self.tfds_name, self.needs_data_dir = name, fmt, tfds_name, files_only
@@ -648,6 +651,8 @@ class CifarSource(DatasetSource):
 
 
 class TfdsSource(DatasetSource):
+    reads_data_dir = True
+
     def __init__(self, tfds_name: str):
         self.name, self.tfds_name = f"tfds:{tfds_name}", tfds_name
 

@@ -174,9 +174,14 @@ class Task:
                                                    image_size=config.image_size, log=log)
         for note in dataset.notes:
             log(note)
+        if config.data_dir and not data_lib.get_source(config.dataset).reads_data_dir:
+            log(f"--data_dir={config.data_dir} is unused: --dataset={config.dataset} does not read it.")
         self.label_names = dataset.label_names
         if dataset.validation is not None:  # the data's own validation split
             self.train_split, self.val_split = dataset.train, dataset.validation
+            if config.validation_size is not None:
+                log(f"--validation_size={config.validation_size} is unused: the data has its own validation split "
+                    f"({len(dataset.validation)} images).")
         else:
             self.train_split, self.val_split = data_lib.split_train_validation(
                 dataset.train, config.validation_size, seed=config.seed)
