@@ -125,6 +125,13 @@ def main():
         unknown = sorted(set(getattr(args, flag).split(",")) - set(known))
         if unknown:  # before any case runs: a child would take an unknown mode for inference
             parser.error(f"--{flag} {unknown}: each is one of {', '.join(known)}.")
+    import sa_conv
+
+    scaled = [name for name, config in sa_conv.PRESETS.items() if config.is_attention
+              and sa_conv.get_encoding(config.encoding).position_only and sa_conv.get_encoding(config.encoding).separable]
+    unknown = sorted(set(args.presets.split(",")) - set(scaled))
+    if unknown:  # each case runs both attention paths, which a separable position-only encoding has
+        parser.error(f"--presets {unknown}: each is a preset with the separable path ({', '.join(scaled)}).")
     report = {"batch": args.batch, "cases": {}}
 
     for preset in args.presets.split(","):

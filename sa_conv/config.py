@@ -19,7 +19,7 @@ _RESNET_FIELDS = frozenset({"architecture", "stochastic_depth", "initialization"
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Every field of a model. The ResNets ignore the attention fields (`ignored_fields`), which
-    `get_config` refuses to override on a ResNet preset.
+    `get_config` and `sa_conv.build_model` refuse to override on a ResNet.
 
     Attributes:
       architecture: ``"attention"`` (the paper's fully-attentional classifier) or a CIFAR ResNet
@@ -216,9 +216,15 @@ def get_config(name: str, **overrides) -> ModelConfig:
     fields of a ResNet preset)."""
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
-    config = PRESETS[name].replace(**overrides)
+    return override(PRESETS[name], name, **overrides)
+
+
+def override(config: ModelConfig, name: str, **overrides) -> ModelConfig:
+    """``config`` (called ``name`` in errors) with ``overrides`` applied; ValueError naming the
+    overrides its architecture would ignore (a ResNet's attention fields)."""
+    config = config.replace(**overrides)
     ignored = sorted(set(overrides) & config.ignored_fields())
     if ignored:
-        raise ValueError(f"{name} (architecture {config.architecture}) has no attention: {', '.join(ignored)} "
-                         f"would change nothing. Drop {'them' if len(ignored) > 1 else 'it'}, or choose an attention preset.")
+        raise ValueError(f"{name} (architecture {config.architecture}) has no attention: {', '.join(ignored)} would "
+                         f"change nothing. Drop {'them' if len(ignored) > 1 else 'it'}, or choose an attention model.")
     return config

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from sa_conv.config import ModelConfig, get_config
+from sa_conv.config import ModelConfig, get_config, override
 from sa_conv.initializers import bias_for, dense_initializers
 from sa_conv.invertible_pooling import InvertiblePooling
 from sa_conv.preprocessing import REFERENCE_PIXEL_MEAN, REFERENCE_PIXEL_STD, PixelNormalization
@@ -88,7 +88,7 @@ def build_model(name_or_config: str | ModelConfig = "sa_quadratic_small", name: 
     float pixels in [0, 255] to ``logits`` ``(batch, num_classes)`` float32.
     """
     if isinstance(name_or_config, ModelConfig):
-        config, name = name_or_config.replace(**overrides), name or "sa_model"
+        config, name = override(name_or_config, "the config", **overrides), name or "sa_model"
     else:
         config, name = get_config(name_or_config, **overrides), name or name_or_config
     if config.architecture in RESNETS:

@@ -373,8 +373,11 @@ def test_an_encoding_the_reference_lacks_stops_the_training_comparison_before_it
 
 
 @pytest.mark.parametrize("flag, error", [("--modes=train,inferr", "--modes ['inferr']: each is one of train, infer"),
-                                         ("--paths=dense,seperable", "--paths ['seperable']: each is one of")])
-def test_the_scaling_benchmark_refuses_an_unknown_mode_or_path_before_its_cases(flag, error, tmp_path):
+                                         ("--paths=dense,seperable", "--paths ['seperable']: each is one of"),
+                                         ("--presets=sa_quadratic,resnet18,sa_quadratic_full",
+                                          "--presets ['resnet18', 'sa_quadratic_full']: each is a preset with the "
+                                          "separable path (sa_quadratic, sa_learned, ")])
+def test_the_scaling_benchmark_refuses_an_unknown_mode_path_or_preset_before_its_cases(flag, error, tmp_path):
     proc = harness.run_module("benchmarks.scaling", [flag, f"--output={tmp_path / 'report.json'}"])
     assert proc.returncode == 2 and error in proc.stderr, proc.stderr
     assert os.listdir(tmp_path) == []

@@ -30,7 +30,8 @@ def test_every_weight_tensor_is_drawn_independently(preset):
     keras.utils.set_random_seed(0)
     # The convolutional initialization puts every block's heads on the same grid on purpose:
     # what is drawn at random is checked with the random one.
-    model = sa_conv.build_model(preset, attention_init="random") if preset != "resnet18" else sa_conv.build_model(preset)
+    random = {"attention_init": "random"} if sa_conv.get_config(preset).is_attention else {}
+    model = sa_conv.build_model(preset, **random)
     assert identical_weight_pairs(model) == []
     assert len(model.weights) > 10
 

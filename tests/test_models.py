@@ -171,6 +171,8 @@ def test_unknown_preset():
 def test_resnet_presets_refuse_attention_overrides():
     with pytest.raises(ValueError, match=r"resnet20 \(architecture resnet20\) has no attention: dropout would"):
         sa_conv.build_model("resnet20", dropout=0.3)
+    with pytest.raises(ValueError, match=r"the config \(architecture resnet20\) has no attention: num_heads would"):
+        sa_conv.build_model(sa_conv.get_config("resnet20"), num_heads=4)
     config = sa_conv.get_config("resnet20", stochastic_depth=0.1, image_size=16, num_classes=4)
     assert (config.stochastic_depth, config.image_size, config.num_classes) == (0.1, 16, 4)
     assert {"encoding", "num_heads", "dropout", "remat"} <= config.ignored_fields()

@@ -249,8 +249,8 @@ def test_ema_run_evaluates_and_saves_the_average(tmp_path):
 def test_ema_averages_the_batch_norm_statistics_too(tmp_path):
     """A ResNet's averaged weights are evaluated with averaged moving statistics, not with those of
     the last steps' weights; --ema_momentum=0 turns the average off under the small_data recipe."""
-    config = _config(model="resnet20", ema_momentum=0.5, epochs=1, max_steps=4, model_dir=str(tmp_path),
-                     learning_rate=0.05)
+    config = _config(model="resnet20", num_layers=None, ema_momentum=0.5, epochs=1, max_steps=4,
+                     model_dir=str(tmp_path), learning_rate=0.05)
     trainer = train_lib.Trainer(config, log=lambda line: None, interactive=False)
     trainer.prepare()
     trainer.train_epochs(0, [], save=False)
