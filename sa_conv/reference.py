@@ -50,7 +50,6 @@ import numpy as np
 from keras import ops
 
 from sa_conv.config import ModelConfig, get_config
-from sa_conv.encodings import ContentPlusLearnedBiasEncoding, LearnedRelativeEncoding, QuadraticEncoding
 from sa_conv.errors import SaConvError
 from sa_conv.models import attention_blocks
 
@@ -170,7 +169,7 @@ def _layer_norm(prefix, norm):
     return [(f"{prefix}.weight", norm.gamma, None), (f"{prefix}.bias", norm.beta, None)]
 
 
-def _learned(prefix, encoding: LearnedRelativeEncoding):
+def _tables(prefix, encoding):
     # The reference's "row" tables score the column offset (see the module docstring).
     return [
         (f"{prefix}.row_embeddings.weight", encoding.col_embeddings, None),
@@ -180,25 +179,38 @@ def _learned(prefix, encoding: LearnedRelativeEncoding):
     ]
 
 
+def _quadratic(prefix, attention):
+    encoding = attention.position_encoding
+    return [(f"{prefix}.attention_centers", encoding.centers, None),
+            (f"{prefix}.attention_spreads", encoding.spreads, None)]
+
+
+def _learned(prefix, attention):
+    return _tables(prefix, attention.position_encoding)
+
+
+def _content_plus_learned_bias(prefix, attention):
+    return (_tables(prefix, attention.position_encoding.position) + _linear(f"{prefix}.query", attention.query_dense)
+            + _linear(f"{prefix}.key", attention.key_dense))
+
+
+# The encoding-specific tensors of the reference's self-attention, for each encoding it has
+# (`epfml_reference.ENCODING_FLAGS`), from a `MultiHeadSelfAttention2D`.
+_ENCODING_TENSORS = {"quadratic": _quadratic, "quadratic_full": _quadratic, "learned": _learned,
+                     "content_plus_learned_bias": _content_plus_learned_bias}
+
+
 def _attention_map(model):
     plan = _linear("features_upscale", model.get_layer("embedding"))
     for i, block in enumerate(attention_blocks(model)):
         p = f"encoder.layer.{i}"
-        attention, encoding = block.attention, block.attention.position_encoding
-        if isinstance(encoding, QuadraticEncoding):
-            plan += [(f"{p}.attention.self.attention_centers", encoding.centers, None),
-                     (f"{p}.attention.self.attention_spreads", encoding.spreads, None)]
-        elif isinstance(encoding, LearnedRelativeEncoding):
-            plan += _learned(f"{p}.attention.self", encoding)
-        elif isinstance(encoding, ContentPlusLearnedBiasEncoding):
-            plan += _learned(f"{p}.attention.self", encoding.position)
-            plan += _linear(f"{p}.attention.self.query", attention.query_dense)
-            plan += _linear(f"{p}.attention.self.key", attention.key_dense)
-        else:
+        attention = block.attention
+        if attention.encoding not in _ENCODING_TENSORS:
             raise ReferenceImportError(
                 f"Block {i}'s {attention.encoding!r} encoding has no counterpart in the reference "
                 f"implementation (it has {', '.join(epfml_reference.ENCODING_FLAGS)})."
             )
+        plan += _ENCODING_TENSORS[attention.encoding](f"{p}.attention.self", attention)
         plan += _linear(f"{p}.attention.self.value", attention.value_dense)
         plan += _linear(f"{p}.attention.output.dense", block.attention_output)
         plan += _layer_norm(f"{p}.attention.output.LayerNorm", block.attention_norm)
