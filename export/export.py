@@ -61,7 +61,7 @@ from export import precisions, tf_serving, verify
 from export.formats import FORMATS as FLOAT_FORMATS
 from export.formats import METADATA, ExportJob
 from export.signatures import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_IMAGE_PIXELS, build_archive  # noqa: F401
-from export.verify import (ExportError, Top1Agreement, probability_tolerance, read_images,  # noqa: F401
+from export.verify import (ExportError, Top1Agreement, bfloat16_probability_tolerance, read_images,  # noqa: F401
                            verification_images)
 from trainers import cli, files, run_files
 from trainers import data as data_lib

@@ -9,7 +9,7 @@ import numpy as np
 
 import sa_conv
 from export import formats, int8, runtimes
-from export.verify import ExportError, max_error, probability_tolerance
+from export.verify import ExportError, bfloat16_probability_tolerance, max_error
 from trainers import precision as precision_lib
 
 class Precision:
@@ -65,7 +65,7 @@ class BFloat16(Precision):
 
     def check(self, fmt, served, job):
         logits = job.serving.predict(job.images, verbose=0)
-        tolerance = probability_tolerance(self.name, logits)
+        tolerance = bfloat16_probability_tolerance(logits)
         expected = runtimes.softmax(np.asarray(logits, np.float32))
         error = max_error(f"The {self.describe(fmt)}", expected, served(job.images), tolerance)
         return {"max_abs_error": error, "tolerance": tolerance, **job.agreement(served, "bfloat16 export")}

@@ -1,7 +1,7 @@
 """What an export checks its files with: images, the bounds of each precision, the top-1 guard.
 
 Every exported file is compared with the Keras model it was written from (`export.formats`):
-its probabilities within the bound of its precision (`probability_tolerance`), and, for a
+its probabilities within the bound of its precision (`bfloat16_probability_tolerance`), and, for a
 low-precision file, the float32 model's class on at least `Top1Agreement.minimum` of held-out
 images."""
 
@@ -34,17 +34,13 @@ CONVERTED_FLOAT32_TOLERANCE = 1e-4
 MIN_TOP1_AGREEMENT = 0.99
 
 
-def probability_tolerance(dtype: str, logits) -> float:
-    """The largest |difference| of probabilities the export accepts for a file in ``dtype``
-    computed from a model with these ``logits`` ``(images, classes)``: float32 `FLOAT32_TOLERANCE`;
-    bfloat16 half of `BFLOAT16_LOGIT_TOLERANCE` times the logits' largest magnitude (at least 1),
-    since the softmax moves no probability by more than half the largest change of a logit (its
-    Jacobian's rows sum to ``2 p (1 - p) <= 1/2`` in absolute value)."""
-    if dtype == "float32":
-        return FLOAT32_TOLERANCE
-    if dtype == "bfloat16":
-        return BFLOAT16_LOGIT_TOLERANCE * max(1.0, float(np.abs(np.asarray(logits)).max())) / 2
-    raise ValueError(f"No tolerance for dtype {dtype!r}; it is float32 or bfloat16.")
+def bfloat16_probability_tolerance(logits) -> float:
+    """The largest |difference| of probabilities the export accepts for a bfloat16 file computed
+    from a model with these ``logits`` ``(images, classes)``: half of `BFLOAT16_LOGIT_TOLERANCE`
+    times the logits' largest magnitude (at least 1), since the softmax moves no probability by
+    more than half the largest change of a logit (its Jacobian's rows sum to ``2 p (1 - p) <= 1/2``
+    in absolute value). A float32 file's is `FLOAT32_TOLERANCE`."""
+    return BFLOAT16_LOGIT_TOLERANCE * max(1.0, float(np.abs(np.asarray(logits)).max())) / 2
 
 
 def max_error(what: str, expected, actual, atol: float) -> float:

@@ -463,7 +463,7 @@ def test_bfloat16_export_computes_in_bfloat16_and_agrees_with_float32(confident_
     assert record["top1_agreement"] >= 0.99 and record["agreement_images"].startswith("100 images of ")
     tolerance = meta["verification"]["saved_model_tolerance"]
     assert meta["verification"]["max_abs_error"]["saved_model"] <= tolerance
-    assert tolerance >= 2 ** -7  # probability_tolerance: the logits' scale counts as at least 1
+    assert tolerance >= 2 ** -7  # bfloat16_probability_tolerance: the logits' scale counts as at least 1
     assert meta["attention_constants"] == ["separable"]
     loaded = tf.saved_model.load(version)
     serve = loaded.signatures["serving_default"]
@@ -787,12 +787,9 @@ def test_top1_agreement_runs_the_float32_model_once_for_every_file(tmp_path):
     assert calls == [200]
 
 
-def test_the_tolerance_follows_the_precision_and_the_logits_scale():
-    assert export_lib.probability_tolerance("float32", None) == 1e-5
-    assert export_lib.probability_tolerance("bfloat16", np.array([[4.0, -1.0], [0.5, 2.0]])) == 2 ** -5
-    assert export_lib.probability_tolerance("bfloat16", np.array([[0.25, -0.5]])) == 2 ** -7  # scale at least 1
-    with pytest.raises(ValueError, match="float32 or bfloat16"):
-        export_lib.probability_tolerance("int4", None)
+def test_the_bfloat16_tolerance_follows_the_logits_scale():
+    assert export_lib.bfloat16_probability_tolerance(np.array([[4.0, -1.0], [0.5, 2.0]])) == 2 ** -5
+    assert export_lib.bfloat16_probability_tolerance(np.array([[0.25, -0.5]])) == 2 ** -7  # scale at least 1
 
 
 def _paper_model(preset, made_once, num_layers=None):
