@@ -39,7 +39,7 @@ def main():
     parser.add_argument("--model", default="sa_quadratic_small")
     parser.add_argument("--dataset", default="cifar10")
     harness.add_data_dir(parser, help="the --dataset's files: CIFAR-10 python-format files (cifar10-mini) "
-                                      "for cifar10, else a tfds data_dir or an image folder")
+                                      "for cifar10, or a tfds data_dir (folder:PATH names its folder itself)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--fine_tune_epochs", type=int, default=1)
     parser.add_argument("--batch", type=int, default=100)
@@ -57,8 +57,14 @@ def main():
     from trainers.config import ConfigError, make_config
     from trainers.task import Task
 
+    from trainers import data as data_lib
+
+    try:
+        data_dir = os.path.abspath(args.data_dir) if data_lib.get_source(args.dataset).reads_data_dir else None
+    except data_lib.DatasetError as exc:
+        parser.error(f"--dataset: {exc}")
     workdir = tempfile.mkdtemp(prefix="resolution_transfer_")
-    common = dict(model=args.model, dataset=args.dataset, data_dir=os.path.abspath(args.data_dir),
+    common = dict(model=args.model, dataset=args.dataset, data_dir=data_dir,
                   global_batch_size=args.batch, eval_batch_size=500, learning_rate=args.learning_rate,
                   strategy="one_device", mixed_precision="float32")
 
@@ -97,7 +103,7 @@ def main():
                 init_from=os.path.join(at32_dir, run_files.MODEL))
     scratch = run("scratch_at64", **fine_tuning)
     report = {
-        "model": args.model, "dataset": args.dataset, "data_dir": os.path.basename(os.path.normpath(args.data_dir)),
+        "model": args.model, "dataset": args.dataset, "data_dir": data_dir and os.path.basename(data_dir),
         "train_images": len(task.train_split), "test_images": len(task.test_split),
         "epochs_at_32": args.epochs, "fine_tune_epochs": args.fine_tune_epochs, "batch": args.batch,
         "learning_rate": args.learning_rate, "fine_tune_learning_rate": args.fine_tune_learning_rate,

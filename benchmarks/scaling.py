@@ -101,6 +101,14 @@ def measure(preset, grid, path, mode, batch, steps):
     return result
 
 
+def scaled_presets() -> list[str]:
+    """The presets that have both attention paths: a separable position-only encoding."""
+    import sa_conv
+
+    return [name for name, config in sa_conv.PRESETS.items() if config.is_attention
+            and sa_conv.get_encoding(config.encoding).position_only and sa_conv.get_encoding(config.encoding).separable]
+
+
 def main():
     parser = harness.arguments(__doc__, "scaling.json")
     parser.add_argument("--presets", default=",".join(PRESETS))
@@ -115,6 +123,8 @@ def main():
     args = harness.parse(parser)
     from trainers import process
 
+    if args.side == "presets":
+        return harness.print_result({"presets": scaled_presets()})
     if args.side:  # one case, "preset/grid/path/mode"
         limit = int(args.memory_limit_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
@@ -125,10 +135,8 @@ def main():
         unknown = sorted(set(getattr(args, flag).split(",")) - set(known))
         if unknown:  # before any case runs: a child would take an unknown mode for inference
             parser.error(f"--{flag} {unknown}: each is one of {', '.join(known)}.")
-    import sa_conv
-
-    scaled = [name for name, config in sa_conv.PRESETS.items() if config.is_attention
-              and sa_conv.get_encoding(config.encoding).position_only and sa_conv.get_encoding(config.encoding).separable]
+    # Asked of a child: this process stays free of TensorFlow's memory while the cases run.
+    scaled = harness.run_side(__name__, "presets", env=process.child_environment())["presets"]
     unknown = sorted(set(args.presets.split(",")) - set(scaled))
     if unknown:  # each case runs both attention paths, which a separable position-only encoding has
         parser.error(f"--presets {unknown}: each is a preset with the separable path ({', '.join(scaled)}).")

@@ -1,7 +1,7 @@
 """What an export checks its files with: images, the bounds of each precision, the top-1 guard.
 
 Every exported file is compared with the Keras model it was written from (`export.formats`):
-its probabilities within the bound of its precision (`bfloat16_probability_tolerance`), and, for a
+its probabilities within the bound of its precision (`FLOAT32_TOLERANCE`, `bfloat16_probability_tolerance`), and, for a
 low-precision file, the float32 model's class on at least `Top1Agreement.minimum` of held-out
 images."""
 

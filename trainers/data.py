@@ -617,7 +617,6 @@ class DatasetSource:
     """A named source of `ImageData`."""
 
     name: str = ""
-    needs_data_dir = False  # True: reads only local files (never the network)
     reads_data_dir = False  # whether --data_dir says where the data is
 
     def load(self, data_dir: str | None, seed: int = 0, image_size: int | None = None, log=None) -> ImageData:
@@ -633,10 +632,10 @@ class CifarSource(DatasetSource):
     reads_data_dir = True
 
     def __init__(self, name: str, fmt: CifarFormat, tfds_name: str, files_only: bool = False):
-        self.name, self.fmt, self.tfds_name, self.needs_data_dir = name, fmt, tfds_name, files_only
+        self.name, self.fmt, self.tfds_name, self.files_only = name, fmt, tfds_name, files_only
 
     def load(self, data_dir, seed=0, image_size=None, log=None):
-        if self.needs_data_dir and not data_dir:
+        if self.files_only and not data_dir:
             raise DatasetError(
                 f"--dataset={self.name} needs --data_dir: the {self.fmt.dirname}/ directory or {self.fmt.archive}."
             )
@@ -645,7 +644,7 @@ class CifarSource(DatasetSource):
                 f"--data_dir {data_dir!r} does not exist. Point it at the {self.fmt.dirname}/ directory, a "
                 f"directory containing one, {self.fmt.archive}, or a tfds data_dir."
             )
-        if self.needs_data_dir or (data_dir and self.fmt.find(data_dir)):
+        if self.files_only or (data_dir and self.fmt.find(data_dir)):
             return self.fmt.load(data_dir)
         return load_tfds(self.tfds_name, data_dir)
 
@@ -665,8 +664,6 @@ class FolderSource(DatasetSource):
     PNG, JPEG, BMP, GIF; optional ``train/``, ``validation/``, ``test/``), streamed from disk at
     ``image_size`` (default `DEFAULT_FOLDER_IMAGE_SIZE`). Without a ``test/`` folder, a seeded
     `DEFAULT_VALIDATION_FRACTION` of the images is held out as the test split."""
-
-    needs_data_dir = True
 
     def __init__(self, root: str):
         self.name, self.root = f"folder:{root}", root
