@@ -103,22 +103,29 @@ def _slicer(blocks, heads_by_layer):
     return take
 
 
+def _check_prunable(model, heads_by_layer):
+    """`_check_heads`, and that every block to prune is a `TransformerBlock`: the pruned copy
+    rebuilds those only (any other layer would keep its heads)."""
+    blocks, heads_by_layer = _check_heads(model, heads_by_layer)
+    other = [i for i in heads_by_layer if not isinstance(blocks[i], TransformerBlock)]
+    if other:
+        raise ValueError(f"Block {other[0]} ({type(blocks[other[0]]).__name__}) is not a TransformerBlock: "
+                         "prune_heads prunes the transformer blocks of sa_conv's classifiers.")
+    return blocks, heads_by_layer
+
+
 def head_slicer(model: keras.Model, heads_by_layer: dict):
     """A function ``(variable, value, new_shape) -> value`` that takes, from ``value`` (the value
     of ``variable`` of ``model``, or of anything shaped like it such as an optimizer's momentum),
     the slices of the heads that `prune_heads` keeps: unchanged when ``new_shape`` is its shape."""
-    return _slicer(*_check_heads(model, heads_by_layer))
+    return _slicer(*_check_prunable(model, heads_by_layer))
 
 
 def prune_heads(model: keras.Model, heads_by_layer: dict) -> keras.Model:
     """A copy of ``model`` without the heads ``{block index: [head, ...]}``: it computes what
     ``model`` computes with those heads' contributions removed (each head's rows of the value
     map go, and so do its slices of every other per-head weight). Other weights are copied."""
-    blocks, heads_by_layer = _check_heads(model, heads_by_layer)
-    other = [i for i in heads_by_layer if not isinstance(blocks[i], TransformerBlock)]
-    if other:  # the copy rebuilds transformer blocks only: any other layer would keep its heads
-        raise ValueError(f"Block {other[0]} ({type(blocks[other[0]]).__name__}) is not a TransformerBlock: "
-                         "prune_heads prunes the transformer blocks of sa_conv's classifiers.")
+    blocks, heads_by_layer = _check_prunable(model, heads_by_layer)
     take = _slicer(blocks, heads_by_layer)
     pruned_names = {blocks[i].name: heads for i, heads in heads_by_layer.items()}
 

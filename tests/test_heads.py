@@ -7,6 +7,7 @@ import pytest
 from keras import ops
 
 import sa_conv
+from sa_conv import heads
 
 IMAGES = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3)).astype(np.uint8)
 
@@ -105,8 +106,9 @@ def test_prune_refuses_attention_that_is_not_a_transformer_block():
     inputs = keras.Input((8, 8, 3))
     cnn = keras.Model(inputs, keras.layers.Conv2D(4, 3, padding="same")(inputs))
     converted = conversion.convert_model(cnn)
-    with pytest.raises(ValueError, match=r"Block 0 \(AttentionConv2D\) is not a TransformerBlock"):
-        sa_conv.prune_heads(converted, {0: [0]})
+    for prune in (sa_conv.prune_heads, heads.head_slicer):  # the slicer of an optimizer's state too
+        with pytest.raises(ValueError, match=r"Block 0 \(AttentionConv2D\) is not a TransformerBlock"):
+            prune(converted, {0: [0]})
 
 
 def test_reset_refuses_an_encoding_that_does_not_name_its_gaussian_weights(monkeypatch):
