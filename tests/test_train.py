@@ -586,12 +586,15 @@ def test_run_killed_mid_epoch_and_resumed_ends_as_the_uninterrupted_run(replicas
 # ------------------------------------------------------------------------------ bad flags
 
 
-def test_nan_loss_stops_with_a_clear_error(tmp_path):
+@pytest.mark.parametrize("precision, advice", [("float32", r"--warmup_ratio\.$"),
+                                               ("mixed_bfloat16", r", or train in float32 \(this run: mixed_bfloat16\)\.")])
+def test_nan_loss_stops_with_a_clear_error(tmp_path, precision, advice):
+    """The advice to train in float32 is given to a run that does not."""
     config = make_config(overrides=dict(
         model="sa_quadratic_small", num_layers=1, dataset="synthetic", learning_rate=1e6, warmup_ratio=0.0,
-        epochs=2, global_batch_size=50, model_dir=str(tmp_path), strategy="one_device",
+        epochs=2, global_batch_size=50, model_dir=str(tmp_path), strategy="one_device", mixed_precision=precision,
     ))
-    with pytest.raises(train_lib.TrainingError, match="loss became (nan|inf).*Lower --learning_rate"):
+    with pytest.raises(train_lib.TrainingError, match="loss became (nan|inf).*Lower --learning_rate.*" + advice):
         train_lib.train(config, log=lambda s: None)
 
 

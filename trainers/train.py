@@ -216,9 +216,11 @@ class Trainer:
             totals += self.train_steps(iterator, tf.constant(chunk)).numpy()
             done += chunk
             if not np.isfinite(totals[0]):
+                precision = self.task.precision
+                also = "" if precision == "float32" else f", or train in float32 (this run: {precision})"
                 raise TrainingError(
                     f"The training loss became {totals[0]} at step {step + done} (epoch {epoch + 1}). "
-                    "Lower --learning_rate, raise --warmup_ratio, or train in --mixed_precision=float32."
+                    f"Lower --learning_rate or raise --warmup_ratio{also}."
                 )
             callbacks.on_train_batch_end(done - 1, {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]})
             if bar is not None:
