@@ -110,12 +110,22 @@ def is_frozen(model: keras.Model) -> bool:
     return any(isinstance(layer, ServingTransformerBlock) for layer in model.layers)
 
 
+def _with_nested(model: keras.Model):
+    """``model`` and the models among its layers, at any depth (a classifier wrapped with
+    preprocessing layers in a `keras.Sequential`)."""
+    yield model
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from _with_nested(layer)
+
+
 def no_weight_decay(model: keras.Model) -> list:
     """The variables of ``model`` that take no weight decay, as its layers declare them (each
     attention layer's ``no_weight_decay``: the quadratic encodings' centers and spreads, as in the
-    reference implementation); the trainer decays every other trainable variable."""
-    return [v for block in attention_blocks(model) if hasattr(block.attention, "no_weight_decay")
-            for v in block.attention.no_weight_decay()]
+    reference implementation), also in models nested in it; the trainer decays every other
+    trainable variable."""
+    return [v for inner in _with_nested(model) for block in attention_blocks(inner)
+            if hasattr(block.attention, "no_weight_decay") for v in block.attention.no_weight_decay()]
 
 
 def attention_grid(model: keras.Model) -> tuple[tuple[int, int], int]:

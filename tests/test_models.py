@@ -180,6 +180,16 @@ def test_resnet_presets_refuse_attention_overrides():
     assert sa_conv.get_config("sa_quadratic_small").ignored_fields() == frozenset()
 
 
+def test_no_weight_decay_finds_the_encodings_of_a_wrapped_model():
+    model = sa_conv.build_model("sa_quadratic_small")
+    wrapped = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.RandomFlip(), model])
+    twice = keras.Sequential([keras.Input((32, 32, 3)), wrapped])
+    declared = sa_conv.no_weight_decay(model)
+    assert len(declared) == 6 and {v.path.rsplit("/", 1)[1] for v in declared} == {"centers", "spreads"}
+    for outer in (wrapped, twice):  # formerly none: the blocks are layers of the inner model
+        assert [id(v) for v in sa_conv.no_weight_decay(outer)] == [id(v) for v in declared]
+
+
 def test_wrong_input_rank_is_rejected():
     model = sa_conv.build_model("sa_quadratic_small")
     with pytest.raises(ValueError):
