@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.scaling --output=benchmarks/results/scaling.json
     .venv/bin/python -m benchmarks.scaling --presets=sa_quadratic --grids=48 --paths=separable --modes=train
 
-For each position-only paper preset, grid side ``G`` (``--image_size = 2 G``: the presets pool
+For each preset with the separable path (`scaled_presets`), grid side ``G`` (``--image_size = 2 G``: the presets pool
 2x2), attention path (``separable``: `sa_conv.separable`, exact, ``O(N (H + W))`` per head and
 channel; ``dense``: Eq. (5)-(6) with ``(heads, N, N)`` probabilities) and mode, one process
 measures at ``--batch`` (32), attention dropout 0 (which the separable path needs in training):

@@ -57,7 +57,7 @@ def shifts(kernel_size: int, dilation: int = 1) -> np.ndarray:
 class AttentionConv2D(keras.layers.Layer):
     """A convolution computed by a quadratic `MultiHeadSelfAttention2D` with ``K*K`` heads.
 
-    Built by `conv_to_attention`. Input ``(batch, H, W, D_in)``; output the shape the
+    Built by `conv_to_attention`. Input ``(batch, H, W, D_in)`` with static H and W; output the shape the
     convolution gives: ``(batch, H', W', D_out)``. The attention layer is ``self.attention``.
 
     Args:
@@ -277,7 +277,8 @@ def convert_model(model: keras.Model, alpha: float = DEFAULT_ALPHA) -> keras.Mod
     """A copy of ``model`` with every `keras.layers.Conv2D` replaced by its `AttentionConv2D`.
 
     Other layers are cloned with their weights. The result computes the same function (to
-    float32 rounding at the default alpha).
+    float32 rounding at the default alpha). Its attention needs a fixed height and width: a
+    ``model`` whose input has unknown ones raises ValueError.
     """
     converted = {}
 

@@ -93,7 +93,8 @@ class TrainConfig:
         PIXEL_STATISTICS,
     )
     validation_size: Optional[int] = _field(
-        None, "Training images held out for validation (default 10%: 5,000 of CIFAR-10)."
+        None, "Training images held out for validation (default 10%: 5,000 of CIFAR-10); unused where the data has its "
+        "own validation split (a folder's validation/)."
     )
     epochs: int = _field(300, "Training epochs.")
     global_batch_size: int = _field(100, "Global batch size, split across replicas.")

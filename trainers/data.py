@@ -25,8 +25,9 @@ the official files contain (dicts, lists, strings, bytes, ints and numpy arrays)
 any other global before it runs; files and archive members above `MAX_FILE_BYTES` are refused
 before they are read.
 
-The test split is only for the final evaluation: model selection uses the validation split that
-`split_train_validation` carves out of the training data.
+The test split is only for the final evaluation: model selection uses the data's own validation
+split (a folder's ``validation/``), else the one `split_train_validation` carves out of the
+training data.
 """
 
 from __future__ import annotations

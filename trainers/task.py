@@ -145,7 +145,7 @@ class Task:
         grid and the attention path with them).
 
     Attributes set once, here: ``model_config`` (the resolved `sa_conv.ModelConfig`),
-    ``train_split``, ``val_split`` (held out from the training split, seeded), ``test_split``,
+    ``train_split``, ``val_split`` (the data's own, else held out from the training split, seeded), ``test_split``,
     ``label_names``, ``steps_per_epoch``, ``replicas``, ``precision`` (the dtype policy, with
     ``--mixed_precision=auto`` resolved) and ``precision_reason``. The Task changes no
     process-wide state.
