@@ -102,6 +102,11 @@ def export(
         agreement_images = None
     path, results = resolve_model(model_dir, model_path)
     model = resized(load_keras_model(path), image_size)
+    height, width = model.inputs[0].shape[1:3]
+    if max_image_pixels < height * width:  # predict_encoded resizes every image to the input's pixels
+        raise ExportError(f"--max_image_pixels={max_image_pixels} is below the model's input of {height} x {width} = "
+                          f"{height * width} pixels: predict_encoded would refuse every image. Use at least "
+                          f"{height * width}.")
     names = class_names(model, results)
     model_name, version, target = destination(export_dir, model_name or results.get("preset") or model.name,
                                               version, overwrite)

@@ -190,9 +190,14 @@ def test_an_image_of_the_inputs_own_size_is_served_at_a_limit_of_that_size(tmp_p
     from PIL import Image
 
     import sa_conv
-    from export.export import export
+    from export.export import ExportError, export
 
     sa_conv.build_model("sa_quadratic_small", num_layers=1, hidden_size=16, mlp_size=16).save(tmp_path / "m.keras")
+    with pytest.raises(ExportError, match=r"--max_image_pixels=1023 is below the model's input of 32 x 32 = 1024 "
+                                          r"pixels: predict_encoded would refuse every image"):
+        export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "exported"),
+               max_image_pixels=32 * 32 - 1, tf_serving_files=False, log=lambda s: None)
+    assert not (tmp_path / "exported").exists()  # refused before anything is written
     version = export(model_path=str(tmp_path / "m.keras"), export_dir=str(tmp_path / "exported"),
                      max_image_pixels=32 * 32, tf_serving_files=False, log=lambda s: None)
     encoded = tf.saved_model.load(version).signatures["predict_encoded"]
