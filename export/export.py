@@ -126,7 +126,7 @@ def export(
             checks[fmt.name] = {**fmt.write(job), **fmt.check(job)}
         meta = metadata(job, chosen, checks, version, path, results)
         files.write_json(os.path.join(tmp, METADATA), meta, sort_keys=True)
-        publish(tmp, target)
+        publish(tmp, target, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(summary(job, chosen, checks, target, version))
@@ -285,10 +285,16 @@ def summary(job: ExportJob, chosen, checks: dict, target: str, version: int) -> 
             f"{errors}{agreements})")
 
 
-def publish(tmp: str, target: str) -> None:
+def publish(tmp: str, target: str, overwrite: bool = False) -> None:
     """Moves the finished version ``tmp`` to ``target`` by renames, so that a server never sees
-    half a version; with --overwrite the old version is moved aside first, then removed."""
+    half a version; with ``overwrite`` an existing version is moved aside first, then removed.
+    Without it, a version that appeared while this export ran (another export's) is kept and
+    this one refused."""
     if os.path.exists(target):
+        if not overwrite:
+            raise ExportError(f"{target} appeared while this export ran (another export of the same model?); it is "
+                              "kept and this export is not published. Run again for the next version, or pass "
+                              "--overwrite.")
         trash = f"{tmp}-old"
         os.rename(target, trash)
         os.rename(tmp, target)

@@ -215,7 +215,7 @@ def test_atomic_write_and_no_silent_overwrite(real_images, tmp_path, monkeypatch
     _trained("sa_quadratic_small", real_images, tmp_path / "m.keras", num_layers=1)
     out, quiet = tmp_path / "out", dict(tf_serving_files=False, log=lambda s: None)
 
-    def fail(tmp, target):
+    def fail(tmp, target, overwrite):
         assert os.path.isfile(os.path.join(tmp, export_lib.METADATA))  # everything written but the rename
         raise RuntimeError("simulated failure before the rename")
 
@@ -237,6 +237,15 @@ def test_atomic_write_and_no_silent_overwrite(real_images, tmp_path, monkeypatch
     again = export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), version=1,
                               overwrite=True, **quiet)
     assert again == first and sorted(os.listdir(out / "sa_quadratic_small")) == ["1", "2"]
+    # Another export that took version 3 while this one wrote it: kept, this one refused, nothing left over.
+    publish = export_lib.publish
+    with monkeypatch.context() as patched:
+        patched.setattr(export_lib, "publish", lambda tmp, target, overwrite: (
+            os.makedirs(os.path.join(target, "theirs")), publish(tmp, target, overwrite)))
+        with pytest.raises(export_lib.ExportError, match="3 appeared while this export ran.*it is kept"):
+            export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), **quiet)
+    assert sorted(os.listdir(out / "sa_quadratic_small")) == ["1", "2", "3"]
+    assert os.listdir(out / "sa_quadratic_small" / "3") == ["theirs"]
 
 
 def test_tflite_files_run_in_litert_and_its_absence_names_the_install(monkeypatch):
