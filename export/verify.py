@@ -11,6 +11,7 @@ import numpy as np
 
 from sa_conv.errors import SaConvError
 from trainers import data as data_lib
+from trainers import run_files
 
 
 class ExportError(SaConvError):
@@ -57,22 +58,22 @@ def verification_images(results: dict, image_shape, count: int = 16, split: str 
     input size as its evaluation saw them, else generated ones of the model's input shape; and a
     word saying which."""
     config = results.get("train_config", {})
-    dataset = config.get("dataset")
+    dataset, data_dir = run_files.data_location(config)
+    missing = ""
     if dataset:
         try:
             source = data_lib.get_source(dataset)
             fmt = getattr(source, "fmt", None)
-            local = isinstance(source, data_lib.FolderSource) or (
-                fmt is not None and config.get("data_dir") and fmt.find(config["data_dir"]))
+            local = isinstance(source, data_lib.FolderSource) or (fmt is not None and data_dir and fmt.find(data_dir))
             if local:  # never a download
-                loaded = source.load(config.get("data_dir"), config.get("seed", 0), image_size=config.get("image_size"))
+                loaded = source.load(data_dir, config.get("seed", 0), image_size=config.get("image_size"))
                 images = data_lib.head(getattr(loaded, split), count, int(image_shape[0]))
                 if images.shape[1:] == tuple(image_shape):
                     return images, f"{split} images"
         except data_lib.DatasetError:
-            pass
+            missing = f" (the run's data, {dataset}{f' in {data_dir}' if data_dir else ''}, is not readable here)"
     generated = data_lib.make_synthetic(num_train=1, num_test=count, seed=0, image_shape=tuple(image_shape))
-    return generated.test.images, "generated images"
+    return generated.test.images, f"generated images{missing}"
 
 
 def read_images(path: str, image_shape, flag: str = "--agreement_images") -> np.ndarray:

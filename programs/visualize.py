@@ -68,7 +68,8 @@ def load_images(spec, dataset, data_dir, model_dir, image_shape):
         config = run_files.read_config(model_dir) if dataset is None and model_dir else None
         seed = 0
         if config is not None:  # the run's seed: a folder without test/ holds out its test images by it
-            dataset, data_dir, seed = config.get("dataset"), data_dir or config.get("data_dir"), config.get("seed", 0)
+            (dataset, recorded), seed = run_files.data_location(config), config.get("seed", 0)
+            data_dir = data_dir or recorded
         size, channels = image_shape[0], image_shape[-1]
         loaded = data_lib.load_dataset(dataset or "cifar10", data_dir, seed=seed, image_size=size)
         test = loaded.test

@@ -244,6 +244,30 @@ def test_split_folders_are_used_as_given(tmp_path):
     assert all("/test/" in p for p in data.test.paths)
 
 
+def test_a_run_on_a_relative_folder_is_found_from_another_directory(tmp_path, monkeypatch):
+    """config.json records where the data is, absolute: the export's checks (and sa-conv-visualize)
+    read the run's images wherever they run; a run recorded without it says why they are generated."""
+    from export import verify
+    from trainers import run_files
+    from trainers import train as train_lib
+    from trainers.config import make_config
+
+    make_folder(str(tmp_path / "work" / "data"), per_class=4, splits=["train", "test"])
+    monkeypatch.chdir(tmp_path / "work")
+    train_lib.train(make_config(overrides=dict(
+        model="sa_quadratic_small", num_layers=1, hidden_size=8, mlp_size=8, num_heads=4, dataset="folder:data",
+        image_size=8, global_batch_size=6, eval_batch_size=6, epochs=1, max_steps=1, strategy="one_device",
+        model_dir="run")), log=lambda s: None)
+    config = run_files.read_config("run")
+    assert config["data_location"] == {"dataset": f"folder:{tmp_path / 'work' / 'data'}", "data_dir": None}
+    monkeypatch.chdir(tmp_path)
+    images, source = verify.verification_images({"train_config": config}, (8, 8, 3))
+    assert source == "test images" and images.shape == (16, 8, 8, 3)
+    del config["data_location"]
+    images, source = verify.verification_images({"train_config": config}, (8, 8, 3))
+    assert source == "generated images (the run's data, folder:data, is not readable here)"
+
+
 def test_the_trainer_says_which_data_settings_a_folder_leaves_unused(tmp_path):
     from trainers.config import make_config
     from trainers.task import Task

@@ -620,6 +620,10 @@ class DatasetSource:
     name: str = ""
     reads_data_dir = False  # whether --data_dir says where the data is
 
+    def absolute_name(self) -> str:
+        """The name, any path in it absolute (from this process's directory)."""
+        return self.name
+
     def load(self, data_dir: str | None, seed: int = 0, image_size: int | None = None, log=None) -> ImageData:
         """The data; ``image_size``: the side the pipeline will resize to (sources whose images
         vary in size need it to load; fixed-size sources are resized by `make_dataset`)."""
@@ -668,6 +672,9 @@ class FolderSource(DatasetSource):
 
     def __init__(self, root: str):
         self.name, self.root = f"folder:{root}", root
+
+    def absolute_name(self):
+        return f"folder:{os.path.abspath(self.root)}"
 
     def load(self, data_dir, seed=0, image_size=None, log=None):
         size = int(image_size or DEFAULT_FOLDER_IMAGE_SIZE)

@@ -42,6 +42,14 @@ def read_config(model_dir: str) -> dict | None:
     return _read(model_dir, CONFIG, None)
 
 
+def data_location(config: dict) -> tuple[str | None, str | None]:
+    """``(dataset, data_dir)`` of the run whose ``config.json`` is ``config``, their paths absolute
+    as the trainer resolved them (``data_location``; runs from before it recorded that: as given,
+    relative to the directory it was started from)."""
+    location = config.get("data_location") or config
+    return location.get("dataset"), location.get("data_dir")
+
+
 def read_precision(model_dir: str) -> str:
     """The dtype policy the run in ``model_dir`` trains in (``--mixed_precision=auto`` resolved), as its
     ``config.json`` records it."""

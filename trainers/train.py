@@ -285,7 +285,10 @@ class Trainer:
         self.log(f"Checkpoint {path} holds a pruned model: heads per block {counts}.")
 
     def _write_config(self):
-        resolved = {**self.config.to_dict(), "resolved_model": self.model_config.to_dict(),
+        c = self.config
+        data_dir = os.path.abspath(os.path.expanduser(c.data_dir)) if c.data_dir else None
+        resolved = {**c.to_dict(), "resolved_model": self.model_config.to_dict(),
+                    "data_location": {"dataset": data_lib.get_source(c.dataset).absolute_name(), "data_dir": data_dir},
                     "replicas": self.replicas, "steps_per_epoch": self.steps_per_epoch,
                     "total_steps": self.total_steps,
                     "precision": {"policy": self.task.precision, "why": self.task.precision_reason},
