@@ -110,6 +110,18 @@ def heads_times_pixels(weights, x):
     return ops.transpose(ops.reshape(mixed, (heads, n, -1, d)), (2, 1, 0, 3))
 
 
+def float_kernel(dense):
+    """``dense``'s kernel, the float weights its call multiplies by; ValueError for a layer that
+    Keras quantized (`keras.Model.quantize`), whose kernel is stored in another form that only
+    its own call reads: the paths that take the value map's kernel by hand would compute with it
+    unscaled."""
+    if dense.quantization_mode is not None:
+        raise ValueError(f"{dense.path} is quantized ({dense.quantization_mode}, by keras.Model.quantize): sa_conv's "
+                         "attention reads its float kernel. Quantize an exported file instead (sa-conv-export "
+                         "--precision=int8).")
+    return dense.kernel
+
+
 def _on_grid(outputs, value_dense, dtype, height, width):
     """Products with the value map's kernel, taken by hand (``out`` channels last), plus its bias, as
     ``(batch, H, W, out)``."""
@@ -155,7 +167,7 @@ class DenseSum(Aggregation):
             mixed = ops.reshape(heads_times_pixels(weights, x), (-1, height, width, weights.shape[-3] * d))
             return value_dense(mixed)
         x = ops.reshape(ops.cast(inputs, dtype), (-1, height * width, d))
-        kernel = ops.cast(value_dense.kernel, dtype)
+        kernel = ops.cast(float_kernel(value_dense), dtype)
         if self.recomputes_dropout_gradient:
             outputs = seeded_dropout.seeded_sum_over_heads(x, probabilities, kernel, dropout_seed, self.rate, dtype)
         else:
@@ -200,7 +212,7 @@ class MixtureSum(Aggregation):
         content, weights, positional = (ops.cast(part, dtype) for part in probabilities)
         heads = positional.shape[0]
         x = ops.reshape(ops.cast(inputs, dtype), (-1, height * width, d))
-        kernel = ops.cast(value_dense.kernel, dtype)
+        kernel = ops.cast(float_kernel(value_dense), dtype)
         # w_h scales head h's rows of the value map: its gradient is then a sum over the kernel,
         # not over every pixel of the batch.
         scaled = ops.reshape(ops.reshape(kernel, (heads, d, -1)) * ops.reshape(weights, (-1, 1, 1)), (heads * d, -1))
@@ -245,7 +257,7 @@ class SeparableSum(Aggregation):
         if dropout_seed is not None:
             return self.dropped(inputs, probabilities, value_dense, dtype, dropout_seed)
         bias = value_dense.bias if value_dense.use_bias else None
-        return separable.separable_sum(inputs, *probabilities, value_dense.kernel, bias, dtype,
+        return separable.separable_sum(inputs, *probabilities, float_kernel(value_dense), bias, dtype,
                                        recompute_gradient=self.recompute_gradient)
 
 

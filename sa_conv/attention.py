@@ -207,7 +207,7 @@ class MultiHeadSelfAttention2D(keras.layers.Layer):
 
     def value_kernel_per_head(self):
         """The heads' value maps ``W^(h)`` as ``(heads, D, output_dim)`` (Eq. 6)."""
-        return ops.reshape(self.value_dense.kernel, (self.num_heads, self.input_dim, -1))
+        return ops.reshape(aggregation.float_kernel(self.value_dense), (self.num_heads, self.input_dim, -1))
 
     def set_value_map(self, kernel_per_head, bias=None):
         """Sets ``W^(h)`` from ``(heads, D, output_dim)`` and the output bias (None: zeros)."""

@@ -125,6 +125,8 @@ def serving_attention(attention: MultiHeadSelfAttention2D, input_shape) -> Multi
 def _serving_block(block: TransformerBlock, input_shape) -> ServingTransformerBlock:
     """The built serving block of a trained ``block`` on inputs of ``input_shape``, with its
     weights and the folded value map (computed in float64, cast once)."""
+    trained, output = block.attention.value_dense, block.attention_output
+    kernel = _float64(aggregation.float_kernel(trained)) @ _float64(aggregation.float_kernel(output))
     served = ServingTransformerBlock(block.mlp_size, block.layer_norm_epsilon, name=block.name,
                                      dtype=block.dtype_policy, attention_config=_serving_attention_config(block.attention,
                                                                                 tuple(input_shape[1:3])))
@@ -132,8 +134,6 @@ def _serving_block(block: TransformerBlock, input_shape) -> ServingTransformerBl
     _set_serving_weights(block.attention, served.attention)
     for part in ("attention_norm", "intermediate", "output_dense", "output_norm"):
         getattr(served, part).set_weights(getattr(block, part).get_weights())
-    trained, output = block.attention.value_dense, block.attention_output
-    kernel = _float64(trained.kernel) @ _float64(output.kernel)
     bias = _float64(output.bias) if output.use_bias else np.zeros(kernel.shape[1])
     if trained.use_bias:
         bias = bias + _float64(trained.bias) @ _float64(output.kernel)

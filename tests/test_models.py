@@ -196,6 +196,25 @@ def test_wrong_input_rank_is_rejected():
         model(np.zeros((2, 32, 32), np.uint8))
 
 
+def test_a_keras_quantized_value_map_is_refused_where_its_kernel_is_read_by_hand():
+    """keras.Model.quantize stores a Dense's kernel as int8 with a scale only its call applies: the
+    separable and gated paths and the serving fold, which take the kernel by hand, refuse it (they
+    computed with the unscaled int8 values, ~100x off); the dense path calls the layer and serves."""
+    x = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3)).astype(np.uint8)
+    for preset, overrides in (("sa_quadratic_small", {}), ("sa_gated_small", {})):
+        model = sa_conv.build_model(preset, num_layers=1, **overrides)
+        model.quantize("int8")
+        with pytest.raises(ValueError, match=r"block_0/attention/value is quantized \(int8, by keras.Model.quantize\)"):
+            model(x)
+    dense = sa_conv.build_model("sa_quadratic_small", num_layers=1, fast_position_attention=False)
+    want = keras.ops.convert_to_numpy(dense(x))
+    dense.quantize("int8")
+    got = keras.ops.convert_to_numpy(dense(x))
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()  # int8 weights per channel: about 1% here
+    with pytest.raises(ValueError, match="is quantized"):
+        sa_conv.freeze_for_inference(dense)
+
+
 def test_model_under_mixed_bfloat16():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
