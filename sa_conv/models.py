@@ -239,13 +239,16 @@ def with_image_size(model: keras.Model, image_size: int, max_grid_size: int | No
 
 def attention_probabilities(model: keras.Model, images) -> list:
     """Attention probabilities of every block for ``images``: a list (one per layer) of
-    ``(batch, heads, N, N)`` float32, N = grid pixels, row-major. Inference mode."""
+    ``(batch, heads, N, N)`` float32, N = grid pixels, row-major. Inference mode. ``model``'s
+    layers run in order (a chain: sa_conv's classifiers, or a `keras.Sequential`)."""
     blocks = attention_blocks(model)
     if not blocks:
         raise ValueError(f"Model {model.name!r} has no attention blocks.")
     x = images
     probs = []
-    for layer in model.layers[1:]:
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):  # a functional model lists its input, a Sequential does not
+            continue
         if any(layer is block for block in blocks):
             x, p = layer(x, training=False, return_attention_scores=True)
             probs.append(p)

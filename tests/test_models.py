@@ -126,6 +126,22 @@ def test_attention_probabilities_of_a_model():
         np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
 
 
+def test_attention_probabilities_of_a_sequential_model_start_at_its_first_layer():
+    """A Sequential lists no InputLayer: every block's scores are read, each from its own input."""
+    from sa_conv.transformer import TransformerBlock
+
+    blocks = [TransformerBlock(8, attention_config={"num_heads": 2, "encoding": "content_plus_learned_bias"},
+                               name=f"block_{i}") for i in range(2)]
+    model = keras.Sequential([keras.Input((4, 4, 8)), *blocks])
+    x = np.random.default_rng(0).normal(size=(2, 4, 4, 8)).astype(np.float32)
+    probs = sa_conv.attention_probabilities(model, x)
+    assert len(probs) == 2  # formerly one: block_0 was skipped and block_1 read the raw input
+    _, first = blocks[0](x, training=False, return_attention_scores=True)
+    _, second = blocks[1](blocks[0](x, training=False), training=False, return_attention_scores=True)
+    for got, want in zip(probs, (first, second)):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "overrides,message",
     [
