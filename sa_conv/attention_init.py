@@ -24,6 +24,7 @@ applies it at the end of ``build`` (and a `.keras` file's weights then replace i
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 from keras import ops
@@ -119,7 +120,9 @@ class MimeticInit(AttentionInit):
     def apply(self, layer):
         dim, heads = layer.input_dim, layer.num_heads
         d = layer.query_dense.units // heads
-        rng = np.random.default_rng(self.seed)
+        # Unseeded, as Keras's initializers: a seed from Python's random, which
+        # keras.utils.set_random_seed sets.
+        rng = np.random.default_rng(self.seed if self.seed is not None else random.randint(1, 10**9))
         queries, keys = [], []
         for _ in range(heads):
             target = self.alpha * rng.normal(0.0, 1.0 / math.sqrt(dim), (dim, dim)) + self.beta * np.eye(dim)

@@ -173,6 +173,19 @@ def test_mimetic_initialization_makes_query_key_products_a_scaled_identity_plus_
     np.testing.assert_array_equal(_np(layer.query_dense.bias), 0)
 
 
+def test_unseeded_mimetic_initialization_follows_keras_global_seed():
+    def query_kernel(seed):
+        keras.utils.set_random_seed(seed)
+        layer = MultiHeadSelfAttention2D(4, encoding="content_plus_learned_bias", max_grid_size=GRID,
+                                         attention_init="mimetic")
+        layer(np.zeros((1, GRID, GRID, 8), np.float32))
+        return keras.ops.convert_to_numpy(layer.query_dense.kernel)
+
+    first = query_kernel(0)
+    np.testing.assert_array_equal(query_kernel(0), first)  # formerly drawn from the OS's entropy
+    assert not np.allclose(query_kernel(1), first)
+
+
 def test_mimetic_content_attention_starts_attending_to_similar_pixels():
     """Products near the identity make a pixel's own key score high: the attention a query
     pays to itself is far above uniform, where the random initialization's is about uniform."""
