@@ -126,6 +126,9 @@ class TransformerBlock(keras.layers.Layer):
 
     def build(self, input_shape):
         hidden = input_shape[-1]
+        if self.attention.output_dim not in (None, hidden):  # the residual adds it to the block's input
+            raise ValueError(f"attention_config's output_dim={self.attention.output_dim}: a TransformerBlock's "
+                             f"attention keeps the block's {hidden} channels; leave output_dim out.")
         dense, norm = keras.layers.Dense, keras.layers.LayerNormalization
         if not self.attention.built:
             self.attention.build(input_shape)

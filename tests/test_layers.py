@@ -313,6 +313,12 @@ def test_attention_errors():
         MultiHeadSelfAttention2D(2)(np.zeros((2, 16, 8), np.float32))
     with pytest.raises(ValueError, match="query size.*must be even, got 5"):
         MultiHeadSelfAttention2D(2, encoding="content_with_relative_keys")(np.zeros((1, 2, 2, 5), np.float32))
+    # Formerly built, then failed in fit or predict on the output projection's input size.
+    block = sa_conv.TransformerBlock(8, attention_config={"num_heads": 2, "output_dim": 6})
+    with pytest.raises(ValueError, match="output_dim=6: a TransformerBlock's attention keeps the block's 8 channels"):
+        keras.Sequential([keras.Input((4, 4, 8)), block])
+    same = sa_conv.TransformerBlock(8, attention_config={"num_heads": 2, "output_dim": 8})
+    assert same(np.zeros((1, 4, 4, 8), np.float32)).shape == (1, 4, 4, 8)
 
 
 # ------------------------------------------------------------------ serialization
