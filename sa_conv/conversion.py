@@ -144,8 +144,8 @@ def conv_to_attention(conv=None, *, kernel=None, bias=None, strides=1, padding="
     """Returns a built `AttentionConv2D` that computes the same function as a convolution.
 
     Args:
-      conv: a built `keras.layers.Conv2D` (its kernel, bias, strides, padding, dilation and
-        activation are used), or None to give ``kernel`` and the options explicitly.
+      conv: a built `keras.layers.Conv2D` (its kernel, bias, strides, padding, dilation,
+        activation and dtype policy are used), or None to give ``kernel`` and the options explicitly.
       kernel: ``(K, K, D_in, D_out)`` with ``K`` odd; bias: ``(D_out,)`` or None.
       alpha: every head's spread (default 40, exact to float32 rounding).
 
@@ -168,6 +168,7 @@ def conv_to_attention(conv=None, *, kernel=None, bias=None, strides=1, padding="
         strides, padding = config["strides"], config["padding"]
         dilation_rate, activation = config["dilation_rate"], config["activation"]
         name = name or f"{conv.name}_as_attention"
+    dtype = conv.dtype_policy if conv is not None else None
     kernel = np.asarray(kernel, np.float32)
     if kernel.ndim != 4 or kernel.shape[0] != kernel.shape[1]:
         raise ValueError(f"kernel must have shape (K, K, D_in, D_out), got {kernel.shape}.")
@@ -180,7 +181,7 @@ def conv_to_attention(conv=None, *, kernel=None, bias=None, strides=1, padding="
         raise ValueError("Keras Conv2D does not combine strides > 1 with dilation > 1.")
     k, _, d_in, d_out = kernel.shape
     layer = AttentionConv2D(d_out, k, strides=sy, padding=padding, dilation_rate=dy,
-                            activation=activation, alpha=alpha, name=name)
+                            activation=activation, alpha=alpha, name=name, dtype=dtype)
     layer.build((None, None, None, d_in))
     # W^(h) = W[a + r, c + r], heads ordered as `shifts`: (a, c) row-major.
     layer.attention.set_value_map(kernel.reshape(k * k, d_in, d_out), bias)
@@ -266,6 +267,7 @@ def attention_to_conv(layer, threshold: float = 0.99, tolerance: float = 1e-3) -
         dilation_rate=dilation,
         activation=wrapper.activation if wrapper else None,
         name=(wrapper or attention).name + "_as_conv",
+        dtype=(wrapper or attention).dtype_policy,
     )
     conv.build((None, None, None, d_in))
     conv.kernel.assign(kernel)

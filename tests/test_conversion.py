@@ -169,6 +169,16 @@ def test_conv_to_attention_errors():
         keras.Sequential([keras.Input((None, 9, 2)), layer])  # formerly a TypeError on None - 3
 
 
+def test_conversions_keep_the_layers_dtype_policy():
+    conv = keras.layers.Conv2D(4, 3, padding="same", dtype="mixed_bfloat16")
+    conv.build((None, None, None, 2))
+    layer = conversion.conv_to_attention(conv)
+    assert layer.dtype_policy.name == layer.attention.dtype_policy.name == "mixed_bfloat16"  # formerly float32
+    layer(np.zeros((1, 6, 6, 2), np.float32))
+    assert conversion.attention_to_conv(layer).dtype_policy.name == "mixed_bfloat16"
+    assert conversion.conv_to_attention(_conv(3, 2, 2)).dtype_policy.name == "float32"
+
+
 def test_serialization_of_the_converted_layer(tmp_path):
     conv = _conv(3, 2, 3, padding="same", strides=2, activation="relu")
     layer = conversion.conv_to_attention(conv)
