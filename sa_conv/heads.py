@@ -37,6 +37,8 @@ def head_gates(model: keras.Model) -> list:
 def degenerate_heads(model: keras.Model, min_precision: float = 1e-5, max_condition: float = 1000.0) -> dict:
     """``{block index: [head, ...]}`` of the degenerate heads of every attention block (only
     blocks with at least one), by the criteria of the module docstring."""
+    if is_frozen(model):  # its heads are folded constants: no Gaussian left to judge
+        raise ValueError(f"{model.name} is a serving copy: find the degenerate heads of the trained model.")
     found = {}
     for index, block in enumerate(attention_blocks(model)):
         gaussian = block.attention.position_encoding.gaussian()

@@ -37,6 +37,8 @@ def test_planted_degenerate_heads_are_found():
     assert sa_conv.degenerate_heads(full) == {0: [4, 5]}
     assert sa_conv.degenerate_heads(full, max_condition=1e5) == {0: [5]}
     assert sa_conv.degenerate_heads(_model("sa_learned_small")) == {}  # no Gaussian heads
+    with pytest.raises(ValueError, match="is a serving copy: find the degenerate heads of the trained model"):
+        sa_conv.degenerate_heads(sa_conv.freeze_for_inference(iso))  # formerly {}: no heads judged
 
 
 @pytest.mark.parametrize("preset", ["sa_quadratic_small", "sa_content_plus_learned_bias_small", "sa_mlp_small"])
