@@ -123,7 +123,9 @@ class ContentWithRelativeKeysEncoding(ContentEncoding):
     """``(q . k + q . r_delta) / sqrt(d)`` (Ramachandran et al., 2019): the query of each head
     (size ``d``) split in a row half and a column half,
     ``q . r_delta = q[:d/2] . e_row[dy] + q[d/2:] . e_col[dx]``, with row and column tables
-    ``(2P - 1, d / 2)`` shared by all heads."""
+    ``(2P - 1, d / 2)`` shared by all heads, drawn ``N(0, initializer_range)`` under either
+    ``initialization``: the reference implementation, whose defaults ``"reference"`` follows, has
+    no such encoding."""
 
     relative = "query"
 
