@@ -196,8 +196,8 @@ def _content_plus_learned_bias(prefix, attention):
 
 # The encoding-specific tensors of the reference's self-attention, for each encoding it has
 # (`epfml_reference.ENCODING_FLAGS`), from a `MultiHeadSelfAttention2D`.
-_ENCODING_TENSORS = {"quadratic": _quadratic, "quadratic_full": _quadratic, "learned": _learned,
-                     "content_plus_learned_bias": _content_plus_learned_bias}
+ENCODING_TENSORS = {"quadratic": _quadratic, "quadratic_full": _quadratic, "learned": _learned,
+                    "content_plus_learned_bias": _content_plus_learned_bias}
 
 
 def _attention_map(model):
@@ -205,12 +205,12 @@ def _attention_map(model):
     for i, block in enumerate(attention_blocks(model)):
         p = f"encoder.layer.{i}"
         attention = block.attention
-        if attention.encoding not in _ENCODING_TENSORS:
+        if attention.encoding not in ENCODING_TENSORS:
             raise ReferenceImportError(
                 f"Block {i}'s {attention.encoding!r} encoding has no counterpart in the reference "
                 f"implementation (it has {', '.join(epfml_reference.ENCODING_FLAGS)})."
             )
-        plan += _ENCODING_TENSORS[attention.encoding](f"{p}.attention.self", attention)
+        plan += ENCODING_TENSORS[attention.encoding](f"{p}.attention.self", attention)
         plan += _linear(f"{p}.attention.self.value", attention.value_dense)
         plan += _linear(f"{p}.attention.output.dense", block.attention_output)
         plan += _layer_norm(f"{p}.attention.output.LayerNorm", block.attention_norm)

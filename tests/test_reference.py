@@ -161,7 +161,7 @@ def test_unmatched_tensors_are_errors_that_name_them():
 
 
 def test_encodings_without_a_reference_counterpart_are_refused():
-    assert set(reference._ENCODING_TENSORS) == set(epfml_reference.ENCODING_FLAGS)  # each maps its own tensors
+    assert set(reference.ENCODING_TENSORS) == set(epfml_reference.ENCODING_FLAGS)  # each maps its own tensors
     model = sa_conv.build_model("sa_sinusoidal_small", num_layers=1)
     with pytest.raises(reference.ReferenceImportError, match="'sinusoidal' encoding has no counterpart"):
         reference.load_reference_weights(model, {})
