@@ -149,7 +149,9 @@ def write_augmented(model_dir: str, count: int, output_dir: str, log=print) -> s
     if recorded is None:
         raise ConfigError(f"{model_dir} has no {run_files.CONFIG}: start the run (its settings are written first).")
     names = set(cli.field_names(TrainConfig))
-    task = Task(make_config(overrides={k: v for k, v in recorded.items() if k in names}), log=lambda line: None)
+    dataset, data_dir = run_files.data_location(recorded)  # as recorded, from any directory
+    settings = {k: v for k, v in recorded.items() if k in names}
+    task = Task(make_config(overrides={**settings, "dataset": dataset, "data_dir": data_dir}), log=lambda line: None)
     images, labels = [], []
     for batch_images, batch_labels in task.train_dataset(0):
         images.extend(batch_images.numpy())

@@ -103,8 +103,8 @@ def _set_serving_weights(attention: MultiHeadSelfAttention2D, served: MultiHeadS
         served.query_dense.set_weights(query.get_weights())
         served.key_dense.set_weights(key.get_weights())
         return
-    kernel, bias = fold_query_key(_float64(query.kernel), _float64(query.bias) if query.use_bias else None,
-                                  _float64(key.kernel), attention.num_heads)
+    kernel, bias = fold_query_key(_float64(aggregation.float_kernel(query)), _float64(query.bias) if query.use_bias
+                                  else None, _float64(aggregation.float_kernel(key)), attention.num_heads)
     # The folded logits are scaled by 1/sqrt(D), the trained ones by 1/sqrt(d): the map takes the ratio.
     scale = np.sqrt(attention.input_dim / attention.query_key_dim)
     _assign(served.query_dense.kernel, kernel * scale)

@@ -263,6 +263,9 @@ def test_a_run_on_a_relative_folder_is_found_from_another_directory(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     images, source = verify.verification_images({"train_config": config}, (8, 8, 3))
     assert source == "test images" and images.shape == (16, 8, 8, 3)
+    from programs import visualize
+
+    assert visualize.write_augmented("work/run", 2, str(tmp_path / "aug"), log=lambda s: None).endswith(".png")
     del config["data_location"]
     images, source = verify.verification_images({"train_config": config}, (8, 8, 3))
     assert source == "generated images (the run's data, folder:data, is not readable here)"

@@ -286,7 +286,7 @@ class Trainer:
 
     def _write_config(self):
         c = self.config
-        data_dir = os.path.abspath(os.path.expanduser(c.data_dir)) if c.data_dir else None
+        data_dir = files.absolute(os.path.expanduser(c.data_dir)) if c.data_dir else None  # gs:// kept
         resolved = {**c.to_dict(), "resolved_model": self.model_config.to_dict(),
                     "data_location": {"dataset": data_lib.get_source(c.dataset).absolute_name(), "data_dir": data_dir},
                     "replicas": self.replicas, "steps_per_epoch": self.steps_per_epoch,
