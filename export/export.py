@@ -267,7 +267,10 @@ def metadata(job: ExportJob, chosen, checks: dict, version: int, path: str, resu
         "training_results": {k: v for k, v in results.items() if k != "train_config"},
         "verification": {"images": f"{len(job.images)} {job.source}",
                          "max_abs_error": {name: c["max_abs_error"] for name, c in checks.items() if "max_abs_error" in c},
-                         "saved_model_tolerance": saved_model["tolerance"]},
+                         "saved_model_tolerance": saved_model["tolerance"],
+                         # Every file's bound on its probabilities, and the low-precision files' agreement minimum.
+                         "tolerance": {name: c["tolerance"] for name, c in checks.items() if "tolerance" in c},
+                         "min_top1_agreement": job.agreement.minimum if job.precision.checks_agreement else None},
         "process": process.describe(),  # what the export and its verification ran with
         # TensorFlow Serving's warm-up records and batching parameters (measured by this export).
         "tf_serving": saved_model["tf_serving"],

@@ -296,6 +296,8 @@ def test_gated_model_exports_to_every_format_with_its_positional_half_as_a_const
                                 formats=["saved_model", "tflite", "onnx"], tf_serving_files=False, log=lambda s: None)
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
     assert max(meta["verification"]["max_abs_error"].values()) <= 1e-4
+    assert meta["verification"]["tolerance"] == {"saved_model": 1e-5, "tflite": 1e-4, "onnx": 1e-4}
+    assert meta["verification"]["min_top1_agreement"] is None  # float32 files: checked to their bounds only
     variables = {v.name for v in tf.saved_model.load(version).variables}
     assert any("position_encoding/constant_positional" in name for name in variables)
     want = tf.nn.softmax(model(real_images[:3].astype(np.float32))).numpy()
@@ -472,6 +474,8 @@ def test_bfloat16_export_computes_in_bfloat16_and_agrees_with_float32(confident_
     assert record["top1_agreement"] >= 0.99 and record["agreement_images"].startswith("100 images of ")
     tolerance = meta["verification"]["saved_model_tolerance"]
     assert meta["verification"]["max_abs_error"]["saved_model"] <= tolerance
+    assert meta["verification"]["tolerance"] == {"saved_model": tolerance}
+    assert meta["verification"]["min_top1_agreement"] == 0.99
     assert tolerance >= 2 ** -7  # bfloat16_probability_tolerance: the logits' scale counts as at least 1
     assert meta["attention_constants"] == ["separable"]
     loaded = tf.saved_model.load(version)
