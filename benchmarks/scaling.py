@@ -105,8 +105,9 @@ def scaled_presets() -> list[str]:
     """The presets that have both attention paths: a separable position-only encoding."""
     import sa_conv
 
-    return [name for name, config in sa_conv.PRESETS.items() if config.is_attention
-            and sa_conv.get_encoding(config.encoding).position_only and sa_conv.get_encoding(config.encoding).separable]
+    specs = {name: sa_conv.get_encoding(config.encoding)
+             for name, config in sa_conv.PRESETS.items() if config.is_attention}
+    return [name for name, spec in specs.items() if spec.position_only and spec.separable]
 
 
 def main():
