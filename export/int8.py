@@ -15,7 +15,7 @@
   quantization of the OpenVINO IR calibrated on images, ``assets.extra/openvino/model_int8.xml``:
   int8 weights and activations of the products with weights but the first and last, the rest
   (the attention probabilities' products included) in the plugin's precision (bfloat16 on CPUs
-  with AVX512_BF16 or AMX).
+  with AVX512_BF16 or AMX); attention models under NNCF's transformer scheme.
 * The SavedModel stays float32 (`SAVED_MODEL_DTYPE`): the int8 files are the ONNX, TFLite and
   OpenVINO routes. Which file serves fastest on which CPU is measured by ``benchmarks/serving.py``
   (``docs/performance.md``), not decided here.
@@ -173,7 +173,13 @@ class OpenVINOInt8(Quantized):
     probabilities (a precomputed ``(heads, N, N)`` constant or its factors, or queries against
     keys), whose small entries a per-tensor activation scale rounds to zero, and the first and
     last products (the images' embedding, the logits). Quantizing every op NNCF would (the layer
-    norms' means and variances too) moves a trained model's classes past the agreement guard."""
+    norms' means and variances too) moves a trained model's classes past the agreement guard.
+
+    A model with attention blocks is quantized as NNCF's ``ModelType.TRANSFORMER``
+    (`nncf_model_type`): SmoothQuant moves each product's activation outliers into its weights,
+    activations take asymmetric ranges, and the plugin fuses each quantization into the product
+    that reads it, where the default scheme leaves layout conversions between them
+    (``benchmarks/serving.py`` times the difference); a convolutional network keeps the default."""
 
     name = "openvino_int8"
     quantizes = "openvino"
@@ -182,7 +188,8 @@ class OpenVINOInt8(Quantized):
     file = os.path.join(EXTRA, "openvino", "model_int8.xml")
     route = ("NNCF post-training quantization of the OpenVINO IR, calibrated on images (int8 weights and activations "
              "of the products with weights but the first and last and those of attention probabilities; all else in "
-             "the plugin's precision: bfloat16 on CPUs with AVX512_BF16 or AMX, else float32)")
+             "the plugin's precision: bfloat16 on CPUs with AVX512_BF16 or AMX, else float32; attention models "
+             "under NNCF's transformer scheme: SmoothQuant, asymmetric activations)")
     packages = ("nncf",)
     missing = ("--precision=int8 with --formats=...,openvino quantizes the IR with NNCF: pip install nncf (or "
                "sa-conv[openvino]).")
@@ -206,6 +213,13 @@ class OpenVINOInt8(Quantized):
                         op.get_type_name() == "MatMul" and ir_constant(op, 0) is None and weight(op))]
         return products[1:-1]
 
+    @staticmethod
+    def nncf_model_type(serving) -> str | None:
+        """The ``nncf.ModelType`` member's name ``serving`` is quantized as: ``"TRANSFORMER"`` for
+        a model with attention blocks (`sa_conv.attention_blocks`), None (NNCF's default scheme)
+        for a convolutional network."""
+        return "TRANSFORMER" if sa_conv.attention_blocks(serving) else None
+
     def quantize(self, version_dir: str, serving, images: np.ndarray) -> dict:
         """`write` from the float32 IR of ``version_dir`` and the serving copy ``serving``,
         calibrated on uint8 ``images`` ``(N, H, W, C)``; returns what ``metadata.json`` records."""
@@ -222,6 +236,7 @@ class OpenVINOInt8(Quantized):
                 if op.get_type_name() in ("MatMul", "Convolution") and op.get_friendly_name() not in chosen]
         # NNCF logs its progress and what it quantized at INFO: the export's console is its own
         # progress and results (metadata.json records the products).
+        model_type = self.nncf_model_type(serving)
         logger = logging.getLogger("nncf")
         level = logger.level
         logger.setLevel(max(level, logging.WARNING))
@@ -229,14 +244,15 @@ class OpenVINOInt8(Quantized):
             quantized = nncf.quantize(
                 model, nncf.Dataset([images[i: i + 1].astype(np.float32) for i in range(len(images))]),
                 subset_size=len(images), ignored_scope=nncf.IgnoredScope(names=left, types=sorted(others),
-                                                                         validate=False))
+                                                                         validate=False),
+                model_type=getattr(nncf.ModelType, model_type) if model_type else None)
         finally:
             logger.setLevel(level)
         openvino.save_model(quantized, target, compress_to_fp16=False)
         return {"route": self.route, "file": self.file,
                 "megabytes": os.path.getsize(target.replace(".xml", ".bin")) / 2**20,
                 "float32_megabytes": os.path.getsize(source.replace(".xml", ".bin")) / 2**20,
-                "int8_products": len(chosen),
+                "int8_products": len(chosen), "nncf_model_type": model_type or "default",
                 "inference_precision": openvino_default_precision()}
 
     def runner(self, path):

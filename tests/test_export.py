@@ -564,6 +564,12 @@ def test_int8_openvino_quantizes_the_products_with_weights_calibrated_on_images(
         int8.ProbabilityConstants(sa_conv.freeze_for_inference(model)))
     assert len(quantized) == record["int8_products"] == 3
     assert _fed_by_fake_quantize(ir) == set(quantized)
+    # An attention model takes NNCF's transformer scheme: SmoothQuant's scales before the products,
+    # asymmetric activation ranges (a zero point: a FakeQuantize whose range is not -a..a).
+    assert record["nncf_model_type"] == int8.OpenVINOInt8.nncf_model_type(sa_conv.freeze_for_inference(model)) \
+        == "TRANSFORMER"
+    assert any("smooth_quant" in op.get_friendly_name() for op in ir.get_ops())
+    assert int8.OpenVINOInt8.nncf_model_type(sa_conv.build_model("resnet20")) is None
     assert products[0] not in quantized and products[-1] not in quantized
     held_out = np.load(root / "held_out.npz")["images"]
     probabilities = runtimes.openvino_runner(os.path.join(version, record["file"]))(held_out)
