@@ -149,7 +149,14 @@ def requested_files(formats, precision: str, max_image_pixels: int, max_batch_si
     chosen_precision = precisions.resolve(precision)
     chosen = chosen_precision.formats(formats)
     for fmt in chosen:
-        fmt.require()
+        try:
+            fmt.require()
+        except ExportError as exc:
+            if fmt.name in formats:
+                raise
+            # The user did not ask for this file: say which setting writes it.
+            raise ExportError(f"--precision={chosen_precision.name} also writes the float32 {fmt.name} file "
+                              f"({chosen_precision.added[fmt.name]}), and {exc}") from None
     return chosen_precision, chosen
 
 
@@ -250,6 +257,8 @@ def metadata(job: ExportJob, chosen, checks: dict, version: int, path: str, resu
         "preset": results.get("preset", model.name),
         "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
         "class_names": job.class_names,
+        # (height, width, channels) every file takes: the trained size, or --image_size's.
+        "image_shape": [int(d) for d in model.inputs[0].shape[1:]],
         "signatures": saved_model["signatures"],
         "limits": {"max_image_pixels": job.max_image_pixels, "max_batch_size": job.max_batch_size},
         "precision": job.precision.record(checks),

@@ -25,9 +25,12 @@ class Precision:
         """The copy of the trained ``model`` the files are written from."""
         return sa_conv.freeze_for_inference(model)
 
+    # The float files this precision writes beyond --formats, with why: {format name: reason}.
+    added: dict = {}
+
     def formats(self, requested) -> list[formats.Format]:
         """The files an export asked for ``requested`` (``--formats``) writes, in order."""
-        return [fmt for name, fmt in formats.FORMATS.items() if name in requested]
+        return [fmt for name, fmt in formats.FORMATS.items() if name in requested or name in self.added]
 
     def describe(self, fmt: formats.Format) -> str:
         """How messages name ``fmt``'s file in this precision."""
@@ -83,9 +86,10 @@ class Int8(Precision):
 
     name = "int8"
     checks_agreement = True
+    added = {"onnx": "the int8 ONNX file is quantized from it"}
 
     def formats(self, requested):
-        requested = set(requested) | {"onnx"}
+        requested = set(requested) | set(self.added)
         return super().formats(requested) + [fmt for fmt in int8.QUANTIZED if fmt.quantizes in requested]
 
     def record(self, checks):

@@ -276,6 +276,20 @@ def test_a_format_whose_package_is_missing_names_its_install_before_anything_is_
     fmt.require()  # installed here
 
 
+def test_a_file_the_precision_adds_names_the_precision_when_its_package_is_missing(monkeypatch):
+    """--precision=int8 writes the float32 ONNX file its int8 one is made from: without tf2onnx the
+    error names that setting, not a --formats=onnx the user did not pass."""
+    monkeypatch.setitem(sys.modules, "tf2onnx", None)
+    with pytest.raises(export_lib.ExportError, match=r"^--precision=int8 also writes the float32 onnx file \(the int8 "
+                       r"ONNX file is quantized from it\), and --formats=onnx needs tf2onnx"):
+        export_lib.requested_files(("saved_model",), "int8", 10**6, 100)
+    with pytest.raises(export_lib.ExportError, match=r"^--formats=onnx needs tf2onnx"):
+        export_lib.requested_files(("saved_model", "onnx"), "int8", 10**6, 100)
+    monkeypatch.undo()
+    assert [fmt.name for fmt in export_lib.requested_files(("saved_model",), "int8", 10**6, 100)[1]] == [
+        "saved_model", "onnx", "onnx_int8"]
+
+
 def test_tflite_format_is_verified(quadratic_export, real_images):
     _, version, _ = quadratic_export
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))

@@ -170,4 +170,5 @@ def test_train_fine_tune_and_export_at_other_resolutions(tmp_path, monkeypatch):
     served = tf.saved_model.load(version).signatures["serving_default"]
     assert served.structured_input_signature[1]["images"].shape[1:] == (64, 64, 3)
     meta = json.load(open(os.path.join(version, "assets.extra", "metadata.json")))
+    assert meta["image_shape"] == [64, 64, 3]
     assert meta["verification"]["max_abs_error"]["saved_model"] <= 1e-5
