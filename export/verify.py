@@ -70,6 +70,8 @@ def verification_images(results: dict, image_shape, count: int = 16, split: str 
                 images = data_lib.head(getattr(loaded, split), count, int(image_shape[0]))
                 if images.shape[1:] == tuple(image_shape):
                     return images, f"{split} images"
+            elif fmt is not None and data_dir:  # the run's files moved, or the run was copied here
+                missing = f" (the run's data, {dataset} in {data_dir}, is not readable here)"
         except data_lib.DatasetError:
             missing = f" (the run's data, {dataset}{f' in {data_dir}' if data_dir else ''}, is not readable here)"
     generated = data_lib.make_synthetic(num_train=1, num_test=count, seed=0, image_shape=tuple(image_shape))

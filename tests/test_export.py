@@ -653,6 +653,9 @@ def test_verification_images_read_the_runs_training_or_test_split(tiny_cifar):
     assert source == "test images"
     assert not np.array_equal(train, test)
     assert any(np.array_equal(train[0], image) for image in generated.train.images)
+    moved = {"train_config": {"dataset": "cifar10", "data_dir": "/nowhere/cifar", "seed": 0}}
+    _, source = export_lib.verification_images(moved, (32, 32, 3), count=7)
+    assert source == "generated images (the run's data, cifar10 in /nowhere/cifar, is not readable here)"
 
 
 def _onnx_logits(path, images):
