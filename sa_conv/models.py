@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import keras
 import numpy as np
 from keras import ops
@@ -244,6 +246,12 @@ def attention_probabilities(model: keras.Model, images) -> list:
     blocks = attention_blocks(model)
     if not blocks:
         raise ValueError(f"Model {model.name!r} has no attention blocks.")
+    for block in blocks:
+        if "return_attention_scores" not in inspect.signature(block.call).parameters:
+            raise ValueError(
+                f"Layer {block.name!r} ({type(block).__name__}) gives no attention scores: attention_probabilities "
+                "reads the transformer blocks of sa_conv's classifiers. For a convolution converted to attention, "
+                "call its `.attention` layer with return_attention_scores=True on the input it sees.")
     x = images
     probs = []
     for layer in model.layers:

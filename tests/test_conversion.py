@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+import sa_conv
 from sa_conv import conversion
 from sa_conv.attention import MultiHeadSelfAttention2D
 
@@ -211,6 +212,9 @@ def test_whole_cnn_becomes_all_attention_with_the_same_predictions(real_images):
     a, b = cnn.predict(images, verbose=0), attention.predict(images, verbose=0)
     np.testing.assert_allclose(a, b, atol=TOLERANCE)
     np.testing.assert_array_equal(a.argmax(-1), b.argmax(-1))
+    with pytest.raises(ValueError, match=r"'\w+' \(AttentionConv2D\) gives no attention scores.*"
+                       r"call its `\.attention` layer"):
+        sa_conv.attention_probabilities(attention, images[:2])
 
 
 def test_example_script_writes_the_figure(tmp_path):
