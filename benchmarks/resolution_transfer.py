@@ -91,6 +91,15 @@ def main():
             raise SystemExit(f"--trained_run={at32_dir} trained {at32['epochs']} epochs at "
                              f"{at32['model_config']['image_size']}x{at32['model_config']['image_size']}, not "
                              f"{args.epochs} at 32x32.")
+        # The 64x64 runs train with this call's settings: a run of other settings is not their step 1.
+        recorded = run_files.read_config(at32_dir) or {}
+        wanted = {"model": args.model, "dataset": args.dataset, "global_batch_size": args.batch,
+                  "learning_rate": args.learning_rate, "precision": common["mixed_precision"]}
+        ran = {**{k: recorded.get(k) for k in wanted}, "precision": (recorded.get("precision") or {}).get("policy")}
+        differ = [f"{k} {ran[k]!r} (this call: {v!r})" for k, v in wanted.items() if ran[k] != v]
+        if differ:
+            raise SystemExit(f"--trained_run={at32_dir} trained with other settings than this call's: "
+                             f"{', '.join(differ)}. Give the flags it ran with, or leave --trained_run out.")
     else:
         at32 = run("at32", epochs=args.epochs)
         at32_dir = os.path.join(workdir, "at32")

@@ -392,6 +392,26 @@ def test_resolution_transfer_checks_its_fine_tuning_before_it_trains(tiny_cifar,
     assert "[at32]" not in proc.stdout and os.listdir(tmp_path) == []
 
 
+def test_resolution_transfer_refuses_a_trained_run_of_other_settings(tiny_cifar, tmp_path):
+    """--trained_run stands for step 1: a run of another precision or learning rate is refused
+    before the 64x64 runs train, naming each setting that differs."""
+    pytest.importorskip("tensorflow", reason="the trainer's settings (make test-backends runs without it)")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"epochs": 2, "model_config": {"image_size": 32},
+                                                  "test_accuracy": 0.3}))
+    (run / "config.json").write_text(json.dumps({"model": "sa_quadratic_small", "dataset": "cifar10",
+                                                 "global_batch_size": 100, "learning_rate": 0.05,
+                                                 "precision": {"policy": "mixed_bfloat16"}}))
+    proc = harness.run_module("benchmarks.resolution_transfer", [
+        f"--data_dir={tiny_cifar[0]}", "--model=sa_quadratic_small", "--epochs=2", f"--trained_run={run}",
+        f"--output={tmp_path / 'report.json'}"])
+    assert proc.returncode == 1, proc.stderr
+    assert (f"--trained_run={run} trained with other settings than this call's: learning_rate 0.05 (this call: 0.1), "
+            "precision 'mixed_bfloat16' (this call: 'float32').") in proc.stderr
+    assert "[fine_tuned_at64]" not in proc.stdout and not (tmp_path / "report.json").exists()
+
+
 def test_a_data_dir_is_taken_as_an_absolute_path_when_it_holds_cifar10_files(tiny_cifar, tmp_path, monkeypatch,
                                                                              capsys):
     import argparse
