@@ -151,12 +151,12 @@ def requested_files(formats, precision: str, max_image_pixels: int, max_batch_si
     for fmt in chosen:
         try:
             fmt.require()
-        except ExportError as exc:
-            if fmt.name in formats:
+        except ExportError:
+            if fmt.name in formats or fmt.name not in chosen_precision.added:
                 raise
             # The user did not ask for this file: say which setting writes it.
-            raise ExportError(f"--precision={chosen_precision.name} also writes the float32 {fmt.name} file "
-                              f"({chosen_precision.added[fmt.name]}), and {exc}") from None
+            raise ExportError(f"--precision={chosen_precision.name} also writes the float32 {fmt.what} "
+                              f"({chosen_precision.added[fmt.name]}), which needs {fmt.install}.") from None
     return chosen_precision, chosen
 
 

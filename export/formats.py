@@ -96,6 +96,7 @@ class Format:
     # The modules the file is written or checked with, and the message naming their install.
     packages: tuple = ()
     missing: str = ""
+    install: str = ""  # what it needs and the command, for a file the user did not ask for by --formats
 
     def require(self) -> None:
         """ExportError (`missing`) when one of `packages` cannot be imported; called before
@@ -204,7 +205,8 @@ class Onnx(Format):
     file = os.path.join(EXTRA, "model.onnx")
     what = "ONNX model"
     packages = ("onnxruntime", "tf2onnx")
-    missing = "--formats=onnx needs tf2onnx and onnxruntime: pip install -e '.[onnx]'."
+    install = "tf2onnx and onnxruntime: pip install -e '.[onnx]'"
+    missing = f"--formats=onnx needs {install}."
 
     def write(self, job):
         job.serving.export(job.path(self), format="onnx", verbose=False)

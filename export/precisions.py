@@ -89,8 +89,8 @@ class Int8(Precision):
     added = {"onnx": "the int8 ONNX file is quantized from it"}
 
     def formats(self, requested):
-        requested = set(requested) | set(self.added)
-        return super().formats(requested) + [fmt for fmt in int8.QUANTIZED if fmt.quantizes in requested]
+        written = super().formats(requested)
+        return written + [fmt for fmt in int8.QUANTIZED if fmt.quantizes in {f.name for f in written}]
 
     def record(self, checks):
         files = {fmt.quantizes: checks[fmt.name] for fmt in int8.QUANTIZED if fmt.name in checks}

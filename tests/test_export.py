@@ -280,11 +280,18 @@ def test_a_file_the_precision_adds_names_the_precision_when_its_package_is_missi
     """--precision=int8 writes the float32 ONNX file its int8 one is made from: without tf2onnx the
     error names that setting, not a --formats=onnx the user did not pass."""
     monkeypatch.setitem(sys.modules, "tf2onnx", None)
-    with pytest.raises(export_lib.ExportError, match=r"^--precision=int8 also writes the float32 onnx file \(the int8 "
-                       r"ONNX file is quantized from it\), and --formats=onnx needs tf2onnx"):
+    with pytest.raises(export_lib.ExportError, match=re.escape(
+            "--precision=int8 also writes the float32 ONNX model (the int8 ONNX file is quantized from it), which "
+            "needs tf2onnx and onnxruntime: pip install -e '.[onnx]'.")):
         export_lib.requested_files(("saved_model",), "int8", 10**6, 100)
     with pytest.raises(export_lib.ExportError, match=r"^--formats=onnx needs tf2onnx"):
         export_lib.requested_files(("saved_model", "onnx"), "int8", 10**6, 100)
+    monkeypatch.undo()
+    # A file the precision writes for a requested format (the int8 IR, from --formats=...,openvino) keeps its
+    # own message.
+    monkeypatch.setitem(sys.modules, "nncf", None)
+    with pytest.raises(export_lib.ExportError, match=re.escape(int8.OpenVINOInt8.missing)):
+        export_lib.requested_files(("saved_model", "openvino"), "int8", 10**6, 100)
     monkeypatch.undo()
     assert [fmt.name for fmt in export_lib.requested_files(("saved_model",), "int8", 10**6, 100)[1]] == [
         "saved_model", "onnx", "onnx_int8"]
