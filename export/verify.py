@@ -7,6 +7,8 @@ images."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from sa_conv.errors import SaConvError
@@ -70,7 +72,7 @@ def verification_images(results: dict, image_shape, count: int = 16, split: str 
                 images = data_lib.head(getattr(loaded, split), count, int(image_shape[0]))
                 if images.shape[1:] == tuple(image_shape):
                     return images, f"{split} images"
-            elif fmt is not None and data_dir:  # the run's files moved, or the run was copied here
+            elif fmt is not None and data_dir and not os.path.isdir(data_dir):  # moved, or the run copied here
                 missing = f" (the run's data, {dataset} in {data_dir}, is not readable here)"
         except data_lib.DatasetError:
             missing = f" (the run's data, {dataset}{f' in {data_dir}' if data_dir else ''}, is not readable here)"
