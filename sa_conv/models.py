@@ -250,8 +250,9 @@ def attention_probabilities(model: keras.Model, images) -> list:
         if "return_attention_scores" not in inspect.signature(block.call).parameters:
             raise ValueError(
                 f"Layer {block.name!r} ({type(block).__name__}) gives no attention scores: attention_probabilities "
-                "reads the transformer blocks of sa_conv's classifiers. For a convolution converted to attention, "
-                "call its `.attention` layer with return_attention_scores=True on the input it sees.")
+                "reads the transformer blocks of sa_conv's classifiers. A convolution converted to attention attends "
+                "by position only, the same for every image: call its `.attention` layer with "
+                "return_attention_scores=True on any input of the padded grid it attends over.")
     x = images
     probs = []
     for layer in model.layers:
