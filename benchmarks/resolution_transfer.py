@@ -34,6 +34,29 @@ import tempfile
 from benchmarks import harness
 
 
+def trained_run_differences(recorded: dict, wanted, data_dir: str | None) -> list[str]:
+    """What the run whose ``config.json`` is ``recorded`` set otherwise than ``wanted`` (the
+    `trainers.config.TrainConfig` this call trains step 1 with, on ``data_dir``): the flags its
+    checkpoint follows (`trainers.train.changed_model_flags`), the data's place, the batch, the
+    learning rate and the precision."""
+    from trainers import run_files
+    from trainers import data as data_lib
+    from trainers import train as train_lib
+
+    differ = train_lib.changed_model_flags({k: v for k, v in recorded.items() if k != "dataset"}, wanted)
+    dataset, recorded_dir = run_files.data_location(recorded)
+    source = data_lib.get_source(wanted.dataset)
+    if dataset != source.absolute_name() or (source.reads_data_dir and recorded_dir != data_dir):
+        differ.append(f"data {dataset}{f' in {recorded_dir}' if recorded_dir else ''} (this call: "
+                      f"{source.absolute_name()}{f' in {data_dir}' if data_dir else ''})")
+    differ += [f"--{name}={recorded.get(name)} (this call: --{name}={getattr(wanted, name)})"
+               for name in ("global_batch_size", "learning_rate") if recorded.get(name) != getattr(wanted, name)]
+    policy = recorded["precision"]["policy"] if "precision" in recorded else recorded.get("mixed_precision")
+    if policy != wanted.mixed_precision:
+        differ.append(f"precision {policy} (this call trains in {wanted.mixed_precision})")
+    return differ
+
+
 def main():
     parser = harness.arguments(__doc__, "resolution_transfer.json", merge=False)
     parser.add_argument("--model", default="sa_quadratic_small")
@@ -92,14 +115,14 @@ def main():
                              f"{at32['model_config']['image_size']}x{at32['model_config']['image_size']}, not "
                              f"{args.epochs} at 32x32.")
         # The 64x64 runs train with this call's settings: a run of other settings is not their step 1.
-        recorded = run_files.read_config(at32_dir) or {}
-        wanted = {"model": args.model, "dataset": args.dataset, "global_batch_size": args.batch,
-                  "learning_rate": args.learning_rate, "precision": common["mixed_precision"]}
-        ran = {**{k: recorded.get(k) for k in wanted}, "precision": (recorded.get("precision") or {}).get("policy")}
-        differ = [f"{k} {ran[k]!r} (this call: {v!r})" for k, v in wanted.items() if ran[k] != v]
+        recorded = run_files.read_config(at32_dir)
+        if recorded is None:
+            raise SystemExit(f"--trained_run={at32_dir} has no {run_files.CONFIG}, so its settings cannot be checked "
+                             "against this call's: leave --trained_run out to train step 1 here.")
+        differ = trained_run_differences(recorded, config("at32", epochs=args.epochs), data_dir)
         if differ:
             raise SystemExit(f"--trained_run={at32_dir} trained with other settings than this call's: "
-                             f"{', '.join(differ)}. Give the flags it ran with, or leave --trained_run out.")
+                             f"{'; '.join(differ)}. Give this call the run's settings, or leave --trained_run out.")
     else:
         at32 = run("at32", epochs=args.epochs)
         at32_dir = os.path.join(workdir, "at32")

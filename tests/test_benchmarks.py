@@ -400,16 +400,29 @@ def test_resolution_transfer_refuses_a_trained_run_of_other_settings(tiny_cifar,
     run.mkdir()
     (run / "results.json").write_text(json.dumps({"epochs": 2, "model_config": {"image_size": 32},
                                                   "test_accuracy": 0.3}))
-    (run / "config.json").write_text(json.dumps({"model": "sa_quadratic_small", "dataset": "cifar10",
-                                                 "global_batch_size": 100, "learning_rate": 0.05,
-                                                 "precision": {"policy": "mixed_bfloat16"}}))
+    (run / "config.json").write_text(json.dumps({
+        "model": "sa_quadratic_small", "dataset": "cifar10", "global_batch_size": 100, "learning_rate": 0.05,
+        "data_location": {"dataset": "cifar10", "data_dir": str(tiny_cifar[0])},
+        "precision": {"policy": "mixed_bfloat16"}}))
     proc = harness.run_module("benchmarks.resolution_transfer", [
         f"--data_dir={tiny_cifar[0]}", "--model=sa_quadratic_small", "--epochs=2", f"--trained_run={run}",
         f"--output={tmp_path / 'report.json'}"])
     assert proc.returncode == 1, proc.stderr
-    assert (f"--trained_run={run} trained with other settings than this call's: learning_rate 0.05 (this call: 0.1), "
-            "precision 'mixed_bfloat16' (this call: 'float32').") in proc.stderr
+    assert (f"--trained_run={run} trained with other settings than this call's: --learning_rate=0.05 (this call: "
+            "--learning_rate=0.1); precision mixed_bfloat16 (this call trains in float32).") in proc.stderr
     assert "[fine_tuned_at64]" not in proc.stdout and not (tmp_path / "report.json").exists()
+    # The run of this call's settings, as the trainer records them, passes.
+    from benchmarks import resolution_transfer
+    from trainers.config import make_config
+
+    wanted = make_config(overrides=dict(model="sa_quadratic_small", dataset="cifar10", data_dir=str(tiny_cifar[0]),
+                                        global_batch_size=100, learning_rate=0.1, mixed_precision="float32", epochs=2,
+                                        model_dir=str(tmp_path / "w")))
+    same = {**wanted.to_dict(), "data_location": {"dataset": "cifar10", "data_dir": str(tiny_cifar[0])},
+            "precision": {"policy": "float32"}}
+    assert resolution_transfer.trained_run_differences(same, wanted, str(tiny_cifar[0])) == []
+    assert resolution_transfer.trained_run_differences({**same, "num_heads": 4}, wanted, str(tiny_cifar[0])) == [
+        "--num_heads=4 (this run: no --num_heads)"]
 
 
 def test_a_data_dir_is_taken_as_an_absolute_path_when_it_holds_cifar10_files(tiny_cifar, tmp_path, monkeypatch,
