@@ -48,7 +48,9 @@ from trainers import process
 process.configure_if_main(__name__)  # run as a program: before TensorFlow loads
 
 import dataclasses
+import re
 import shutil
+import socket
 import uuid
 from typing import Optional
 
@@ -110,7 +112,10 @@ def export(
     names = class_names(model, results)
     model_name, version, target = destination(export_dir, model_name or results.get("preset") or model.name,
                                               version, overwrite)
-    tmp = os.path.join(os.path.dirname(target), f".tmp-{version}-{uuid.uuid4().hex[:8]}")
+    for removed in remove_abandoned(os.path.dirname(target)):
+        log(f"Removed {removed}: the temporary folder of an export that stopped before it finished.")
+    tmp = os.path.join(os.path.dirname(target), f"{TMP_PREFIX}{version}-{socket.gethostname()}-{os.getpid()}-"
+                                                f"{uuid.uuid4().hex[:8]}")
     try:
         images, source = verification_images(results, model.inputs[0].shape[1:])
         image_shape = model.inputs[0].shape[1:]
@@ -226,6 +231,39 @@ def destination(export_dir: str, model_name: str, version: int | None, overwrite
         raise ExportError(f"{target} exists: choose another --version or pass --overwrite.")
     os.makedirs(model_root, exist_ok=True)
     return model_name, version, target
+
+
+# An export writes its version in ``.tmp-<version>-<host>-<pid>-<hex>`` beside the versions (a server
+# reads only integer folders), then renames it; ``-old`` marks a replaced version being removed.
+TMP_PREFIX = ".tmp-"
+
+
+def remove_abandoned(model_root: str) -> list[str]:
+    """Removes the temporary folders in ``model_root`` of exports on this host whose process is gone
+    (killed before its ``finally``); returns their paths. A replaced version moved aside (``-old``)
+    is removed only once its successor is in place: otherwise it is the only copy."""
+    host = socket.gethostname()
+    pattern = re.compile(rf"{re.escape(TMP_PREFIX)}(\d+)-{re.escape(host)}-(\d+)-[0-9a-f]+(-old)?$")
+    removed = []
+    for name in sorted(os.listdir(model_root)) if os.path.isdir(model_root) else []:
+        match = pattern.match(name)
+        if not match or _alive(int(match.group(2))):
+            continue
+        if match.group(3) and not os.path.isdir(os.path.join(model_root, match.group(1))):
+            continue
+        shutil.rmtree(os.path.join(model_root, name), ignore_errors=True)
+        removed.append(os.path.join(model_root, name))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def class_names(model: keras.Model, results: dict) -> list:

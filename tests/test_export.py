@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -246,6 +247,37 @@ def test_atomic_write_and_no_silent_overwrite(real_images, tmp_path, monkeypatch
             export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), **quiet)
     assert sorted(os.listdir(out / "sa_quadratic_small")) == ["1", "2", "3"]
     assert os.listdir(out / "sa_quadratic_small" / "3") == ["theirs"]
+    # An export killed before its cleanup left its temporary folder: the next export on this host removes it.
+    abandoned = out / "sa_quadratic_small" / f".tmp-4-{socket.gethostname()}-{_finished_pid()}-0123abcd"
+    (abandoned / "variables").mkdir(parents=True)
+    lines = []
+    export_lib.export(model_path=str(tmp_path / "m.keras"), export_dir=str(out), tf_serving_files=False,
+                      log=lines.append)
+    assert lines[0] == f"Removed {abandoned}: the temporary folder of an export that stopped before it finished."
+    assert sorted(os.listdir(out / "sa_quadratic_small")) == ["1", "2", "3", "4"]
+
+
+def _finished_pid() -> int:
+    """The process id of a process that has ended."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_only_the_temporary_folders_of_ended_exports_on_this_host_are_removed(tmp_path):
+    """A running export's folder, another host's (a shared disk) and a replaced version moved aside
+    whose successor never arrived (the only copy) stay."""
+    host, dead = socket.gethostname(), _finished_pid()
+    names = {"ended": f".tmp-1-{host}-{dead}-abcd1234", "running": f".tmp-1-{host}-{os.getpid()}-abcd1234",
+             "other_host": f".tmp-1-not-{host}-{dead}-abcd1234", "aside_alone": f".tmp-2-{host}-{dead}-abcd1234-old",
+             "aside_replaced": f".tmp-3-{host}-{dead}-abcd1234-old", "version": "3", "other": ".tmp-notes"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+    assert export_lib.remove_abandoned(str(tmp_path)) == sorted(
+        str(tmp_path / names[key]) for key in ("ended", "aside_replaced"))
+    assert sorted(os.listdir(tmp_path)) == sorted(names[key] for key in ("running", "other_host", "aside_alone",
+                                                                          "version", "other"))
+    assert export_lib.remove_abandoned(str(tmp_path / "missing")) == []
 
 
 def test_tflite_files_run_in_litert_and_its_absence_names_the_install(monkeypatch):
