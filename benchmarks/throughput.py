@@ -218,7 +218,7 @@ def measure(case: str, train_steps: int, infer_steps: int, profile_steps: int = 
     jit = task.use_xla()
     train_function = distribute.local_train_steps(task, model, task.build_optimizer(model, task.build_schedule(
         task.total_steps())))
-    iterator = iter(task.train_dataset(0))
+    iterator = iter(task.train_dataset(0).repeat())  # --train_steps may outlast one epoch of the synthetic data
     one = tf.constant(1)
     train_seconds, train_median = _time(lambda: train_function(iterator, one).numpy(), train_steps)
     rng = np.random.default_rng(0)

@@ -383,6 +383,18 @@ def test_the_scaling_benchmark_refuses_an_unknown_mode_path_or_preset_before_its
     assert os.listdir(tmp_path) == []
 
 
+def test_the_throughput_benchmark_times_more_steps_than_one_epoch_of_its_data():
+    """One epoch of the synthetic data is 9 batches of 100: --train_steps=12 (and the warm-up call)
+    run on into the next epoch instead of ending the case with 'End of sequence'."""
+    pytest.importorskip("tensorflow", reason="the trainer's steps (make test-backends runs without it)")
+    proc = harness.run_module("benchmarks.throughput", ["--side=sa_quadratic_small", "--train_steps=12",
+                                                        "--infer_steps=1"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = harness.parse_result("sa_quadratic_small", proc.returncode, proc.stdout, proc.stderr)
+    assert result["case"] == "sa_quadratic_small" and result["precision"] == "float32"
+    assert 0 < result["train_images_per_second_median"] <= result["train_images_per_second"]
+
+
 def test_resolution_transfer_checks_its_fine_tuning_before_it_trains(tiny_cifar, tmp_path):
     pytest.importorskip("tensorflow", reason="the trainer's settings (make test-backends runs without it)")
     proc = harness.run_module("benchmarks.resolution_transfer", [
