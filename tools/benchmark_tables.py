@@ -134,8 +134,8 @@ def training_bfloat16():
                     f"{speed:.2f}x ({fixed(twin.get('train_fraction_of_matmul_peak'))})")
     rows = [[case] + [per.get(column, "-") for column in columns] for case, per in sorted(cells.items())]
     return table(["case"] + columns, rows,
-                 "Training images/s in bfloat16 over float32, both timed in one run, batch 100 (in brackets: the "
-                 "float32 step's fraction of the float32 matmul peak; matmul: the bfloat16 peak over the float32 one).")
+                 "Training images/s, bfloat16 over float32, both in one run, batch 100 (brackets: the float32 step's "
+                 "fraction of its matmul peak; matmul: the bfloat16 peak over float32's).")
 
 
 def malloc():
