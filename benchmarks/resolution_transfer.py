@@ -46,9 +46,10 @@ def trained_run_differences(recorded: dict, wanted, data_dir: str | None) -> lis
     differ = train_lib.changed_model_flags({k: v for k, v in recorded.items() if k != "dataset"}, wanted)
     dataset, recorded_dir = run_files.data_location(recorded)
     source = data_lib.get_source(wanted.dataset)
-    if dataset != source.absolute_name() or (source.reads_data_dir and recorded_dir != data_dir):
+    name = source.absolute_name()
+    if dataset != name or (source.reads_data_dir and recorded_dir != data_dir):
         differ.append(f"data {dataset}{f' in {recorded_dir}' if recorded_dir else ''} (this call: "
-                      f"{source.absolute_name()}{f' in {data_dir}' if data_dir else ''})")
+                      f"{name}{f' in {data_dir}' if data_dir else ''})")
     differ += [f"--{name}={recorded.get(name)} (this call: --{name}={getattr(wanted, name)})"
                for name in ("global_batch_size", "learning_rate") if recorded.get(name) != getattr(wanted, name)]
     policy = recorded["precision"]["policy"] if "precision" in recorded else recorded.get("mixed_precision")

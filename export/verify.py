@@ -62,6 +62,7 @@ def verification_images(results: dict, image_shape, count: int = 16, split: str 
     config = results.get("train_config", {})
     dataset, data_dir = run_files.data_location(config)
     missing = ""
+    unreadable = f" (the run's data, {dataset}{f' in {data_dir}' if data_dir else ''}, is not readable here)"
     if dataset:
         try:
             source = data_lib.get_source(dataset)
@@ -73,9 +74,9 @@ def verification_images(results: dict, image_shape, count: int = 16, split: str 
                 if images.shape[1:] == tuple(image_shape):
                     return images, f"{split} images"
             elif fmt is not None and data_dir and not os.path.isdir(data_dir):  # moved, or the run copied here
-                missing = f" (the run's data, {dataset} in {data_dir}, is not readable here)"
+                missing = unreadable
         except data_lib.DatasetError:
-            missing = f" (the run's data, {dataset}{f' in {data_dir}' if data_dir else ''}, is not readable here)"
+            missing = unreadable
     generated = data_lib.make_synthetic(num_train=1, num_test=count, seed=0, image_shape=tuple(image_shape))
     return generated.test.images, f"generated images{missing}"
 
